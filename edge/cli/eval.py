@@ -1,0 +1,39 @@
+"""``edge eval``: accuracy of a model on the full test split of a data set."""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, add_model_options, emit
+
+EXAMPLES = """  edge eval fmnist-deit-tiny --data fmnist --json
+  edge eval fmnist-deit-tiny --data fmnist-mini
+  edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/imagenette"""
+
+
+def register(subparsers) -> None:
+    parser = add_command(subparsers, "eval", "measure top-1 accuracy on a data set's test split",
+                         "Uses the model's own preprocessing (timm data config: size, mean, std).", EXAMPLES)
+    add_model_options(parser)
+    parser.add_argument("--data", default="fmnist", help="fmnist (full 10,000 test images), fmnist-mini, or a folder")
+    parser.add_argument("--split", default="test", choices=["test", "train"])
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    parser.add_argument("--threads", type=int, help="CPU threads")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from edge.data import InputSpec, load_dataset
+    from edge.evaluate import evaluate
+    from edge.models import create_model, data_config
+    from edge.runtime import hardware, resolve_device, set_threads
+
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    dataset = load_dataset(args.data, args.split)
+    spec = InputSpec.from_data_config(data_config(model))
+    result = {"model": args.model, **evaluate(model, dataset, spec, batch_size=args.batch_size, device=device),
+              "precision": "float32", "backend": "torch", "hardware": hardware(device)}
+    emit(result, args.json, f"{args.model} on {result['data']}: accuracy {result['accuracy']:.4f} "
+                            f"({result['correct']}/{result['samples']}) loss {result['loss']:.4f}")
+    return 0

@@ -1,0 +1,27 @@
+"""One error type for bad input, so every message says what, expected, found and the fix."""
+
+from __future__ import annotations
+
+
+class EdgeError(Exception):
+    """A user-facing error: the CLI prints it without a traceback and exits non-zero.
+
+    The message names the input, what was expected, what was found and what to do.
+    """
+
+    exit_code = 2
+
+    def __init__(self, what: str, *, expected: str | None = None, found: str | None = None,
+                 fix: str | None = None) -> None:
+        self.what = what
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        parts = [what]
+        if expected:
+            parts.append(f"expected: {expected}")
+        if found:
+            parts.append(f"found: {found}")
+        if fix:
+            parts.append(f"fix: {fix}")
+        super().__init__("\n  ".join(parts))

@@ -1,0 +1,47 @@
+"""Accuracy of a model on a labelled data set (full split unless a subset is passed)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.progress import bar
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = 256,
+             device: torch.device | str = "cpu", show_progress: bool = True) -> dict:
+    """Top-1 accuracy, mean cross-entropy and per-class accuracy, in float32."""
+    device = torch.device(device)
+    model = model.to(device).eval()
+    preprocess = ArrayPreprocess(spec) if not hasattr(dataset, "preprocess_for") else dataset.preprocess_for(spec)
+    num_classes = dataset.num_classes
+    correct = torch.zeros(num_classes, dtype=torch.int64)
+    total = torch.zeros(num_classes, dtype=torch.int64)
+    loss_sum = 0.0
+    start = time.perf_counter()
+    with bar(total=len(dataset), desc=f"eval {dataset.name}", unit="img", disable=not show_progress) as progress:
+        for x, y in dataset.batches(batch_size, preprocess):
+            logits = model(x.to(device)).float().cpu()
+            if logits.shape[-1] < num_classes:
+                raise ValueError(f"model has {logits.shape[-1]} outputs but {dataset.name} has {num_classes} classes")
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            hit = logits.argmax(-1) == y
+            total += torch.bincount(y, minlength=num_classes)
+            correct += torch.bincount(y[hit], minlength=num_classes)
+            progress.update(len(y))
+    samples = int(total.sum())
+    return {
+        "accuracy": float(correct.sum()) / samples,
+        "samples": samples,
+        "correct": int(correct.sum()),
+        "loss": loss_sum / samples,
+        "per_class_accuracy": {name: (float(c) / float(t) if t else None)
+                               for name, c, t in zip(dataset.classes, correct, total)},
+        "data": dataset.name,
+        "seconds": round(time.perf_counter() - start, 3),
+    }

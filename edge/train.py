@@ -1,0 +1,234 @@
+"""``edge train``: seeded, resumable supervised training of a ViT on an image data set.
+
+Determinism: the model is initialised from ``seed``; epoch ``e`` visits the training set
+in the order ``randperm(N, seed=(seed, e))``; the augmentation of step ``s`` draws from a
+generator seeded with ``(seed, s)``. A run therefore resumes from any checkpoint to the
+same weights as an uninterrupted run on the same machine, threads and precision.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from edge import __version__
+from edge.data import load_dataset
+from edge.data.augment import random_shift_flip
+from edge.data.images import LabeledImages
+from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.errors import EdgeError
+from edge.evaluate import evaluate
+from edge.models import create_model, data_config, model_info, parse_model_spec
+from edge.models.weights_io import save_safetensors
+from edge.progress import bar, log
+from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class TrainConfig:
+    """The recipe. ``None`` fields are resolved in :func:`resolve` (one place for defaults)."""
+
+    model: str = "fmnist-deit-tiny"
+    data: str = "fmnist"
+    eval_data: str | None = None          # default: the test split of ``data``
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_steps: int = 500
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0
+    augment: bool = True                  # random shift of up to 2 px and horizontal flip
+    seed: int = 0
+    amp: str = "auto"                     # auto | bf16 | fp16 | off
+    device: str = "auto"                  # auto | cpu | cuda[:N]
+    threads: int | None = None
+    max_steps: int | None = None          # stop early (a shortened run of the same schedule)
+    train_samples: int | None = None      # train on a seeded subset (shortened runs, tests)
+    checkpoint_every: int = 200
+    eval_every_epoch: bool = True
+    save_dtype: str = "float16"           # dtype of the final weights file
+    command: list[str] = field(default_factory=list)
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write_text(text: str, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def learning_rate(step: int, total: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay from ``lr`` to ``min_lr`` at the last step."""
+    warmup = min(config.warmup_steps, max(total - 1, 1))
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(total - warmup, 1)
+    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def _training_set(config: TrainConfig) -> LabeledImages:
+    data = load_dataset(config.data, "train")
+    if not isinstance(data, LabeledImages):
+        data = data.to_memory()
+    if config.train_samples:
+        from edge.data.sampler import balanced_indices
+
+        data = data.subset(balanced_indices(data.labels, config.train_samples, config.seed, data.num_classes))
+    return data
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases, norms, tokens and position embeddings (as timm/DeiT)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim <= 1 or name in ("cls_token", "pos_embed", "reg_token") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
+    """Train ``config.model`` on ``config.data``; write weights, checkpoint and model card to ``out``.
+
+    With ``resume`` (default) an existing ``out/checkpoint.pt`` of the same recipe is continued.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    threads = set_threads(config.threads)
+    device = resolve_device(config.device)
+    amp_dtype = resolve_amp(config.amp, device)
+    spec = parse_model_spec(config.model)
+
+    torch.manual_seed(config.seed)
+    model = create_model(spec, pretrained_weights=False).to(device)
+    input_spec = InputSpec.from_data_config(data_config(model))
+    preprocess = ArrayPreprocess(input_spec)
+    train_set = _training_set(config)
+    eval_set = load_dataset(config.eval_data or config.data, "test")
+
+    steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    last_step = min(total_steps, config.max_steps or total_steps)
+    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
+
+    recipe = {k: v for k, v in asdict(config).items() if k not in ("command", "checkpoint_every", "threads",
+                                                                   "device", "eval_every_epoch")}
+    step, history, elapsed = 0, [], 0.0
+    checkpoint_path = out / CHECKPOINT
+    if resume and checkpoint_path.is_file():
+        state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+        if state["recipe"] != recipe:
+            changed = sorted(k for k in recipe if state["recipe"].get(k) != recipe[k])
+            raise EdgeError(f"{checkpoint_path} was written by a different recipe (differs in {', '.join(changed)})",
+                            fix="use the same options to resume, another --out, or --no-resume to start over")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history, elapsed = int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
+        log(f"resuming {checkpoint_path} at step {step}/{last_step}")
+
+    def save_checkpoint() -> None:
+        _atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                            "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
+
+    log(f"train {config.model} on {train_set.name} ({len(train_set)} images): {last_step} steps "
+        f"({steps_per_epoch}/epoch), device {device}, amp {amp_dtype}, threads {threads}")
+    model.train()
+    started = time.perf_counter() - elapsed
+    with bar(total=last_step, initial=step, desc="train", unit="step") as progress:
+        while step < last_step:
+            epoch, offset = divmod(step, steps_per_epoch)
+            order = epoch_order(len(train_set), config.seed, epoch)
+            start = offset * config.batch_size
+            idx = order[start:start + config.batch_size]
+            images = train_set.images[idx]
+            if config.augment:
+                images = random_shift_flip(images, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
+            x, y = preprocess(images).to(device), train_set.labels[idx].to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, total_steps, config)
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y, label_smoothing=config.label_smoothing)
+            if not torch.isfinite(loss):
+                raise EdgeError(f"training diverged at step {step}: loss is {float(loss)}",
+                                fix="lower --lr or use --amp off")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            step += 1
+            loss_value = loss.item()
+            elapsed = time.perf_counter() - started
+            progress.set_postfix(epoch=epoch, loss=f"{loss_value:.3f}", lr=f"{group['lr']:.2e}", refresh=False)
+            progress.update(1)
+            epoch_done = step % steps_per_epoch == 0
+            if epoch_done and config.eval_every_epoch:
+                model.eval()
+                result = evaluate(model, eval_set, input_spec, device=device, show_progress=False)
+                model.train()
+                history.append({"epoch": epoch + 1, "step": step, "loss": loss_value,
+                                "eval_accuracy": result["accuracy"], "elapsed_s": round(elapsed, 1)})
+                log(f"epoch {epoch + 1}/{config.epochs} step {step}: loss {loss_value:.4f} "
+                    f"{eval_set.name} accuracy {result['accuracy']:.4f} ({elapsed / 60:.1f} min)")
+            if step % config.checkpoint_every == 0 or epoch_done or step == last_step:
+                save_checkpoint()
+
+    model.eval()
+    dtype = getattr(torch, config.save_dtype)
+    weights_path = out / "model.safetensors"
+    save_safetensors({k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}, weights_path,
+                     metadata={"model": config.model, "edge": __version__})
+    # Accuracy of the weights as saved (e.g. float16), evaluated in float32 on the full test split.
+    saved = create_model(spec, weights=weights_path)
+    final = evaluate(saved, eval_set, input_spec, device=device)
+    card = {
+        "model": config.model,
+        "architecture": spec.arch,
+        "info": model_info(saved).as_dict(),
+        "data_config": input_spec.as_dict(),
+        "command": config.command or [sys.argv[0], *sys.argv[1:]],
+        "recipe": recipe,
+        "seed": config.seed,
+        "epochs": config.epochs,
+        "steps": step,
+        "train_data": train_set.name,
+        "train_samples": len(train_set),
+        "eval": {"data": eval_set.name, "accuracy": final["accuracy"], "samples": final["samples"],
+                 "loss": final["loss"]},
+        "history": history,
+        "wall_time_s": round(elapsed, 1),
+        "hardware": hardware(device),
+        "precision": {"train_amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "float32",
+                      "weights": config.save_dtype, "eval": "float32"},
+        "edge": __version__,
+    }
+    _atomic_write_text(json.dumps(card, indent=2) + "\n", out / "card.json")
+    return card

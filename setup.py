@@ -1,0 +1,41 @@
+"""edge: make Vision Transformers fast on NVIDIA Jetson Orin Nano."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+VERSION = re.search(r'__version__ = "([^"]+)"', Path("edge/__init__.py").read_text()).group(1)
+
+setup(
+    name="edge-vit",
+    version=VERSION,
+    description="Compress timm Vision Transformers, export clean ONNX and build TensorRT engines for Jetson Orin Nano",
+    long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*"]),
+    package_data={"edge": ["models/weights/*.safetensors", "models/weights/*.json", "data/fmnist_mini/*.gz"]},
+    install_requires=[
+        # 2.13.0 is the CPU build this project is developed on; a looser range pulls the CUDA wheels.
+        "torch==2.13.0",
+        "timm>=1.0.15",
+        "onnx>=1.17",
+        "onnxruntime>=1.20",
+        "onnx-graphsurgeon>=0.5",
+        "numpy>=1.26",
+        "safetensors>=0.4",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+        "pyyaml>=6",
+        "pillow>=10",
+    ],
+    extras_require={
+        # On a Jetson these come from JetPack (apt: python3-libnvinfer, cuda-python); listed for x86 hosts.
+        "device": ["tensorrt>=10.3", "cuda-python>=12.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "mypy>=1.10", "tensorrt-stubs", "ruff>=0.5"],
+    },
+    entry_points={"console_scripts": ["edge=edge.cli:main"]},
+    classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
+)
