@@ -84,7 +84,7 @@ def _atomic_write_text(text: str, path: Path) -> None:
 
 
 def learning_rate(step: int, total: int, config: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay from ``lr`` to ``min_lr`` at the last step."""
+    """Linear warm-up over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr`` (reached at ``total``)."""
     warmup = min(config.warmup_steps, max(total - 1, 1))
     if step < warmup:
         return config.lr * (step + 1) / warmup
@@ -139,8 +139,9 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     last_step = min(total_steps, config.max_steps or total_steps)
     optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
 
+    # What must match for a checkpoint to be continued; max_steps may grow (extend a shortened run).
     recipe = {k: v for k, v in asdict(config).items() if k not in ("command", "checkpoint_every", "threads",
-                                                                   "device", "eval_every_epoch")}
+                                                                   "device", "eval_every_epoch", "max_steps")}
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
     if resume and checkpoint_path.is_file():
@@ -215,7 +216,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
         "info": model_info(saved).as_dict(),
         "data_config": input_spec.as_dict(),
         "command": config.command or [sys.argv[0], *sys.argv[1:]],
-        "recipe": recipe,
+        "recipe": {**recipe, "max_steps": config.max_steps},
         "seed": config.seed,
         "epochs": config.epochs,
         "steps": step,

@@ -93,7 +93,8 @@ def test_image_folder_uses_model_preprocessing(tmp_path):
     for name in ("cat", "dog"):
         (tmp_path / "val" / name).mkdir(parents=True)
         for i in range(3):
-            Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(tmp_path / "val" / name / f"{i}.png")
+            pixels = rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "val" / name / f"{i}.png")
     (tmp_path / "val" / "dog" / "notes.txt").write_text("not an image")
     data = load_dataset(str(tmp_path), "test")
     assert len(data) == 6 and data.classes == ("cat", "dog") and data.labels.tolist() == [0, 0, 0, 1, 1, 1]

@@ -1,4 +1,3 @@
-import gzip
 import struct
 
 import numpy as np

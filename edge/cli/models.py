@@ -28,7 +28,8 @@ def run(args) -> int:
                        "accuracy": (model_card(name) or {}).get("eval", {}).get("accuracy")}
                 for name, b in BUNDLED.items()}
         human = "\n".join(f"{n:<20} {r['description']}" for n, r in rows.items())
-        emit({"bundled": rows}, args.json, human + "\n\nand any timm ViT as timm:ARCH (e.g. timm:deit_small_patch16_224)")
+        human += "\n\nand any timm ViT as timm:ARCH (e.g. timm:deit_small_patch16_224)"
+        emit({"bundled": rows}, args.json, human)
         return 0
     model = create_model(args.model, weights=args.weights, img_size=args.img_size)
     info = model_info(model).as_dict()

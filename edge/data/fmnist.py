@@ -68,7 +68,8 @@ def load_idx_split(folder: Path, split: str, name: str, expected_size: int | Non
     labels = read_idx(labels_path, ndim=1)
     if images.shape[0] != labels.shape[0]:
         raise EdgeError(f"{images_path.name} and {labels_path.name} disagree on the number of samples",
-                        expected="as many labels as images", found=f"{images.shape[0]} images, {labels.shape[0]} labels",
+                        expected="as many labels as images",
+                        found=f"{images.shape[0]} images, {labels.shape[0]} labels",
                         fix="one of the files is from another data set or truncated: reinstall the data set")
     if expected_size is not None and images.shape[0] != expected_size:
         raise EdgeError(f"{images_path} holds {images.shape[0]} images",

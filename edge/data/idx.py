@@ -34,7 +34,8 @@ def _read_bytes(path: Path) -> bytes:
     except (EOFError, OSError, zlib.error) as e:
         raise EdgeError(f"IDX file {path} is corrupt or truncated",
                         expected="a complete gzip stream", found=f"{type(e).__name__}: {e}",
-                        fix="download or reinstall the data set (apt-get install --reinstall dataset-fashion-mnist)") from e
+                        fix="download or reinstall the data set "
+                            "(apt-get install --reinstall dataset-fashion-mnist)") from e
 
 
 def read_idx(path: str | Path, *, ndim: int | None = None) -> np.ndarray:

@@ -45,6 +45,8 @@ class ArrayPreprocess:
         channels = spec.channels
         mean = torch.tensor(spec.mean, dtype=torch.float32)
         std = torch.tensor(spec.std, dtype=torch.float32)
+        if len(mean) != channels and channels == 1:  # RGB statistics on a one-channel model
+            mean, std = mean.mean(0, keepdim=True), std.mean(0, keepdim=True)
         self.mean = mean.expand(channels).reshape(1, channels, 1, 1).clone()
         self.std = std.expand(channels).reshape(1, channels, 1, 1).clone()
 

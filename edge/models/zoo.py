@@ -163,11 +163,20 @@ def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None, im
 
 
 def data_config(model: nn.Module) -> dict:
-    """timm's resolved data config of a model (input size, mean/std, interpolation, crop)."""
+    """timm's resolved data config of a model (input size, mean/std, interpolation, crop).
+
+    The input size is the one the model was built for (``--img-size``), which can differ from
+    the size in its pretrained config (DINOv2 defaults to 518).
+    """
     ensure_torchvision_importable()
     from timm.data import resolve_data_config
 
-    return resolve_data_config({}, model=model)
+    config = resolve_data_config({}, model=model)
+    patch_embed = model.patch_embed
+    size = patch_embed.img_size
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    config["input_size"] = (int(patch_embed.proj.in_channels), int(size[0]), int(size[1]))
+    return config
 
 
 def model_card(name: str) -> dict | None:

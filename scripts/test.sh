@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The tests: set up, then run pytest (CPU only; slow, GPU and TensorRT tests are skipped or
+# deselected with their reason). Extra arguments go to pytest, e.g. `-m slow` for the long ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export EDGE_NO_PROGRESS=1
+exec .venv/bin/python -m pytest "$@"

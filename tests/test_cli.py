@@ -1,0 +1,84 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edge.cli import COMMANDS, build_parser, main
+
+from .conftest import needs_fmnist
+
+
+def edge(*args, env=None):
+    """Run the real `edge` entry point in a fresh interpreter."""
+    full_env = {**os.environ, "EDGE_NO_PROGRESS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "edge", *args], capture_output=True, text=True, env=full_env,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("command", [c.__name__.rsplit(".", 1)[1].removesuffix("_cmd") for c in COMMANDS])
+def test_every_command_has_help_with_examples_and_json(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "examples:" in text and f"edge {command}" in text and "--json" in text
+
+
+def test_info_json():
+    result = edge("info", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    for key in ("torch", "timm", "onnx", "onnxruntime", "tensorrt", "cuda_available", "cpu_threads"):
+        assert key in info
+    assert info["torch"].startswith("2.13.0")
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        assert info["tensorrt"] is None
+
+
+def test_eval_mini_works_without_the_debian_package(tmp_path):
+    env = {"EDGE_FMNIST_DIR": str(tmp_path / "absent")}
+    result = edge("eval", "fmnist-deit-tiny", "--data", "fmnist-mini", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)  # stdout holds the JSON document only
+    assert out["samples"] == 2000 and out["accuracy"] >= 0.85
+    full = edge("eval", "fmnist-deit-tiny", "--data", "fmnist", "--json", env=env)
+    assert full.returncode == 2 and full.stdout == ""
+    assert "apt-get install dataset-fashion-mnist" in full.stderr and "Traceback" not in full.stderr
+
+
+def test_unknown_model_exits_non_zero_with_close_names():
+    result = edge("eval", "timm:vit_smal_patch16_224", "--data", "fmnist-mini")
+    assert result.returncode == 2 and "timm:vit_small_patch16_224" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_mismatching_weights_through_the_cli(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"cls_token": torch.zeros(1, 1, 8)}, str(tmp_path / "w.safetensors"))
+    code = main(["eval", "fmnist-deit-tiny", "--weights", str(tmp_path / "w.safetensors"), "--data", "fmnist-mini"])
+    assert code == 2
+    assert "'cls_token'" in capsys.readouterr().err
+
+
+def test_models_json(capsys):
+    assert main(["models", "fmnist-deit-tiny", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["grid"] == [7, 7] and info["num_blocks"] == 12 and info["num_prefix_tokens"] == 1
+    assert info["data_config"]["input_size"] == [1, 28, 28]
+
+
+@needs_fmnist
+def test_reference_model_accuracy_on_the_full_test_split(capsys):
+    """Acceptance: `edge eval fmnist-deit-tiny --data fmnist --json` >= 0.900 on all 10,000 images."""
+    from edge.models import model_card
+
+    assert main(["eval", "fmnist-deit-tiny", "--data", "fmnist", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["samples"] == 10000 and out["accuracy"] >= 0.900
+    assert abs(out["accuracy"] - model_card("fmnist-deit-tiny")["eval"]["accuracy"]) <= 0.001
