@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from edge import __version__
+from edge.cli import analyze, compress, info, models, train
 from edge.cli import eval as eval_cmd
-from edge.cli import info, models, train
 from edge.errors import EdgeError
 
-COMMANDS = (info, models, train, eval_cmd)
+COMMANDS = (info, models, train, eval_cmd, analyze, compress)
 
 
 def build_parser() -> argparse.ArgumentParser:

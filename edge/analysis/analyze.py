@@ -1,0 +1,80 @@
+"""``edge analyze``: similarity maps between every pair of blocks, written as JSON and heatmaps."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from torch import nn
+
+from edge import __version__
+from edge.analysis.collect import BlockMoments, collect_block_moments
+from edge.analysis.heatmap import save_heatmap, save_redundancy_plot
+from edge.analysis.similarity import block_redundancy
+from edge.data.preprocess import InputSpec
+from edge.models.info import model_info
+from edge.runtime import hardware
+
+VIEWS = {"all": "all tokens", "cls": "[CLS] token (pooled token without one)"}
+
+
+def similarity_maps(moments: BlockMoments) -> dict:
+    """CKA, cosine, mean squared distance and BR for the all-token and [CLS] views."""
+    out = {}
+    for view in VIEWS:
+        stats = moments.view(view)
+        out[view] = {"cka": stats.cka().tolist(), "cosine": stats.cosine().tolist(),
+                     "mse": stats.squared_distance().tolist(), "block_redundancy": block_redundancy(stats).tolist()}
+    return out
+
+
+def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out: str | Path,
+            batch_size: int = 64) -> dict:
+    """Collect statistics over ``calibration`` and write ``out/analysis.json`` plus PNG heatmaps."""
+    import numpy as np
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = model_info(model)
+    start = time.perf_counter()
+    moments = collect_block_moments(model, calibration, spec, batch_size=batch_size)
+    maps = similarity_maps(moments)
+    result = {
+        "model": model_name,
+        "num_blocks": info.num_blocks,
+        "representations": ["embedding"] + [f"block {i}" for i in range(info.num_blocks)],
+        "samples": moments.samples,
+        "data": calibration.name,
+        "tokens_per_sample": info.num_tokens,
+        "views": VIEWS,
+        "cka": maps["all"]["cka"],
+        "cosine": maps["all"]["cosine"],
+        "mse": maps["all"]["mse"],
+        "block_redundancy": maps["all"]["block_redundancy"],
+        "cls": maps["cls"],
+        "seconds": round(time.perf_counter() - start, 2),
+        "hardware": hardware(),
+        "edge": __version__,
+    }
+    pictures = {}
+    for view, label in VIEWS.items():
+        for key, kwargs in (("cka", {"vmin": 0.0, "vmax": 1.0, "colorbar": "linear CKA"}),
+                            ("cosine", {"vmin": -1.0, "vmax": 1.0, "colorbar": "mean cosine similarity"})):
+            path = out / f"{key}_{view}.png"
+            save_heatmap(np.array(maps[view][key]), f"{model_name}: {key.upper() if key == 'cka' else key} "
+                         f"({label}, {moments.samples} samples)", path, **kwargs)
+            pictures[f"{key}_{view}"] = path.name
+    path = out / "block_redundancy.png"
+    save_redundancy_plot(np.array(maps["all"]["block_redundancy"]), f"{model_name}: Block Redundancy (all tokens)",
+                         path)
+    pictures["block_redundancy"] = path.name
+    result["pictures"] = pictures
+    fd, tmp = tempfile.mkstemp(prefix=".analysis.", dir=out)
+    with os.fdopen(fd, "w") as f:
+        json.dump(result, f, indent=1)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out / "analysis.json")
+    return result

@@ -1,0 +1,84 @@
+"""``edge compress``: apply a plan to a model with calibration data; report what changed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from edge.analysis.collect import collect_block_moments
+from edge.compress.cost import analytic_flops, count_params, measured_flops
+from edge.compress.approximate import apply_spans
+from edge.compress.plan import parse_plan
+from edge.compress.planner import plan_auto
+from edge.data import calibration_set
+from edge.data.preprocess import InputSpec
+from edge.errors import EdgeError
+from edge.models.info import model_info
+from edge.models.zoo import data_config
+from edge.progress import log
+from edge.runtime import hardware
+
+
+@dataclass
+class CompressConfig:
+    plan: str
+    data: str = "fmnist"
+    samples: int = 500
+    seed: int = 0
+    holdout: float = 0.2      # part of the calibration samples the planner scores on (auto plans)
+    batch_size: int = 64
+
+
+def costs(model: nn.Module) -> dict:
+    size = tuple(data_config(model)["input_size"])
+    measured, analytic = measured_flops(model, size), analytic_flops(model)
+    return {"params": count_params(model), "flops": measured, "flops_analytic": analytic}
+
+
+def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn.Module, dict]:
+    """Compress ``model`` (modified in place and returned) by ``config.plan``; returns ``(model, manifest)``.
+
+    ``source`` records how to rebuild the uncompressed model (``{"model": spec, "img_size": ...}``).
+    """
+    start = time.perf_counter()
+    info = model_info(model)
+    plan = parse_plan(config.plan).validate(info.num_blocks)
+    spec = InputSpec.from_data_config(data_config(model))
+    calibration = calibration_set(config.data, config.samples, config.seed)
+    before = costs(model)
+    table: list[dict] = []
+    if not plan.is_resolved:
+        n_hold = max(1, int(round(config.samples * config.holdout)))
+        if config.samples - n_hold < 2:
+            raise EdgeError(f"{config.samples} calibration samples are too few for an auto plan",
+                            expected="--samples >= 10", fix="raise --samples")
+        fit_part = calibration.subset(torch.arange(config.samples - n_hold), "fit")
+        holdout = calibration.subset(torch.arange(config.samples - n_hold, config.samples), "holdout")
+        moments = collect_block_moments(model, fit_part, spec, batch_size=config.batch_size, desc="fit statistics")
+        log(f"planning {plan}: {len(fit_part)} fit / {len(holdout)} held-out samples")
+        plan, table = plan_auto(model, plan, moments, holdout, spec, config.seed)
+        log(f"planner chose {plan}")
+    # The chosen (or given) plan is fitted on all calibration samples.
+    moments = collect_block_moments(model, calibration, spec, batch_size=config.batch_size, desc="fit statistics")
+    # apply_spans reads every feature it needs before it replaces any block.
+    fit_stats = apply_spans(model, plan.spans, moments, calibration, spec, config.seed)
+    after = costs(model)
+    manifest = {
+        "source": source,
+        "plan": str(plan),
+        "requested_plan": config.plan,
+        "calibration": {"data": calibration.name, "samples": len(calibration), "seed": config.seed,
+                        "holdout": config.holdout if table else 0.0},
+        "fit": fit_stats,
+        "planner": table,
+        "before": before,
+        "after": after,
+        "config": asdict(config),
+        "seconds": round(time.perf_counter() - start, 2),
+        "hardware": hardware(),
+    }
+    return model, manifest
+

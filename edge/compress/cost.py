@@ -1,0 +1,77 @@
+"""Parameters and FLOPs of a (compressed) ViT, counted two ways that must agree.
+
+``measured_flops`` runs one forward pass under ``torch.utils.flop_counter.FlopCounterMode``
+(matrix products, convolutions and attention; element-wise work such as LayerNorm, GELU and
+softmax is not counted). ``analytic_flops`` adds up the same operations from the geometry:
+2 FLOPs per multiply-accumulate.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from edge.compress.block_approx import ApproximatedSpan
+from edge.models.info import model_info
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@contextmanager
+def explicit_attention(model: nn.Module):
+    """Turn off timm's fused attention (its ``fused_attn`` switch) while inside, then restore it.
+
+    The fused CPU kernel is invisible to the FLOP counter; the explicit path (q @ k^T, softmax,
+    @ v) computes the same thing with countable matrix products. Export uses the same switch.
+    """
+    switched = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
+    for module in switched:
+        module.fused_attn = False
+    try:
+        yield model
+    finally:
+        for module in switched:
+            module.fused_attn = True
+
+
+@torch.no_grad()
+def measured_flops(model: nn.Module, input_size: tuple[int, int, int], batch: int = 1) -> int:
+    x = torch.zeros(batch, *input_size)
+    model.eval()
+    with explicit_attention(model), FlopCounterMode(display=False) as counter:
+        model(x)
+    return int(counter.get_total_flops())
+
+
+def _linear_flops(module: nn.Module, tokens: int) -> int:
+    return sum(2 * tokens * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def analytic_flops(model: nn.Module, batch: int = 1) -> int:
+    """FLOPs of matrix products and attention, from the module geometry (batch ``batch``)."""
+    info = model_info(model)
+    tokens = info.num_tokens
+    patch = model.patch_embed.proj
+    kh, kw = patch.kernel_size
+    total = 2 * info.num_patches * patch.in_channels * kh * kw * patch.out_channels
+    for block in model.blocks:
+        if isinstance(block, ApproximatedSpan):
+            prefix = block.num_prefix_tokens if block.prefix_map is not None else 0
+            total += _linear_flops(block.map, tokens - prefix)
+            if block.prefix_map is not None:
+                total += _linear_flops(block.prefix_map, prefix)
+            continue
+        total += _linear_flops(block, tokens)
+        attn = getattr(block, "attn", None)
+        if attn is not None and hasattr(attn, "num_heads"):
+            inner = attn.qkv.out_features // 3
+            total += 2 * 2 * tokens * tokens * inner  # q k^T and attn v
+    head = getattr(model, "head", None)
+    if isinstance(head, nn.Linear):
+        total += 2 * head.in_features * head.out_features
+    return total * batch
