@@ -60,16 +60,17 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
         "edge": __version__,
     }
     pictures = {}
+    short = model_name.split(",")[0]
+    short = short if len(short) <= 48 else short[:45] + "..."
     for view, label in VIEWS.items():
         for key, kwargs in (("cka", {"vmin": 0.0, "vmax": 1.0, "colorbar": "linear CKA"}),
                             ("cosine", {"vmin": -1.0, "vmax": 1.0, "colorbar": "mean cosine similarity"})):
             path = out / f"{key}_{view}.png"
-            save_heatmap(np.array(maps[view][key]), f"{model_name}: {key.upper() if key == 'cka' else key} "
+            save_heatmap(np.array(maps[view][key]), f"{short}\n{key.upper() if key == 'cka' else key} "
                          f"({label}, {moments.samples} samples)", path, **kwargs)
             pictures[f"{key}_{view}"] = path.name
     path = out / "block_redundancy.png"
-    save_redundancy_plot(np.array(maps["all"]["block_redundancy"]), f"{model_name}: Block Redundancy (all tokens)",
-                         path)
+    save_redundancy_plot(np.array(maps["all"]["block_redundancy"]), f"{short}: Block Redundancy (all tokens)", path)
     pictures["block_redundancy"] = path.name
     result["pictures"] = pictures
     fd, tmp = tempfile.mkstemp(prefix=".analysis.", dir=out)

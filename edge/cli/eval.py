@@ -6,6 +6,7 @@ from edge.cli.common import add_command, add_model_options, emit
 
 EXAMPLES = """  edge eval fmnist-deit-tiny --data fmnist --json
   edge eval fmnist-deit-tiny --data fmnist-mini
+  edge eval runs/ref-linear-9-10 --data fmnist --probe     # the papers' linear-probe protocol
   edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/imagenette"""
 
 
@@ -18,6 +19,10 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--threads", type=int, help="CPU threads")
+    parser.add_argument("--probe", action="store_true",
+                        help="linear-probe protocol: frozen backbone, linear classifier (Adam 1e-3, batch 256, "
+                             "5 epochs) trained on the train split, accuracy on the test split")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the probe")
     parser.set_defaults(run=run)
 
 
@@ -32,6 +37,16 @@ def run(args) -> int:
     model = create_model(args.model, weights=args.weights, img_size=args.img_size)
     dataset = load_dataset(args.data, args.split)
     spec = InputSpec.from_data_config(data_config(model))
+    if args.probe:
+        from edge.probe import ProbeConfig, linear_probe
+
+        train_set = load_dataset(args.data, "train")
+        result = {"model": args.model, "data": dataset.name, "protocol": "linear-probe",
+                  **linear_probe(model, train_set, dataset, spec, ProbeConfig(seed=args.seed)),
+                  "precision": "float32", "backend": "torch", "hardware": hardware(device)}
+        emit(result, args.json, f"{args.model} on {dataset.name} (linear probe): accuracy {result['accuracy']:.4f} "
+                                f"({result['correct']}/{result['samples']})")
+        return 0
     result = {"model": args.model, **evaluate(model, dataset, spec, batch_size=args.batch_size, device=device),
               "precision": "float32", "backend": "torch", "hardware": hardware(device)}
     emit(result, args.json, f"{args.model} on {result['data']}: accuracy {result['accuracy']:.4f} "
