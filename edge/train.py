@@ -40,6 +40,7 @@ class TrainConfig:
     """The recipe. ``None`` fields are resolved in :func:`resolve` (one place for defaults)."""
 
     model: str = "fmnist-deit-tiny"
+    init_weights: str | None = None       # start from these weights (a fine-tuning stage), not random init
     data: str = "fmnist"
     eval_data: str | None = None          # default: the test split of ``data``
     epochs: int = 10
@@ -128,7 +129,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     spec = parse_model_spec(config.model)
 
     torch.manual_seed(config.seed)
-    model = create_model(spec, pretrained_weights=False).to(device)
+    model = create_model(spec, pretrained_weights=False, weights=config.init_weights).to(device)
     input_spec = InputSpec.from_data_config(data_config(model))
     preprocess = ArrayPreprocess(input_spec)
     train_set = _training_set(config)
@@ -146,8 +147,9 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     checkpoint_path = out / CHECKPOINT
     if resume and checkpoint_path.is_file():
         state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-        if state["recipe"] != recipe:
-            changed = sorted(k for k in recipe if state["recipe"].get(k) != recipe[k])
+        defaults = asdict(TrainConfig())  # fields added in later versions compare as their defaults
+        changed = sorted(k for k in recipe if state["recipe"].get(k, defaults.get(k)) != recipe[k])
+        if changed:
             raise EdgeError(f"{checkpoint_path} was written by a different recipe (differs in {', '.join(changed)})",
                             fix="use the same options to resume, another --out, or --no-resume to start over")
         model.load_state_dict(state["model"])

@@ -22,6 +22,8 @@ def register(subparsers) -> None:
                          "OUT/checkpoint.pt; an interrupted run continues from its checkpoint when run again.",
                          EXAMPLES)
     parser.add_argument("model", nargs="?", default=d.model, help="model to train from random initialisation")
+    parser.add_argument("--init-weights", help="start from these weights instead of random initialisation "
+                                               "(a fine-tuning stage with its own schedule)")
     parser.add_argument("--data", default=d.data, help="fmnist, fmnist-mini, or a folder")
     parser.add_argument("--eval-data", help="data set whose test split is evaluated (default: --data)")
     parser.add_argument("--out", required=True, help="output folder")
@@ -50,7 +52,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from edge.train import TrainConfig, train
 
-    config = TrainConfig(model=args.model, data=args.data, eval_data=args.eval_data, epochs=args.epochs,
+    config = TrainConfig(model=args.model, init_weights=args.init_weights, data=args.data,
+                         eval_data=args.eval_data, epochs=args.epochs,
                          batch_size=args.batch_size, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                          warmup_steps=args.warmup_steps, label_smoothing=args.label_smoothing,
                          grad_clip=args.grad_clip, augment=args.augment, seed=args.seed, amp=args.amp,

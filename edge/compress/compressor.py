@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from edge.analysis.collect import collect_block_moments
-from edge.compress.cost import analytic_flops, count_params, measured_flops
 from edge.compress.approximate import apply_spans
+from edge.compress.cost import analytic_flops, count_params, measured_flops
 from edge.compress.plan import parse_plan
 from edge.compress.planner import plan_auto
 from edge.data import calibration_set
