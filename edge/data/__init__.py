@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
 
 from edge.data.fmnist import CLASSES as FMNIST_CLASSES
 from edge.data.fmnist import MEAN as FMNIST_MEAN
@@ -22,7 +21,7 @@ from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError
 
-__all__ = ["FMNIST_CLASSES", "FMNIST_MEAN", "FMNIST_STD", "ArrayPreprocess", "Dataset", "InputSpec",
+__all__ = ["FMNIST_CLASSES", "FMNIST_MEAN", "FMNIST_STD", "ArrayPreprocess", "InputSpec",
            "LabeledImages", "balanced_indices", "calibration_set", "load_dataset"]
 
 NAMED = ("fmnist", "fmnist-mini")
@@ -32,9 +31,6 @@ def _image_folder():
     from edge.data.imagefolder import ImageFolderDataset
 
     return ImageFolderDataset
-
-
-Dataset = Union[LabeledImages, "ImageFolderDataset"]  # noqa: F821  (lazy import)
 
 
 def load_dataset(spec: str, split: str = "test"):

@@ -32,6 +32,7 @@ WEIGHTS_DIR = Path(__file__).with_name("weights")
 class Bundled:
     """A model shipped with edge: a timm architecture, its options, weights and model card."""
 
+    name: str
     arch: str
     kwargs: dict
     data_config: dict
@@ -44,8 +45,6 @@ class Bundled:
     @property
     def card(self) -> Path:
         return WEIGHTS_DIR / f"{self.name}.json"
-
-    name: str = ""
 
 
 BUNDLED: dict[str, Bundled] = {
