@@ -70,3 +70,13 @@ def test_probe_cli(capsys):
     assert main(["eval", TINY, "--data", "fmnist-mini", "--probe", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["protocol"] == "linear-probe" and result["probe"]["epochs"] == 5 and result["samples"] == 2000
+
+
+def test_analyze_a_compressed_artifact_labels_original_blocks(tmp_path):
+    art = tmp_path / "art"
+    assert main(["compress", TINY, "--plan", "linear:0-2", "--data", "fmnist-mini", "--samples", "50",
+                 "--out", str(art)]) == 0
+    assert main(["analyze", str(art), "--data", "fmnist-mini", "--samples", "20", "--out", str(tmp_path / "a")]) == 0
+    result = json.loads((tmp_path / "a" / "analysis.json").read_text())
+    assert result["num_blocks"] == 3
+    assert result["representations"] == ["embedding", "block 0", "blocks 1-2 (approximated)", "block 3"]

@@ -14,9 +14,14 @@ from edge import __version__
 from edge.analysis.collect import BlockMoments, collect_block_moments
 from edge.analysis.heatmap import save_heatmap, save_redundancy_plot
 from edge.analysis.similarity import block_redundancy
+from edge.compress.block_approx import original_block_indices
 from edge.data.preprocess import InputSpec
 from edge.models.info import model_info
 from edge.runtime import hardware
+
+def _label(blocks: tuple[int, ...]) -> str:
+    return f"block {blocks[0]}" if len(blocks) == 1 else f"blocks {blocks[0]}-{blocks[-1]} (approximated)"
+
 
 VIEWS = {"all": "all tokens", "cls": "[CLS] token (pooled token without one)"}
 
@@ -45,7 +50,7 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
     result = {
         "model": model_name,
         "num_blocks": info.num_blocks,
-        "representations": ["embedding"] + [f"block {i}" for i in range(info.num_blocks)],
+        "representations": ["embedding"] + [_label(entry) for entry in original_block_indices(model.blocks)],
         "samples": moments.samples,
         "data": calibration.name,
         "tokens_per_sample": info.num_tokens,
@@ -60,14 +65,16 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
         "edge": __version__,
     }
     pictures = {}
-    short = model_name.split(",")[0]
-    short = short if len(short) <= 48 else short[:45] + "..."
+    tick_labels = ["emb"] + ["-".join(map(str, (e[0], e[-1]) if len(e) > 1 else e))
+                             for e in original_block_indices(model.blocks)]
+    short = Path(model_name).name if Path(model_name).exists() else model_name.split(",")[0]
+    short = short if len(short) <= 40 else short[:37] + "..."
     for view, label in VIEWS.items():
         for key, kwargs in (("cka", {"vmin": 0.0, "vmax": 1.0, "colorbar": "linear CKA"}),
                             ("cosine", {"vmin": -1.0, "vmax": 1.0, "colorbar": "mean cosine similarity"})):
             path = out / f"{key}_{view}.png"
             save_heatmap(np.array(maps[view][key]), f"{short}\n{key.upper() if key == 'cka' else key} "
-                         f"({label}, {moments.samples} samples)", path, **kwargs)
+                         f"({label}, {moments.samples} samples)", path, labels=tick_labels, **kwargs)
             pictures[f"{key}_{view}"] = path.name
     path = out / "block_redundancy.png"
     save_redundancy_plot(np.array(maps["all"]["block_redundancy"]), f"{short}: Block Redundancy (all tokens)", path)

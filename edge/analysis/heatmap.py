@@ -12,17 +12,18 @@ def _labels(n: int) -> list[str]:
 
 
 def save_heatmap(matrix: np.ndarray, title: str, path: Path, *, vmin: float | None = None,
-                 vmax: float | None = None, colorbar: str = "") -> Path:
+                 vmax: float | None = None, colorbar: str = "", labels: list[str] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = matrix.shape[0]
+    labels = labels or _labels(n)
     fig, ax = plt.subplots(figsize=(6.2, 5.2), dpi=110)
     image = ax.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, origin="upper")
-    ax.set_xticks(range(n), _labels(n), fontsize=8)
-    ax.set_yticks(range(n), _labels(n), fontsize=8)
+    ax.set_xticks(range(n), labels, fontsize=8, rotation=45 if max(map(len, labels)) > 3 else 0)
+    ax.set_yticks(range(n), labels, fontsize=8)
     ax.set_xlabel("block output (emb = embedding, block -1)")
     ax.set_ylabel("block output")
     ax.set_title(title, fontsize=10)
