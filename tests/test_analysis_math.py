@@ -99,3 +99,12 @@ def test_ridge_shrinks_and_is_needed_with_too_few_rows():
     assert torch.isfinite(ridged.weight).all()
     big = _moments([torch.randn(100, 8, generator=g, dtype=torch.float64)] * 2)
     assert fit_map(big, 0, 1, "affine", ridge=10.0).weight.norm() < fit_map(big, 0, 1, "affine").weight.norm()
+
+
+def test_cka_of_a_constant_representation_is_undefined_not_huge():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(50, 8, generator=g, dtype=torch.float64)
+    constant = torch.ones(50, 8, dtype=torch.float64) * torch.arange(8)  # e.g. the class token before block 0
+    cka = _moments([constant, x, 2 * x]).cka()
+    assert torch.isnan(cka[0]).all() and torch.isnan(cka[:, 0]).all()
+    assert cka[1, 2].item() == pytest.approx(1.0, abs=1e-12)

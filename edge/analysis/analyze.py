@@ -26,13 +26,19 @@ def _label(blocks: tuple[int, ...]) -> str:
 VIEWS = {"all": "all tokens", "cls": "[CLS] token (pooled token without one)"}
 
 
+def _json_matrix(matrix) -> list:
+    """Nested lists with NaN (undefined, e.g. CKA of a constant token) as null."""
+    return [[None if value != value else value for value in row] for row in matrix.tolist()]
+
+
 def similarity_maps(moments: BlockMoments) -> dict:
-    """CKA, cosine, mean squared distance and BR for the all-token and [CLS] views."""
+    """CKA, cosine, mean squared distance and BR for the all-token and [CLS] views (NaN -> null)."""
     out = {}
     for view in VIEWS:
         stats = moments.view(view)
-        out[view] = {"cka": stats.cka().tolist(), "cosine": stats.cosine().tolist(),
-                     "mse": stats.squared_distance().tolist(), "block_redundancy": block_redundancy(stats).tolist()}
+        out[view] = {"cka": _json_matrix(stats.cka()), "cosine": _json_matrix(stats.cosine()),
+                     "mse": _json_matrix(stats.squared_distance()),
+                     "block_redundancy": block_redundancy(stats).tolist()}
     return out
 
 
@@ -73,7 +79,7 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
         for key, kwargs in (("cka", {"vmin": 0.0, "vmax": 1.0, "colorbar": "linear CKA"}),
                             ("cosine", {"vmin": -1.0, "vmax": 1.0, "colorbar": "mean cosine similarity"})):
             path = out / f"{key}_{view}.png"
-            save_heatmap(np.array(maps[view][key]), f"{short}\n{key.upper() if key == 'cka' else key} "
+            save_heatmap(np.array(maps[view][key], dtype=float), f"{short}\n{key.upper() if key == 'cka' else key} "
                          f"({label}, {moments.samples} samples)", path, labels=tick_labels, **kwargs)
             pictures[f"{key}_{view}"] = path.name
     path = out / "block_redundancy.png"

@@ -65,20 +65,29 @@ class PairMoments:
         """Centred cross-product ``(X_i - mu_i)^T (X_j - mu_j)`` (not divided by the count)."""
         return self.grams[i, j] - torch.outer(self.sums[i], self.sums[j]) / self.count
 
+    def constant(self, i: int) -> bool:
+        """True when representation ``i`` does not vary over the rows (e.g. the class token before block 0)."""
+        return bool(self.cov(i, i).norm() <= 1e-10 * self.grams[i, i].norm())
+
     def cka(self) -> torch.Tensor:
-        """Linear CKA of every pair (TOAST, Eq. 1): ||Xe^T Xs||_F^2 / (||Xs^T Xs||_F ||Xe^T Xe||_F), centred."""
+        """Linear CKA of every pair (TOAST, Eq. 1): ||Xe^T Xs||_F^2 / (||Xs^T Xs||_F ||Xe^T Xe||_F), centred.
+
+        NaN where a representation is constant over the rows: CKA is 0/0 there, undefined.
+        """
         n = self.num_reps
         norms = torch.stack([self.cov(i, i).norm() for i in range(n)])
+        constant = [self.constant(i) for i in range(n)]
         out = torch.empty(n, n, dtype=torch.float64)
         for i in range(n):
             for j in range(i, n):
-                value = self.cov(i, j).norm() ** 2 / (norms[i] * norms[j]).clamp_min(1e-300)
+                value = self.cov(i, j).norm() ** 2 / (norms[i] * norms[j]) if not (constant[i] or constant[j]) \
+                    else torch.tensor(float("nan"), dtype=torch.float64)
                 out[i, j] = out[j, i] = value
         return out
 
     def cosine(self) -> torch.Tensor:
         """Mean cosine similarity between the two representations of the same token."""
-        return self.cosine_sums / self.count
+        return (self.cosine_sums / self.count).clamp(-1.0, 1.0)
 
     def squared_distance(self) -> torch.Tensor:
         """Mean over rows of ``||x_i - x_j||^2``, from the Gram traces."""
