@@ -19,6 +19,7 @@ from edge.data.preprocess import InputSpec
 from edge.models.info import model_info
 from edge.runtime import hardware
 
+
 def _label(blocks: tuple[int, ...]) -> str:
     return f"block {blocks[0]}" if len(blocks) == 1 else f"blocks {blocks[0]}-{blocks[-1]} (approximated)"
 

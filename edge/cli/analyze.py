@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_model_options, emit
+from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
 
 EXAMPLES = """  edge analyze fmnist-deit-tiny --data fmnist --samples 500 --out runs/analysis
   edge analyze timm:deit_small_patch16_224 --data fmnist-mini --samples 200 --out runs/deit-s --json
@@ -16,11 +16,8 @@ def register(subparsers) -> None:
                          "and heatmaps OUT/*.png. Index 0 ('emb') is the embedding output, block -1 in plans.",
                          EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--data", default="fmnist", help="fmnist, fmnist-mini, or a folder")
-    parser.add_argument("--samples", type=int, default=500, help="calibration samples (class-balanced)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_calibration_options(parser)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, help="CPU threads")
     parser.add_argument("--out", required=True, help="output folder")
     parser.set_defaults(run=run)
 

@@ -30,3 +30,11 @@ def emit(result: dict, as_json: bool, human: str) -> None:
         sys.stdout.write("\n")
     else:
         print(human)
+
+
+def add_calibration_options(parser: argparse.ArgumentParser) -> None:
+    """--data / --samples / --seed / --threads: the calibration set every method draws."""
+    parser.add_argument("--data", default="fmnist", help="calibration data: fmnist, fmnist-mini, or a folder")
+    parser.add_argument("--samples", type=int, default=500, help="calibration samples (seeded, class-balanced)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="CPU threads")

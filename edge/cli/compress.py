@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_model_options, emit
+from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
 
 EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's output (no training)
   edge compress fmnist-deit-tiny --plan linear:9-10 --data fmnist --samples 500 --out runs/ref-linear-9-10
@@ -28,11 +28,8 @@ def register(subparsers) -> None:
                          EXAMPLES)
     add_model_options(parser)
     parser.add_argument("--plan", required=True, help=PLAN_HELP)
-    parser.add_argument("--data", default="fmnist", help="calibration data: fmnist, fmnist-mini, or a folder")
-    parser.add_argument("--samples", type=int, default=500, help="calibration samples")
-    parser.add_argument("--seed", type=int, default=0)
+    add_calibration_options(parser)
     parser.add_argument("--holdout", type=float, default=0.2, help="share of samples the planner scores on")
-    parser.add_argument("--threads", type=int, help="CPU threads")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
     parser.set_defaults(run=run)
 
