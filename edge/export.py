@@ -1,0 +1,135 @@
+"""``edge export``: a (compressed) timm ViT as a verified ONNX graph.
+
+* opset 17 by default (native LayerNormalization), legacy TorchScript exporter (its output
+  is byte-stable: the same inputs give the same file);
+* timm's fused attention is switched off while exporting, so attention is plain
+  MatMul/Softmax that TensorRT and every runtime fuse themselves;
+* static batch 1 by default, ``batch=N`` or ``dynamic_batch=True``;
+* stable names: input ``input``, output ``logits`` (``features`` for a headless model);
+* ``metadata_props``: source model, plan, edge version, input size, mean/std, interpolation;
+* checked with ``onnx.checker`` (full check) and against PyTorch with ONNX Runtime before the
+  file is written (atomically); a failing export writes nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from edge import __version__
+from edge.compress.cost import explicit_attention
+from edge.errors import EdgeError
+from edge.verify import Tolerance, compare_with_torch, ort_session, verification_inputs
+
+DEFAULT_OPSET = 17
+INPUT_NAME = "input"
+
+
+@dataclass
+class ExportConfig:
+    batch: int = 1
+    dynamic_batch: bool = False
+    opset: int = DEFAULT_OPSET
+    verify: bool = True
+
+
+def output_name(model: nn.Module) -> str:
+    return "logits" if getattr(model, "num_classes", 0) else "features"
+
+
+def export_bytes(model: nn.Module, input_size: tuple[int, int, int], config: ExportConfig) -> bytes:
+    """The raw ONNX export (no metadata, not checked)."""
+    if config.opset < 17:
+        raise EdgeError(f"opset {config.opset} is too old", expected="opset >= 17 (native LayerNormalization)")
+    if config.batch < 1:
+        raise EdgeError(f"--batch {config.batch}", expected="a batch of at least 1")
+    model.eval()
+    x = torch.zeros(config.batch, *input_size)
+    out = output_name(model)
+    dynamic = {INPUT_NAME: {0: "batch"}, out: {0: "batch"}} if config.dynamic_batch else None
+    buffer = io.BytesIO()
+    with explicit_attention(model), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
+        torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=config.opset,
+                          input_names=[INPUT_NAME], output_names=[out], dynamic_axes=dynamic,
+                          do_constant_folding=True)
+    return buffer.getvalue()
+
+
+def with_metadata(model_bytes: bytes, metadata: dict[str, str]) -> onnx.ModelProto:
+    proto = onnx.load_from_string(model_bytes)
+    del proto.metadata_props[:]
+    for key, value in sorted(metadata.items()):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    proto.producer_name, proto.producer_version = "edge", __version__
+    return proto
+
+
+def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str, str]:
+    c, h, w = data_config["input_size"]
+    return {
+        "edge.version": __version__,
+        "edge.source_model": source,
+        "edge.plan": plan or "",
+        "edge.input_size": json.dumps([int(c), int(h), int(w)]),
+        "edge.mean": json.dumps([float(m) for m in data_config["mean"]]),
+        "edge.std": json.dumps([float(s) for s in data_config["std"]]),
+        "edge.interpolation": str(data_config.get("interpolation", "bilinear")),
+    }
+
+
+def write_atomic(data: bytes, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, data_config: dict,
+           config: ExportConfig | None = None, real_inputs: torch.Tensor | None = None) -> dict:
+    """Export, check and verify ``model``; write ``out`` only if everything passes."""
+    config = config or ExportConfig()
+    out = Path(out)
+    input_size = tuple(int(v) for v in data_config["input_size"])
+    proto = with_metadata(export_bytes(model, input_size, config), graph_metadata(source, plan, data_config))
+    data = proto.SerializeToString()
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise EdgeError(f"the exported graph of {source} fails onnx.checker", found=str(e)[:500]) from e
+    report = {"out": str(out), "opset": config.opset, "batch": "dynamic" if config.dynamic_batch else config.batch,
+              "input": INPUT_NAME, "output": output_name(model), "bytes": len(data),
+              "nodes": len(proto.graph.node), "metadata": {p.key: p.value for p in proto.metadata_props}}
+    if config.verify:
+        batch = 2 if config.dynamic_batch else config.batch
+        inputs = verification_inputs(input_size, batch, real_inputs)
+        results = compare_with_torch(model, ort_session(data), inputs, Tolerance())
+        report["verification"] = [r.as_dict() for r in results]
+        failed = [r for r in results if not r.passed]
+        if failed:
+            worst = failed[0]
+            raise EdgeError(f"ONNX Runtime disagrees with PyTorch on the export of {source} ({worst.inputs} inputs)",
+                            expected=f"max abs error <= {Tolerance().max_abs}, relative L2 <= {Tolerance().rel_l2}",
+                            found=f"max abs {worst.max_abs:.3e}, relative L2 {worst.rel_l2:.3e}",
+                            fix="nothing was written; report this model and plan as a bug")
+    try:
+        write_atomic(data, out)
+    except OSError as e:
+        raise EdgeError(f"cannot write {out}", found=str(e), fix="choose a writable --out path") from e
+    return report

@@ -1,0 +1,67 @@
+import hashlib
+import json
+
+import onnx
+import pytest
+
+from edge.cli import main
+from edge.errors import EdgeError
+
+TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Random but fixed weights, so that two exports see the same model."""
+    import torch
+
+    from edge.models import create_model
+    from edge.models.weights_io import save_safetensors
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("w") / "tiny.safetensors"
+    save_safetensors(create_model(TINY).state_dict(), path)
+    return str(path)
+
+
+def test_export_is_verified_deterministic_and_carries_metadata(tmp_path, weights, capsys):
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    assert main(["export", TINY, "--weights", weights, "--out", str(a), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["export", TINY, "--weights", weights, "--out", str(b)]) == 0
+    assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
+    assert {v["inputs"] for v in report["verification"]} == {"random", "real"}
+    assert all(v["passed"] and v["max_abs"] <= 1e-4 for v in report["verification"])
+    model = onnx.load(str(a))
+    onnx.checker.check_model(model, full_check=True)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["edge.source_model"] == TINY and json.loads(meta["edge.input_size"]) == [1, 28, 28]
+    assert model.opset_import[0].version >= 17
+    ops = {n.op_type for n in model.graph.node}
+    assert "LayerNormalization" in ops and "Softmax" in ops  # explicit attention, native LayerNorm
+    assert [i.name for i in model.graph.input] == ["input"] and [o.name for o in model.graph.output] == ["logits"]
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 1, 28, 28]
+
+
+def test_dynamic_batch_and_compressed_artifact(tmp_path, weights):
+    art = tmp_path / "art"
+    assert main(["compress", TINY, "--weights", weights, "--plan", "linear:1-3", "--data", "fmnist-mini",
+                 "--samples", "50", "--out", str(art)]) == 0
+    out = tmp_path / "art.onnx"
+    assert main(["export", str(art), "--dynamic-batch", "--out", str(out)]) == 0
+    model = onnx.load(str(out))
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert {p.key: p.value for p in model.metadata_props}["edge.plan"] == "linear:1-3"
+
+
+def test_bad_export_requests_write_nothing(tmp_path, capsys):
+    from edge.export import ExportConfig, export_bytes
+    from edge.models import create_model
+
+    with pytest.raises(EdgeError, match="opset 16 is too old"):
+        export_bytes(create_model(TINY), (1, 28, 28), ExportConfig(opset=16))
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["export", TINY, "--out", str(blocked / "x.onnx")]) == 2
+    assert "cannot write" in capsys.readouterr().err
