@@ -17,7 +17,8 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = 25
              device: torch.device | str = "cpu", show_progress: bool = True) -> dict:
     """Top-1 accuracy, mean cross-entropy and per-class accuracy, in float32."""
     device = torch.device(device)
-    model = model.to(device).eval()
+    if isinstance(model, nn.Module):
+        model = model.to(device).eval()
     preprocess = ArrayPreprocess(spec) if not hasattr(dataset, "preprocess_for") else dataset.preprocess_for(spec)
     num_classes = dataset.num_classes
     correct = torch.zeros(num_classes, dtype=torch.int64)

@@ -65,3 +65,23 @@ def test_bad_export_requests_write_nothing(tmp_path, capsys):
     blocked.write_text("")
     assert main(["export", TINY, "--out", str(blocked / "x.onnx")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_eval_of_the_onnx_graph_matches_pytorch(tmp_path, weights, capsys):
+    out = tmp_path / "m.onnx"
+    assert main(["export", TINY, "--weights", weights, "--batch", "3", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["eval", TINY, "--weights", weights, "--data", "fmnist-mini", "--json"]) == 0
+    torch_result = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(out), "--data", "fmnist-mini", "--json"]) == 0  # static batch 3: chunked and padded
+    onnx_result = json.loads(capsys.readouterr().out)
+    assert onnx_result["backend"] == "onnxruntime" and onnx_result["samples"] == 2000
+    assert abs(onnx_result["correct"] - torch_result["correct"]) <= 2  # float32 ties may flip an argmax
+    assert set(onnx_result) >= {"accuracy", "samples", "correct", "loss", "per_class_accuracy"}
+
+
+def test_eval_of_a_file_that_is_not_onnx(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all")
+    assert main(["eval", str(bad), "--data", "fmnist-mini"]) == 2
+    assert "not a readable ONNX model" in capsys.readouterr().err

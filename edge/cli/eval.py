@@ -7,6 +7,7 @@ from edge.cli.common import add_command, add_model_options, emit
 EXAMPLES = """  edge eval fmnist-deit-tiny --data fmnist --json
   edge eval fmnist-deit-tiny --data fmnist-mini
   edge eval runs/ref-linear-9-10 --data fmnist --probe     # the papers' linear-probe protocol
+  edge eval runs/ref.onnx --data fmnist --json              # an exported graph, with ONNX Runtime
   edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/imagenette"""
 
 
@@ -34,8 +35,19 @@ def run(args) -> int:
 
     set_threads(args.threads)
     device = resolve_device(args.device)
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
     dataset = load_dataset(args.data, args.split)
+    if args.model.endswith(".onnx"):
+        from edge.onnx_model import OnnxClassifier
+
+        graph = OnnxClassifier(args.model, threads=args.threads)
+        result = {"model": args.model, **evaluate(graph, dataset, InputSpec.from_data_config(graph.data_config()),
+                                                  batch_size=args.batch_size),
+                  "precision": graph.metadata.get("edge.precision", "float32"), "backend": "onnxruntime",
+                  "hardware": hardware()}
+        emit(result, args.json, f"{args.model} on {result['data']} (ONNX Runtime): accuracy {result['accuracy']:.4f} "
+                                f"({result['correct']}/{result['samples']})")
+        return 0
+    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
     spec = InputSpec.from_data_config(data_config(model))
     if args.probe:
         from edge.probe import ProbeConfig, linear_probe
