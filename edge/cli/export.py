@@ -50,6 +50,7 @@ def run(args) -> int:
                     config=ExportConfig(args.batch, args.dynamic_batch, args.opset, args.verify), real_inputs=real)
     checks = ", ".join(f"{v['inputs']}: max abs {v['max_abs']:.1e}, rel L2 {v['rel_l2']:.1e}"
                        for v in report.get("verification", []))
-    emit(report, args.json, f"wrote {args.out} ({report['nodes']} nodes, {report['bytes'] / 1e6:.1f} MB, opset "
-                            f"{report['opset']}, batch {report['batch']})" + (f"\nverified: {checks}" if checks else ""))
+    human = (f"wrote {args.out} ({report['nodes']} nodes, {report['bytes'] / 1e6:.1f} MB, opset {report['opset']}, "
+             f"batch {report['batch']})" + (f"\nverified: {checks}" if checks else ""))
+    emit(report, args.json, human)
     return 0
