@@ -1,0 +1,58 @@
+"""``edge profile``: latency percentiles of a model on ONNX Runtime or PyTorch."""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, add_model_options, emit
+
+EXAMPLES = """  edge profile runs/ref.onnx --threads 2 --json          # ONNX Runtime (the default for .onnx)
+  edge profile fmnist-deit-tiny --backend torch --iterations 500
+  edge profile runs/ref.onnx --duration 10 --warmup 50"""
+
+
+def register(subparsers) -> None:
+    parser = add_command(subparsers, "profile", "measure latency: warm-up, iterations, percentiles, memory",
+                         "Prints a trtexec-style summary on stderr and the full result (latency min/mean/median/\n"
+                         "p90/p95/p99/max, std, coefficient of variation, throughput, weight bytes, peak RSS,\n"
+                         "backend, device, precision, batch, threads, hardware) as JSON on stdout with --json.",
+                         EXAMPLES)
+    add_model_options(parser)
+    parser.add_argument("--backend", choices=["ort", "torch"], help="default: ort for .onnx files, else torch")
+    parser.add_argument("--batch", type=int, help="batch (torch; ONNX files keep their exported batch)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed iterations first")
+    parser.add_argument("--iterations", type=int, default=200, help="timed iterations (at least)")
+    parser.add_argument("--duration", type=float, help="time for at least this many seconds")
+    parser.add_argument("--threads", type=int, help="CPU threads (intra-op)")
+    parser.add_argument("--device", default="cpu", help="torch backend: cpu or cuda")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from edge.errors import EdgeError
+    from edge.profile import OrtBackend, ProfileConfig, TorchBackend, profile, trtexec_summary
+    from edge.runtime import resolve_device, set_threads
+
+    is_onnx = args.model.endswith(".onnx")
+    backend_name = args.backend or ("ort" if is_onnx else "torch")
+    set_threads(args.threads)
+    if backend_name == "ort":
+        if not is_onnx:
+            raise EdgeError(f"--backend ort needs an ONNX file, got {args.model!r}",
+                            fix=f"export it first: edge export {args.model} --out model.onnx")
+        backend = OrtBackend(args.model, batch=args.batch, threads=args.threads)
+    else:
+        if is_onnx:
+            raise EdgeError(f"--backend torch needs a model name or artifact, got the ONNX file {args.model}",
+                            fix="use --backend ort for ONNX files")
+        from edge.models import create_model, data_config
+
+        model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+        backend = TorchBackend(model, tuple(data_config(model)["input_size"]), batch=args.batch or 1,
+                               device=resolve_device(args.device), threads=args.threads)
+    result = profile(backend, ProfileConfig(args.warmup, args.iterations, args.duration))
+    result["model"] = args.model
+    print(trtexec_summary(result), file=sys.stderr)
+    if args.json:
+        emit(result, True, "")
+    return 0

@@ -1,0 +1,47 @@
+"""Latency statistics in the shape trtexec reports them (plus spread: std and coefficient of variation)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def latency_stats(latencies_ms: list[float] | np.ndarray, batch: int) -> dict:
+    """min/mean/median/p90/p95/p99/max, std, CV and throughput of per-inference latencies (ms)."""
+    values = np.asarray(latencies_ms, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("no latencies measured")
+    mean = float(values.mean())
+    std = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    stats = {
+        "iterations": int(values.size),
+        "min_ms": float(values.min()),
+        "mean_ms": mean,
+        "median_ms": float(np.percentile(values, 50)),
+        **{f"p{p}_ms": float(np.percentile(values, p)) for p in PERCENTILES[1:]},
+        "max_ms": float(values.max()),
+        "std_ms": std,
+        "cv": std / mean if mean > 0 else 0.0,
+        "throughput_qps": 1000.0 / mean if mean > 0 else 0.0,
+    }
+    stats["throughput_images_per_s"] = stats["throughput_qps"] * batch
+    return stats
+
+
+def trtexec_summary(result: dict) -> str:
+    """A trtexec-style performance summary (printed on stderr)."""
+    s = result["latency"]
+    return "\n".join([
+        "=== Performance summary ===",
+        f"Backend: {result['backend']} | device: {result['device']} | precision: {result['precision']} | "
+        f"batch: {result['batch']} | threads: {result.get('threads')}",
+        f"Throughput: {s['throughput_qps']:.2f} qps ({s['throughput_images_per_s']:.1f} images/s)",
+        f"Latency: min = {s['min_ms']:.4f} ms, max = {s['max_ms']:.4f} ms, mean = {s['mean_ms']:.4f} ms, "
+        f"median = {s['median_ms']:.4f} ms, percentile(90%) = {s['p90_ms']:.4f} ms, "
+        f"percentile(95%) = {s['p95_ms']:.4f} ms, percentile(99%) = {s['p99_ms']:.4f} ms",
+        f"Spread: std = {s['std_ms']:.4f} ms, CV = {100 * s['cv']:.2f} %",
+        f"Warm-up: {result['warmup']['iterations']} iterations ({result['warmup']['seconds']:.2f} s); "
+        f"measured: {s['iterations']} iterations ({result['seconds']:.2f} s)",
+        f"Weights: {result['weight_bytes'] / 1e6:.2f} MB | peak RSS: {result['peak_rss_mb']:.0f} MB",
+    ])
