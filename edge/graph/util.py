@@ -1,0 +1,55 @@
+"""Small onnx-graphsurgeon helpers shared by the passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+
+def constant_value(tensor) -> np.ndarray | None:
+    """The value of a Constant tensor (or of a Constant node's output), else None."""
+    if isinstance(tensor, gs.Constant):
+        return tensor.values
+    if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
+        value = tensor.inputs[0].attrs.get("value")
+        return value.values if isinstance(value, gs.Constant) else None
+    return None
+
+
+def only_consumer(tensor) -> gs.Node | None:
+    """The single node consuming ``tensor``, or None (several consumers, or a graph output)."""
+    return tensor.outputs[0] if len(tensor.outputs) == 1 else None
+
+
+def is_graph_output(graph: gs.Graph, tensor) -> bool:
+    return any(out is tensor for out in graph.outputs)
+
+
+def bypass(graph: gs.Graph, node: gs.Node, keep: int = 0) -> None:
+    """Remove a node whose output equals its input ``keep``: consumers read that input instead.
+
+    If the node's output is a graph output, the output keeps its name: the producer of the
+    kept input writes it directly (when the kept input has no other use).
+    """
+    source, result = node.inputs[keep], node.outputs[0]
+    if is_graph_output(graph, result):
+        producer = source.inputs[0] if len(source.inputs) == 1 else None
+        if producer is None or len(source.outputs) != 1 or is_graph_output(graph, source):
+            return  # cannot keep the output name; leave the node
+        producer.outputs[producer.outputs.index(source)] = result
+        node.outputs.clear()
+        node.inputs.clear()
+        return
+    for consumer in list(result.outputs):
+        for i, tensor in enumerate(consumer.inputs):
+            if tensor is result:
+                consumer.inputs[i] = source
+    node.outputs.clear()
+    node.inputs.clear()
+
+
+def static_shape(tensor) -> tuple[int, ...] | None:
+    shape = getattr(tensor, "shape", None)
+    if shape is None or any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        return None
+    return tuple(int(d) for d in shape)

@@ -1,0 +1,200 @@
+import collections
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from edge.cli import main
+from edge.errors import EdgeError
+from edge.graph import clean_graph
+from edge.graph.passes import (
+    cancel_transposes,
+    fold_linear_chains,
+    fold_scalar_scales,
+    merge_reshapes,
+    remove_noops,
+)
+from edge.verify import ort_session, run_ort
+
+RNG = np.random.default_rng(0)
+
+
+def make_model(nodes, inits, shape=(2, 3, 4), out_shape=None, opset=17):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape or shape))],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def check_pass(model, module, expect_ops):
+    """Run one pass (with the manager's checks); outputs must match and the ops must be as expected."""
+    x = RNG.standard_normal([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    before = run_ort(ort_session(model.SerializeToString()), x)
+    cleaned, report = clean_graph(model, passes=(module,))
+    after = run_ort(ort_session(cleaned.SerializeToString()), x)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+    assert collections.Counter(n.op_type for n in cleaned.graph.node) == collections.Counter(expect_ops)
+    assert report.nodes_after < report.nodes_before
+    return cleaned
+
+
+def test_remove_noops():
+    nodes = [helper.make_node("Identity", ["x"], ["a"]),
+             helper.make_node("Dropout", ["a"], ["b"]),
+             helper.make_node("Cast", ["b"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("Reshape", ["c", "same"], ["d"]),
+             helper.make_node("Mul", ["d", "one"], ["e"]),
+             helper.make_node("Add", ["zero", "e"], ["f"]),
+             helper.make_node("Relu", ["f"], ["y"])]
+    model = make_model(nodes, {"same": np.array([2, 3, 4], np.int64), "one": np.ones(1, np.float32),
+                               "zero": np.zeros(4, np.float32)})
+    model = onnx.shape_inference.infer_shapes(model)
+    check_pass(model, remove_noops, ["Relu"])
+
+
+def test_broadcasting_mul_by_one_is_kept():
+    model = onnx.shape_inference.infer_shapes(make_model(
+        [helper.make_node("Mul", ["x", "ones"], ["y"])], {"ones": np.ones((2, 2, 3, 4), np.float32)},
+        out_shape=(2, 2, 3, 4)))
+    cleaned, report = clean_graph(model, passes=(remove_noops,))
+    assert [n.op_type for n in cleaned.graph.node] == ["Mul"] and report.passes["remove-noops"].changes == 0
+
+
+def test_inverse_transposes_cancel_and_others_merge():
+    inverse = make_model([helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1]),
+                          helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1]),
+                          helper.make_node("Relu", ["b"], ["y"])], {})
+    check_pass(inverse, cancel_transposes, ["Relu"])
+    chain = make_model([helper.make_node("Transpose", ["x"], ["a"], perm=[1, 0, 2]),
+                        helper.make_node("Transpose", ["a"], ["y"], perm=[0, 2, 1])], {}, out_shape=(3, 4, 2))
+    cleaned = check_pass(chain, cancel_transposes, ["Transpose"])
+    assert list(cleaned.graph.node[0].attribute[0].ints) == [1, 2, 0]
+
+
+def test_reshape_chain_merges():
+    model = make_model([helper.make_node("Reshape", ["x", "s1"], ["a"]),
+                        helper.make_node("Reshape", ["a", "s2"], ["y"])],
+                       {"s1": np.array([6, 4], np.int64), "s2": np.array([2, 12], np.int64)}, out_shape=(2, 12))
+    check_pass(model, merge_reshapes, ["Reshape"])
+
+
+def test_consecutive_linear_maps_fold_into_one():
+    w1, b1 = RNG.standard_normal((4, 5)).astype(np.float32), RNG.standard_normal(5).astype(np.float32)
+    w2, b2 = RNG.standard_normal((5, 4)).astype(np.float32), RNG.standard_normal(4).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Add", ["a", "b1"], ["b"]),
+                        helper.make_node("MatMul", ["b", "w2"], ["c"]), helper.make_node("Add", ["b2", "c"], ["y"])],
+                       {"w1": w1, "b1": b1, "w2": w2, "b2": b2})
+    check_pass(model, fold_linear_chains, ["MatMul", "Add"])
+    no_bias = make_model([helper.make_node("MatMul", ["x", "w1"], ["a"]),
+                          helper.make_node("MatMul", ["a", "w2"], ["y"])], {"w1": w1, "w2": w2})
+    check_pass(no_bias, fold_linear_chains, ["MatMul"])
+
+
+def test_nonlinear_between_blocks_the_fold():
+    w = RNG.standard_normal((4, 4)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+                        helper.make_node("MatMul", ["b", "w2"], ["y"])], {"w1": w, "w2": w})
+    cleaned, report = clean_graph(model, passes=(fold_linear_chains,))
+    assert [n.op_type for n in cleaned.graph.node] == ["MatMul", "Relu", "MatMul"]
+
+
+def test_scalar_scales_fold_into_weights():
+    w = RNG.standard_normal((4, 4)).astype(np.float32)
+    before = make_model([helper.make_node("Mul", ["x", "c"], ["a"]), helper.make_node("MatMul", ["a", "w"], ["y"])],
+                        {"c": np.array(0.125, np.float32), "w": w})
+    check_pass(before, fold_scalar_scales, ["MatMul"])
+    after = make_model([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Div", ["a", "c"], ["y"])],
+                       {"c": np.array(3.0, np.float32), "w": w})
+    check_pass(after, fold_scalar_scales, ["MatMul"])
+
+
+class CorruptingPass:
+    """A deliberately wrong pass: it negates every MatMul weight (the manager must catch it)."""
+
+    name = "corrupt-weights"
+
+    @staticmethod
+    def run(graph):
+        import onnx_graphsurgeon as gs
+
+        for node in graph.nodes:
+            if node.op == "MatMul" and isinstance(node.inputs[1], gs.Constant):
+                node.inputs[1] = gs.Constant(node.inputs[1].name + "_neg", -node.inputs[1].values)
+                return True
+        return False
+
+
+def test_a_pass_that_changes_numbers_is_named():
+    w = RNG.standard_normal((4, 4)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"w": w})
+    with pytest.raises(EdgeError, match="cleaning pass 'corrupt-weights' changed the model's outputs"):
+        clean_graph(model, passes=(CorruptingPass,))
+
+
+# ---- real exports ------------------------------------------------------------------------
+
+def _export_clean(tmp_path, model_arg, extra=()):
+    raw, clean = tmp_path / "raw.onnx", tmp_path / "clean.onnx"
+    assert main(["export", model_arg, "--out", str(raw), *extra]) == 0
+    assert main(["clean", str(raw), "--out", str(clean)]) == 0
+    return onnx.load(str(raw)), onnx.load(str(clean))
+
+
+def _transpose_pairs(model):
+    producers = {o: n for n in model.graph.node for o in n.output}
+    pairs = 0
+    for node in model.graph.node:
+        if node.op_type == "Transpose" and producers.get(node.input[0]) is not None:
+            first = producers[node.input[0]]
+            if first.op_type == "Transpose":
+                p1, p2 = list(first.attribute[0].ints), list(node.attribute[0].ints)
+                pairs += [p1[i] for i in p2] == list(range(len(p1)))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def reference_weights(tmp_path_factory):
+    from edge.models import create_model
+    from edge.models.weights_io import save_safetensors
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ref") / "ref.safetensors"
+    save_safetensors(create_model("fmnist-deit-tiny", pretrained_weights=False).state_dict(), path)
+    return str(path)
+
+
+def test_reference_geometry_export_clean_structure(tmp_path, reference_weights, capsys):
+    raw, clean = _export_clean(tmp_path, "fmnist-deit-tiny", ("--weights", reference_weights))
+    onnx.checker.check_model(clean, full_check=True)
+    ops = collections.Counter(n.op_type for n in clean.graph.node)
+    assert ops["Identity"] == 0 and ops["Dropout"] == 0 and _transpose_pairs(clean) == 0
+    assert len(clean.graph.node) < len(raw.graph.node)
+    assert {p.key for p in clean.metadata_props} == {p.key for p in raw.metadata_props}
+
+
+@pytest.mark.parametrize("plan,matmuls", [("linear:9-10", 11 * 6 + 1), ("linear:8-9,linear:9-10", 10 * 6 + 1),
+                                          ("affine:2-5", 9 * 6 + 1)])
+def test_each_approximated_span_is_one_matmul(tmp_path, reference_weights, plan, matmuls):
+    art = tmp_path / "art"
+    assert main(["compress", "fmnist-deit-tiny", "--weights", reference_weights, "--plan", plan,
+                 "--data", "fmnist-mini", "--samples", "100", "--out", str(art)]) == 0
+    _, clean = _export_clean(tmp_path, str(art))
+    ops = collections.Counter(n.op_type for n in clean.graph.node)
+    assert ops["MatMul"] == matmuls  # 6 per kept block + 1 per span (adjacent spans fold into one)
+
+
+def test_clean_rejects_bad_input(tmp_path, capsys):
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x01junk")
+    assert main(["clean", str(tmp_path / "junk.onnx"), "--out", str(tmp_path / "o.onnx")]) == 2
+    assert "is not an ONNX model" in capsys.readouterr().err
+    old = make_model([helper.make_node("Relu", ["x"], ["y"])], {}, opset=13)
+    onnx.save(old, str(tmp_path / "old.onnx"))
+    assert main(["clean", str(tmp_path / "old.onnx"), "--out", str(tmp_path / "o.onnx")]) == 2
+    assert "opset 13" in capsys.readouterr().err and not (tmp_path / "o.onnx").exists()
+    good = make_model([helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])], {})
+    onnx.save(good, str(tmp_path / "good.onnx"))
+    (tmp_path / "file").write_text("")
+    assert main(["clean", str(tmp_path / "good.onnx"), "--out", str(tmp_path / "file" / "o.onnx")]) == 2
+    assert "cannot write" in capsys.readouterr().err
