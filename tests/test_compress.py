@@ -121,3 +121,11 @@ def test_bad_artifact_and_existing_output(tmp_path):
     with pytest.raises(EdgeError, match="not an edge artifact"):
         save_artifact(model, tmp_path / "other", manifest)
     assert (tmp_path / "other" / "keep.txt").read_text() == "user data"
+
+
+def test_compressing_a_compressed_model_is_refused(tmp_path):
+    model, manifest = run("linear:0-1")
+    save_artifact(model, tmp_path / "art", manifest)
+    with pytest.raises(EdgeError, match="already compressed"):
+        compress(load_artifact(tmp_path / "art")[0], {"model": str(tmp_path / "art")},
+                 CompressConfig(plan="linear:2-3", data="fmnist-mini", samples=50))

@@ -10,6 +10,7 @@ from torch import nn
 
 from edge.analysis.collect import collect_block_moments
 from edge.compress.approximate import apply_spans
+from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.cost import analytic_flops, count_params, measured_flops
 from edge.compress.plan import parse_plan
 from edge.compress.planner import plan_auto
@@ -44,6 +45,11 @@ def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn
     ``source`` records how to rebuild the uncompressed model (``{"model": spec, "img_size": ...}``).
     """
     start = time.perf_counter()
+    if any(isinstance(m, ApproximatedSpan) for m in model.blocks):
+        raise EdgeError(f"{source.get('model')} is already compressed",
+                        expected="an uncompressed model (plans index the original blocks)",
+                        fix="compress the original model with one plan that lists every span, "
+                            "e.g. --plan linear:2-3,linear:9-10")
     info = model_info(model)
     plan = parse_plan(config.plan).validate(info.num_blocks)
     spec = InputSpec.from_data_config(data_config(model))
