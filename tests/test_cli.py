@@ -94,6 +94,8 @@ def test_reference_model_reproduces_its_model_card(full_eval):
 
 
 ACCEPTANCE_TARGET = 0.900  # issue 2: accuracy on the full 10,000-image test split
+XFAIL_REASON = ("issue 2 is open: the shipped fmnist-deit-tiny (stage 1, 10 epochs) measures 0.8677 on the full "
+                "test split, below the 0.900 target; stage-2 training continues (docs/reference-model.md)")
 
 
 @needs_fmnist
