@@ -108,3 +108,15 @@ def test_cka_of_a_constant_representation_is_undefined_not_huge():
     cka = _moments([constant, x, 2 * x]).cka()
     assert torch.isnan(cka[0]).all() and torch.isnan(cka[:, 0]).all()
     assert cka[1, 2].item() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_rank_deficient_inputs_get_the_minimum_norm_solution():
+    g = torch.Generator().manual_seed(7)
+    basis = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    x = torch.randn(400, 3, generator=g, dtype=torch.float64) @ basis  # rank 3 in 8 dimensions
+    y = x @ torch.randn(8, 8, generator=g, dtype=torch.float64)
+    m = _moments([x, y])
+    fitted = fit_map(m, 0, 1, "linear")
+    torch.testing.assert_close(fitted.weight, torch.linalg.pinv(x) @ y, rtol=0, atol=1e-8)
+    stats = fit_residual(m, 0, 1, fitted)
+    assert stats["input_rank"] == 3 and stats["min_norm"] and stats["r2"] == pytest.approx(1.0, abs=1e-9)

@@ -42,12 +42,28 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, ridge: float, rows: int, what:
                         expected=f"at least {dim} rows (tokens x samples)",
                         fix="add a ridge term (e.g. METHOD:S-E:ridge=1e-4 or --ridge 1e-4) or use more --samples")
     system = gram + _regulariser(gram, ridge) if ridge else gram
-    try:
-        factor = torch.linalg.cholesky(system)
-    except torch.linalg.LinAlgError as e:
-        raise EdgeError(f"{what}: the Gram matrix is singular (features are linearly dependent)",
-                        fix="add a ridge term (e.g. :ridge=1e-4) or use more --samples") from e
-    return torch.cholesky_solve(rhs, factor)
+    factor, info = torch.linalg.cholesky_ex(system)
+    if int(info) == 0:
+        return torch.cholesky_solve(rhs, factor)
+    return _min_norm_solve(system, rhs)
+
+
+def _min_norm_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """Minimum-norm least squares for a rank-deficient Gram matrix (what ``lstsq`` returns).
+
+    Happens with enough rows when the features span fewer dimensions than they have, e.g. the
+    embedding output of 4x4 one-channel patches: 16 pixel directions plus position embeddings.
+    """
+    values, vectors = torch.linalg.eigh(system)
+    keep = values > values.max() * system.shape[0] * torch.finfo(system.dtype).eps
+    inverse = (vectors[:, keep] / values[keep]) @ vectors[:, keep].T
+    return inverse @ rhs
+
+
+def gram_rank(moments: PairMoments, index: int, centred: bool) -> int:
+    gram = moments.cov(index, index) if centred else moments.grams[index, index]
+    values = torch.linalg.eigvalsh(gram)
+    return int((values > values.max() * gram.shape[0] * torch.finfo(gram.dtype).eps).sum())
 
 
 def fit_map(moments: PairMoments, source: int, target: int, method: str, ridge: float = 0.0) -> FittedMap:
@@ -78,4 +94,6 @@ def fit_residual(moments: PairMoments, source: int, target: int, fitted: FittedM
         n = moments.count
         sse = sse + n * (b @ b) + 2 * b @ (a.T @ moments.sums[source]) - 2 * b @ moments.sums[target]
     total = torch.trace(moments.cov(target, target))
-    return {"mse": float(sse / (moments.count * moments.dim)), "r2": float(1 - sse / total)}
+    rank = gram_rank(moments, source, centred=b is not None)
+    return {"mse": float(sse / (moments.count * moments.dim)), "r2": float(1 - sse / total), "input_rank": rank,
+            "min_norm": fitted.method in ("linear", "affine") and fitted.ridge == 0 and rank < moments.dim}
