@@ -89,8 +89,12 @@ def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str
 
 
 def write_atomic(data: bytes, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    """Write ``out`` through a temporary file and a rename: never a half-written file."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    except OSError as e:
+        raise EdgeError(f"cannot write {out}", found=str(e), fix="choose a writable --out path") from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -128,8 +132,5 @@ def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, 
                             expected=f"max abs error <= {Tolerance().max_abs}, relative L2 <= {Tolerance().rel_l2}",
                             found=f"max abs {worst.max_abs:.3e}, relative L2 {worst.rel_l2:.3e}",
                             fix="nothing was written; report this model and plan as a bug")
-    try:
-        write_atomic(data, out)
-    except OSError as e:
-        raise EdgeError(f"cannot write {out}", found=str(e), fix="choose a writable --out path") from e
+    write_atomic(data, out)
     return report
