@@ -25,6 +25,28 @@ def is_graph_output(graph: gs.Graph, tensor) -> bool:
     return any(out is tensor for out in graph.outputs)
 
 
+def successor(graph: gs.Graph, node: gs.Node) -> gs.Node | None:
+    """The single node reading ``node``'s first output, or None (several readers, or a graph output)."""
+    if not node.outputs or is_graph_output(graph, node.outputs[0]):
+        return None
+    return only_consumer(node.outputs[0])
+
+
+def same_op_pairs(graph: gs.Graph, op: str):
+    """Yield (first, second): two ``op`` nodes where second is first's only reader."""
+    for first in list(graph.nodes):
+        if first.op == op and first.outputs:
+            second = successor(graph, first)
+            if second is not None and second.op == op:
+                yield first, second
+
+
+def detach(node: gs.Node) -> None:
+    """Disconnect a node; ``graph.cleanup()`` then removes it."""
+    node.inputs.clear()
+    node.outputs.clear()
+
+
 def bypass(graph: gs.Graph, node: gs.Node, keep: int = 0) -> None:
     """Remove a node whose output equals its input ``keep``: consumers read that input instead.
 
@@ -37,15 +59,13 @@ def bypass(graph: gs.Graph, node: gs.Node, keep: int = 0) -> None:
         if producer is None or len(source.outputs) != 1 or is_graph_output(graph, source):
             return  # cannot keep the output name; leave the node
         producer.outputs[producer.outputs.index(source)] = result
-        node.outputs.clear()
-        node.inputs.clear()
+        detach(node)
         return
     for consumer in list(result.outputs):
         for i, tensor in enumerate(consumer.inputs):
             if tensor is result:
                 consumer.inputs[i] = source
-    node.outputs.clear()
-    node.inputs.clear()
+    detach(node)
 
 
 def static_shape(tensor) -> tuple[int, ...] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from edge.graph.util import constant_value, is_graph_output, only_consumer
+from edge.graph.util import constant_value, detach, successor
 
 name = "fold-linear-chains"
 
@@ -31,27 +31,22 @@ def _bias(node: gs.Node, width: int) -> tuple[int, np.ndarray] | None:
     return None
 
 
-def _single_next(graph: gs.Graph, node: gs.Node) -> gs.Node | None:
-    out = node.outputs[0]
-    return None if is_graph_output(graph, out) else only_consumer(out)
-
-
 def _chain(graph: gs.Graph, first: gs.Node):
     """(first, bias1, second, bias2 node or None) for MatMul[+Add] -> MatMul[+Add], else None."""
     w1 = _weight(first)
     if w1 is None:
         return None
-    node = _single_next(graph, first)
+    node = successor(graph, first)
     bias1 = _bias(node, w1.shape[1])
     add1 = node if bias1 is not None else None
     if add1 is not None:
-        node = _single_next(graph, add1)
+        node = successor(graph, add1)
     if node is None or _weight(node) is None or _weight(node).shape[0] != w1.shape[1]:
         return None
     if node.inputs[0] is not (add1.outputs[0] if add1 is not None else first.outputs[0]):
         return None
     w2 = _weight(node)
-    after = _single_next(graph, node)
+    after = successor(graph, node)
     add2 = after if _bias(after, w2.shape[1]) is not None else None
     return first, add1, bias1, node, add2
 
@@ -79,8 +74,7 @@ def _fold(graph: gs.Graph, first, add1, bias1, second, add2) -> None:
                                    outputs=[result]))
     for node in (first, add1):
         if node is not None:
-            node.inputs.clear()
-            node.outputs.clear()
+            detach(node)
 
 
 def run(graph: gs.Graph) -> bool:

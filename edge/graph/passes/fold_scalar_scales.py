@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from edge.graph.util import bypass, constant_value, is_graph_output, only_consumer
+from edge.graph.util import bypass, constant_value, is_graph_output, successor
 
 name = "fold-scalar-scales"
 
@@ -45,9 +45,8 @@ def run(graph: gs.Graph) -> bool:
         if scale is None:
             continue
         data, factor = scale
-        out = node.outputs[0]
-        consumer = None if is_graph_output(graph, out) else only_consumer(out)
-        if _weight(consumer) is not None and consumer.inputs[0] is out:  # scale before the MatMul
+        consumer = successor(graph, node)
+        if _weight(consumer) is not None and consumer.inputs[0] is node.outputs[0]:  # scale before the MatMul
             _rescale(consumer, factor)
             bypass(graph, node, data)
             changed = True

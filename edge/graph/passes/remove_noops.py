@@ -4,6 +4,7 @@ shape, Mul/Div by 1 and Add/Sub of 0 (only when the constant does not broadcast 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from edge.graph.util import bypass, constant_value, static_shape
@@ -22,8 +23,6 @@ def _neutral(node: gs.Node) -> int | None:
         source = node.inputs[0]
         dtype = getattr(source, "dtype", None)
         target = node.attrs.get("to")
-        import onnx
-
         return 0 if dtype is not None and target is not None and \
             np.dtype(dtype) == onnx.helper.tensor_dtype_to_np_dtype(target) else None
     if op == "Reshape":
@@ -50,7 +49,6 @@ def run(graph: gs.Graph) -> bool:
     for node in list(graph.nodes):
         keep = _neutral(node)
         if keep is not None and node.outputs:
-            before = len(node.outputs)
             bypass(graph, node, keep)
-            changed = changed or (before and not node.outputs)
+            changed = changed or not node.outputs  # bypass leaves a graph-output node it cannot rename
     return bool(changed)
