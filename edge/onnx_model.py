@@ -19,6 +19,8 @@ class OnnxClassifier:
         from edge.verify import ort_session
 
         self.path = Path(path)
+        if not self.path.is_file():
+            raise EdgeError(f"{self.path} does not exist", expected="an ONNX file", fix="check the path")
         try:
             proto = onnx.load(str(self.path), load_external_data=False)
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file

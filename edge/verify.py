@@ -72,3 +72,81 @@ def compare_with_torch(model: torch.nn.Module, session, inputs: dict[str, torch.
         reference = model(x).float().numpy()
         results.append(compare_arrays(reference, run_ort(session, x.numpy()), tolerance, name))
     return results
+
+
+@dataclass
+class Side:
+    """One side of ``edge verify``: a PyTorch model or an ONNX graph, called the same way."""
+
+    name: str
+    kind: str  # "torch" or "onnxruntime"
+    data_config: dict | None
+    run: object  # callable: float32 tensor [N, C, H, W] -> numpy array
+
+
+def load_side(spec: str, weights: str | None = None, img_size: int | None = None, threads: int | None = None) -> Side:
+    if spec.endswith(".onnx"):
+        from edge.onnx_model import OnnxClassifier
+
+        graph = OnnxClassifier(spec, threads=threads)
+        try:
+            config = graph.data_config()
+        except Exception:  # noqa: BLE001 - a foreign graph without edge metadata: shape from the input only
+            config = None
+        return Side(spec, "onnxruntime", config, lambda x: graph(x).numpy())
+    from edge.models import create_model, data_config
+
+    model = create_model(spec, weights=weights, img_size=img_size).eval()
+
+    @torch.no_grad()
+    def run(x: torch.Tensor) -> np.ndarray:
+        return model(x).float().numpy()
+
+    return Side(spec, "torch", data_config(model), run)
+
+
+def _input_config(a: Side, b: Side) -> dict:
+    configs = [s.data_config for s in (a, b) if s.data_config is not None]
+    if not configs:
+        from edge.errors import EdgeError
+
+        raise EdgeError(f"neither {a.name} nor {b.name} records its input size",
+                        fix="export ONNX files with `edge export` (it records input size, mean and std), "
+                            "or compare against a model")
+    sizes = {tuple(int(v) for v in c["input_size"]) for c in configs}
+    if len(sizes) > 1:
+        from edge.errors import EdgeError
+
+        raise EdgeError(f"{a.name} and {b.name} take different inputs", found=" vs ".join(map(str, sorted(sizes))),
+                        fix="compare a model with its own export or compressed variant")
+    return configs[0]
+
+
+def verify_pair(a: Side, b: Side, *, real: np.ndarray | None = None, batch: int = 8, seed: int = 0,
+                tolerance: Tolerance = Tolerance()) -> dict:
+    """Run ``a`` and ``b`` on seeded random inputs and on real images (uint8 arrays); compare outputs.
+
+    ``b`` is the candidate, ``a`` the reference: relative error is measured against ``a``.
+    """
+    from edge.data import ArrayPreprocess, InputSpec
+    from edge.errors import EdgeError
+
+    config = _input_config(a, b)
+    spec = InputSpec.from_data_config(config)
+    inputs = verification_inputs((spec.channels, spec.height, spec.width), batch, None, seed)
+    if real is not None:
+        inputs["real"] = ArrayPreprocess(spec)(torch.as_tensor(real[:batch]))
+    results, agreement = [], {}
+    for name, x in inputs.items():
+        reference, candidate = a.run(x), b.run(x)
+        if reference.shape != candidate.shape:
+            raise EdgeError(f"{a.name} and {b.name} give outputs of different shapes",
+                            found=f"{tuple(reference.shape)} vs {tuple(candidate.shape)}",
+                            fix="compare a model with its own export (same head, same batch)")
+        results.append(compare_arrays(reference, candidate, tolerance, name))
+        if reference.ndim == 2:
+            agreement[name] = float((reference.argmax(1) == candidate.argmax(1)).mean())
+    return {"reference": {"model": a.name, "backend": a.kind}, "candidate": {"model": b.name, "backend": b.kind},
+            "input_size": list(config["input_size"]), "batch": batch, "seed": seed,
+            "tolerance": asdict(tolerance), "comparisons": [r.as_dict() for r in results],
+            "top1_agreement": agreement, "passed": all(r.passed for r in results)}

@@ -1,0 +1,61 @@
+"""``edge verify A B``: do two models or graphs compute the same function (within tolerance)?"""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, emit
+
+EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyTorch against its export
+  edge verify runs/ref.onnx runs/ref.clean.onnx --json        # raw export against the cleaned graph
+  edge verify runs/linear-9-10 runs/linear-9-10.clean.onnx --data fmnist --batch 32
+  edge verify fmnist-deit-tiny runs/linear-9-10 --max-abs 1 --rel-l2 0.2   # how far a compression moved it"""
+
+
+def register(subparsers) -> None:
+    parser = add_command(subparsers, "verify", "compare the outputs of two models or ONNX graphs",
+                         "Each side is a model name, a compressed artifact or an .onnx file (run with ONNX\n"
+                         "Runtime). Both run on seeded random inputs and on real test images; the result gives the\n"
+                         "max absolute and relative L2 error of B against A and the top-1 agreement. Exit status 0\n"
+                         "when every comparison is within tolerance, 1 when not, 2 for bad input.", EXAMPLES)
+    parser.add_argument("a", help="the reference: model, artifact or .onnx file")
+    parser.add_argument("b", help="the candidate: model, artifact or .onnx file")
+    parser.add_argument("--weights", help="weights for a model named by A (and B when B is a model too)")
+    parser.add_argument("--img-size", type=int, help="input size for timm architectures")
+    parser.add_argument("--data", default="fmnist-mini", help="real images (test split): fmnist, fmnist-mini, folder")
+    parser.add_argument("--batch", type=int, default=8, help="images per comparison")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--max-abs", type=float, default=1e-4, help="tolerance: max absolute error")
+    parser.add_argument("--rel-l2", type=float, default=1e-5, help="tolerance: relative L2 error")
+    parser.add_argument("--threads", type=int, help="CPU threads")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from edge.data import load_dataset
+    from edge.errors import EdgeError
+    from edge.runtime import set_threads
+    from edge.verify import Tolerance, load_side, verify_pair
+
+    if args.batch < 1:
+        raise EdgeError(f"--batch {args.batch}", expected="at least 1")
+    set_threads(args.threads)
+    a = load_side(args.a, args.weights, args.img_size, args.threads)
+    b = load_side(args.b, args.weights, args.img_size, args.threads)
+    data = load_dataset(args.data, "test")
+    real = data.images[: args.batch].numpy() if hasattr(data, "images") else None
+    result = verify_pair(a, b, real=real, batch=args.batch, seed=args.seed,
+                         tolerance=Tolerance(args.max_abs, args.rel_l2))
+    lines = [f"{args.b} ({b.kind}) against {args.a} ({a.kind}), batch {args.batch}:"]
+    for c in result["comparisons"]:
+        agree = result["top1_agreement"].get(c["inputs"])
+        lines.append(f"  {c['inputs']:<7} max abs {c['max_abs']:.2e}  rel L2 {c['rel_l2']:.2e}"
+                     + (f"  top-1 agreement {agree:.0%}" if agree is not None else "")
+                     + ("  ok" if c["passed"] else "  BEYOND TOLERANCE"))
+    verdict = "PASS" if result["passed"] else "FAIL"
+    lines.append(f"{verdict} (max abs <= {args.max_abs:g}, rel L2 <= {args.rel_l2:g})")
+    emit(result, args.json, "\n".join(lines))
+    if not result["passed"]:
+        print(f"edge verify: {args.b} differs from {args.a} beyond tolerance", file=sys.stderr)
+        return 1
+    return 0
