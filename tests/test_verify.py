@@ -77,3 +77,31 @@ def test_outputs_of_different_shape(exported, tmp_path, capsys):
     headless = TINY.replace("num_classes=10", "num_classes=0")
     assert main(["verify", str(onnx_path), headless]) == 2
     assert "outputs of different shapes" in capsys.readouterr().err
+
+
+class DriftingPass:
+    """A deliberately wrong cleaning pass: scales the first constant MatMul weight by 1.001."""
+
+    name = "drifting-pass"
+
+    @staticmethod
+    def run(graph) -> bool:
+        import onnx_graphsurgeon as gs
+
+        for node in graph.nodes:
+            if node.op == "MatMul" and isinstance(node.inputs[1], gs.Constant):
+                node.inputs[1] = gs.Constant(node.inputs[1].name + "_drift", node.inputs[1].values * 1.001)
+                return True
+        return False
+
+
+def test_cleaning_that_drifts_writes_nothing_and_names_the_pass(exported, tmp_path):
+    from edge.errors import EdgeError
+    from edge.graph.clean import clean_file
+
+    _, onnx_path = exported
+    out = tmp_path / "drift.clean.onnx"
+    with pytest.raises(EdgeError, match="cleaning pass 'drifting-pass' changed the model's outputs") as caught:
+        clean_file(onnx_path, out, passes=(DriftingPass,))
+    assert "--skip-pass drifting-pass" in str(caught.value)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
