@@ -11,6 +11,8 @@ from edge.errors import EdgeError
 from edge.graph import clean_graph
 from edge.graph.passes import (
     cancel_transposes,
+    fold_channel_scales,
+    fold_constants,
     fold_linear_chains,
     fold_scalar_scales,
     merge_reshapes,
@@ -108,6 +110,44 @@ def test_scalar_scales_fold_into_weights():
     after = make_model([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Div", ["a", "c"], ["y"])],
                        {"c": np.array(3.0, np.float32), "w": w})
     check_pass(after, fold_scalar_scales, ["MatMul"])
+
+
+def test_static_shape_arithmetic_folds_to_one_reshape():
+    """Shape -> Slice -> Concat -> Reshape on a tensor whose shape only inference knows (no value_info)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Slice", ["s", "start", "end"], ["head"]),
+             helper.make_node("Concat", ["head", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["y"])]
+    model = make_model(nodes, {"start": np.array([0], np.int64), "end": np.array([1], np.int64),
+                               "minus_one": np.array([-1], np.int64)}, out_shape=(2, 12))
+    assert not model.graph.value_info
+    cleaned = check_pass(model, fold_constants, ["Relu", "Reshape"])
+    target = {t.name: numpy_helper.to_array(t) for t in cleaned.graph.initializer}[cleaned.graph.node[1].input[1]]
+    assert target.tolist() == [2, -1]
+
+
+def test_layer_scale_folds_into_the_linear_map():
+    w, b = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal(6).astype(np.float32)
+    gamma = RNG.uniform(0.5, 2.0, 6).astype(np.float32)
+    after_bias = make_model([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Add", ["b", "a"], ["c"]),
+                             helper.make_node("Mul", ["gamma", "c"], ["d"]), helper.make_node("Relu", ["d"], ["y"])],
+                            {"w": w, "b": b, "gamma": gamma}, out_shape=(2, 3, 6))
+    check_pass(after_bias, fold_channel_scales, ["MatMul", "Add", "Relu"])
+    divided = make_model([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Div", ["a", "s"], ["y"])],
+                         {"w": w, "s": gamma.reshape(1, 1, 6)}, out_shape=(2, 3, 6))
+    check_pass(divided, fold_channel_scales, ["MatMul"])
+
+
+@pytest.mark.parametrize("scale", [RNG.uniform(0.5, 2.0, (3, 1)).astype(np.float32),  # over tokens, not channels
+                                   np.array([1.0, 0.0, 2.0, 1.0, 1.0, 1.0], np.float32)])  # a zero channel
+def test_scales_that_are_not_per_output_channel_are_kept(scale):
+    w = RNG.standard_normal((4, 6)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "s"], ["y"])],
+                       {"w": w, "s": scale}, out_shape=(2, 3, 6))
+    cleaned, report = clean_graph(model, passes=(fold_channel_scales,))
+    assert [n.op_type for n in cleaned.graph.node] == ["MatMul", "Mul"]
+    assert report.passes["fold-channel-scales"].changes == 0
 
 
 class CorruptingPass:

@@ -73,3 +73,25 @@ def static_shape(tensor) -> tuple[int, ...] | None:
     if shape is None or any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
         return None
     return tuple(int(d) for d in shape)
+
+
+def infer_shapes(graph: gs.Graph) -> None:
+    """Annotate the graph's variables with ONNX shape inference (dtype and static shape where known).
+
+    onnx-graphsurgeon does not infer shapes itself; its constant folding folds ``Shape`` only of
+    tensors whose shape is annotated. Annotations already present are kept.
+    """
+    import onnx
+
+    model = gs.export_onnx(graph, do_type_check=False)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    tensors = graph.tensors()
+    for info in inferred.graph.value_info:
+        tensor = tensors.get(info.name)
+        if not isinstance(tensor, gs.Variable) or tensor.shape is not None:
+            continue
+        kind = info.type.tensor_type
+        if not kind.HasField("shape"):
+            continue
+        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type) if kind.elem_type else tensor.dtype
+        tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in kind.shape.dim]

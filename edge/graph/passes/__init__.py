@@ -2,6 +2,7 @@
 
 from edge.graph.passes import (
     cancel_transposes,
+    fold_channel_scales,
     fold_constants,
     fold_linear_chains,
     fold_scalar_scales,
@@ -10,6 +11,6 @@ from edge.graph.passes import (
 )
 
 DEFAULT_PASSES = (fold_constants, remove_noops, cancel_transposes, merge_reshapes, fold_linear_chains,
-                  fold_scalar_scales)
+                  fold_scalar_scales, fold_channel_scales)
 
 __all__ = ["DEFAULT_PASSES"]

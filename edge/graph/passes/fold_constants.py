@@ -1,13 +1,20 @@
-"""Fold every subgraph whose inputs are all constants into constants (onnx-graphsurgeon + ONNX Runtime)."""
+"""Fold every subgraph whose inputs are all constants into constants (onnx-graphsurgeon + ONNX Runtime).
+
+Shapes are inferred first, so ``Shape`` of a tensor with a static shape is a constant too: the
+exporter's shape arithmetic (Shape -> Slice -> Concat -> Reshape) folds into one Reshape target.
+"""
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
+
+from edge.graph.util import infer_shapes
 
 name = "fold-constants"
 
 
 def run(graph: gs.Graph) -> bool:
     before = sum(1 for n in graph.nodes if n.op != "Constant")
-    graph.fold_constants(error_ok=True).cleanup()
+    infer_shapes(graph)
+    graph.fold_constants(fold_shapes=True, error_ok=True).cleanup()
     return sum(1 for n in graph.nodes if n.op != "Constant") < before
