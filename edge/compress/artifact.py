@@ -24,6 +24,8 @@ from torch import nn
 
 from edge import __version__
 from edge.compress.block_approx import ApproximatedSpan, replace_spans
+from edge.compress.dwconv import drop_prefix_tokens
+from edge.compress.dwconv_apply import dwconv_records, restore_dwconv
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.models.weights_io import load_weights, read_state_dict, save_safetensors
@@ -58,7 +60,9 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "edge": __version__, **manifest,
-                  "spans": span_records(model), "info": model_info(model).as_dict()}
+                  "spans": span_records(model), "dwconv": dwconv_records(model),
+                  "prefix_dropped": bool(manifest.get("fit", {}).get("dwconv", {}).get("prefix_dropped", False)),
+                  "info": model_info(model).as_dict()}
         save_safetensors({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp / WEIGHTS,
                          metadata={"format": FORMAT})
         (tmp / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
@@ -97,6 +101,8 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
     manifest = read_manifest(folder)
     source = manifest["source"]
     model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)
+    if manifest.get("prefix_dropped"):
+        drop_prefix_tokens(model)
     info = model_info(model)
     spans = {}
     for record in manifest["spans"]:
@@ -104,6 +110,7 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
         spans[replaced] = ApproximatedSpan(record["method"], replaced, info.embed_dim, info.num_prefix_tokens,
                                            own_prefix_map=record["own_prefix_map"], bias=record["bias"])
     replace_spans(model, spans)
+    restore_dwconv(model, manifest.get("dwconv", []))
     load_weights(model, read_state_dict(folder / WEIGHTS), str(folder / WEIGHTS))
     model.eval()
     return model, manifest

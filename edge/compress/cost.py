@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from edge.compress.block_approx import ApproximatedSpan
+from edge.compress.dwconv import DepthwiseAttention
 from edge.models.info import model_info
 
 
@@ -66,8 +67,11 @@ def analytic_flops(model: nn.Module, batch: int = 1) -> int:
             if block.prefix_map is not None:
                 total += _linear_flops(block.prefix_map, prefix)
             continue
-        total += _linear_flops(block, tokens)
         attn = getattr(block, "attn", None)
+        if isinstance(attn, DepthwiseAttention):  # its projections see different token counts
+            total += _linear_flops(block, tokens) - _linear_flops(attn, tokens) + attn.flops(tokens)
+            continue
+        total += _linear_flops(block, tokens)
         if attn is not None and hasattr(attn, "num_heads"):
             inner = attn.qkv.out_features // 3
             total += 2 * 2 * tokens * tokens * inner  # q k^T and attn v

@@ -9,6 +9,13 @@ with their own map), ``steps=N`` and ``lr=FLOAT`` for the trained translators.
 
 ``auto-linear:K`` / ``auto-affine:K`` let the planner choose K blocks to replace.
 
+Drop-in depthwise convolution (:mod:`edge.compress.dwconv`) replaces attention, not blocks:
+``dwconv:blocks=2+5+7`` (every head of blocks 2, 5 and 7), ``dwconv:auto=K`` (the K blocks of
+lowest Sigma_b; ``order=highest`` for the paper's ablation), ``dwconv:heads=auto=K`` (the K heads
+of lowest Sigma_h anywhere, scattered) or ``dwconv:heads=2.0+5.3`` (block.head). Options:
+``init=gaussian|mean|lsq``, ``k=ODD``, ``variant=unensembled|ensembled|full``,
+``prefix=mean|attend|drop``, ``order=lowest|highest``, ``ridge=FLOAT`` (for init=lsq).
+
 The same text always parses to the same plan, and ``str(plan)`` is its canonical form.
 """
 
@@ -25,6 +32,12 @@ SPAN_METHODS = (*CLOSED_FORM, "skip", *TRAINED)
 AUTO_METHODS = ("auto-linear", "auto-affine")
 OPTION_TYPES = {"ridge": float, "prefix": str, "steps": int, "lr": float}
 PREFIX_MODES = ("shared", "own")
+DWCONV = "dwconv"
+DWCONV_OPTION_TYPES = {"init": str, "k": int, "variant": str, "prefix": str, "order": str, "ridge": float}
+DWCONV_CHOICES = {"init": ("gaussian", "mean", "lsq"), "variant": ("unensembled", "ensembled", "full"),
+                  "prefix": ("mean", "attend", "drop"), "order": ("lowest", "highest")}
+DWCONV_DEFAULTS = {"init": "lsq", "k": 3, "variant": "unensembled", "prefix": "mean", "order": "lowest",
+                   "ridge": 1e-4}
 
 
 def _format_options(options: dict) -> str:
@@ -69,16 +82,60 @@ class AutoStep:
 
 
 @dataclass(frozen=True)
+class DWConvStep:
+    """Replace attention heads by a depthwise convolution over V (original block indices).
+
+    Exactly one of: ``blocks`` (every head of these blocks), ``heads`` ((block, head) pairs),
+    ``auto`` > 0 (chosen by the Sigma criterion; ``scattered`` picks heads, else blocks).
+    """
+
+    blocks: tuple[int, ...] = ()
+    heads: tuple[tuple[int, int], ...] = ()
+    auto: int = 0
+    scattered: bool = False
+    options: dict = field(default_factory=dict, hash=False)
+
+    def option(self, key: str):
+        """The option's value, or its default (defaults are resolved here only)."""
+        return self.options.get(key, DWCONV_DEFAULTS[key])
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.auto == 0
+
+    @property
+    def touched_blocks(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.blocks) | {b for b, _ in self.heads}))
+
+    def __str__(self) -> str:
+        if self.auto:
+            where = f"heads=auto={self.auto}" if self.scattered else f"auto={self.auto}"
+        elif self.heads:
+            where = "heads=" + "+".join(f"{b}.{h}" for b, h in self.heads)
+        else:
+            where = "blocks=" + "+".join(map(str, self.blocks))
+        return f"{DWCONV}:{where}{_format_options(self.options)}"
+
+
+@dataclass(frozen=True)
 class Plan:
-    steps: tuple[SpanStep | AutoStep, ...]
+    steps: tuple[SpanStep | AutoStep | DWConvStep, ...]
 
     @property
     def spans(self) -> tuple[SpanStep, ...]:
         return tuple(s for s in self.steps if isinstance(s, SpanStep))
 
     @property
+    def dwconv(self) -> tuple[DWConvStep, ...]:
+        return tuple(s for s in self.steps if isinstance(s, DWConvStep))
+
+    @property
+    def has_auto_spans(self) -> bool:
+        return any(isinstance(s, AutoStep) for s in self.steps)
+
+    @property
     def is_resolved(self) -> bool:
-        return all(isinstance(s, SpanStep) for s in self.steps)
+        return all(isinstance(s, SpanStep) or (isinstance(s, DWConvStep) and s.is_resolved) for s in self.steps)
 
     def __str__(self) -> str:
         return ",".join(str(s) for s in self.steps)
@@ -96,6 +153,7 @@ class Plan:
                                     expected="non-overlapping spans, e.g. linear:2-4,linear:4-6",
                                     fix="merge them into one span or separate them")
                 owner[block] = step
+        self._validate_dwconv(num_blocks, set(owner))
         autos = [s for s in self.steps if isinstance(s, AutoStep)]
         if len(autos) > 1:
             raise EdgeError(f"plan has {len(autos)} auto steps ({', '.join(map(str, autos))})",
@@ -107,22 +165,49 @@ class Plan:
                                 expected=f"K <= {budget}")
         return self
 
+    def _validate_dwconv(self, num_blocks: int, span_blocks: set[int]) -> None:
+        steps = self.dwconv
+        if len([s for s in steps if not s.is_resolved]) > 1:
+            raise EdgeError(f"plan has {len(steps)} automatic dwconv steps",
+                            expected="at most one dwconv:auto=K or dwconv:heads=auto=K step")
+        seen: dict[int, DWConvStep] = {}
+        for step in steps:
+            for block in step.touched_blocks:
+                if not 0 <= block < num_blocks:
+                    raise EdgeError(f"plan step {step}: block {block} is out of range for a model with "
+                                    f"{num_blocks} blocks", expected=f"block indices 0..{num_blocks - 1}")
+                if block in span_blocks:
+                    raise EdgeError(f"plan step {step} replaces the attention of block {block}, which a span "
+                                    "removes", fix="leave that block out of one of the two steps")
+                if block in seen and seen[block] is not step:
+                    raise EdgeError(f"plan steps {seen[block]} and {step} both replace attention in block {block}",
+                                    fix="list each block in one dwconv step")
+                seen[block] = step
+        free = num_blocks - len(span_blocks) - len(seen)
+        for step in steps:
+            if step.auto and not step.scattered and step.auto > free:
+                raise EdgeError(f"plan step {step} asks for {step.auto} blocks, {free} are left",
+                                expected=f"K <= {free}")
 
-def _parse_options(parts: list[str], step_text: str) -> dict:
+
+def _parse_options(parts: list[str], step_text: str, types: dict | None = None) -> dict:
+    types = types or OPTION_TYPES
     options = {}
     for part in parts:
         if "=" not in part:
             raise EdgeError(f"option {part!r} in plan step {step_text!r} is not key=value",
-                            expected=f"options {', '.join(OPTION_TYPES)} as :key=value")
+                            expected=f"options {', '.join(types)} as :key=value")
         key, value = part.split("=", 1)
-        if key not in OPTION_TYPES:
+        if key not in types:
             raise EdgeError(f"unknown option {key!r} in plan step {step_text!r}",
-                            expected=f"one of {', '.join(OPTION_TYPES)}")
+                            expected=f"one of {', '.join(types)}")
         try:
-            options[key] = OPTION_TYPES[key](value)
+            options[key] = types[key](value)
         except ValueError as e:
-            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not a {OPTION_TYPES[key].__name__}")\
+            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not a {types[key].__name__}")\
                 from e
+    if types is DWCONV_OPTION_TYPES:
+        return _check_dwconv_options(options, step_text)
     if options.get("prefix", "shared") not in PREFIX_MODES:
         raise EdgeError(f"prefix={options['prefix']} in plan step {step_text!r}",
                         expected="prefix=shared or prefix=own")
@@ -131,13 +216,61 @@ def _parse_options(parts: list[str], step_text: str) -> dict:
     return options
 
 
-def _parse_step(text: str) -> SpanStep | AutoStep:
+def _check_dwconv_options(options: dict, step_text: str) -> dict:
+    for key, choices in DWCONV_CHOICES.items():
+        if key in options and options[key] not in choices:
+            raise EdgeError(f"{key}={options[key]} in plan step {step_text!r}",
+                            expected=" or ".join(f"{key}={c}" for c in choices))
+    k = options.get("k", DWCONV_DEFAULTS["k"])
+    if k < 1 or k % 2 == 0:
+        raise EdgeError(f"k={k} in plan step {step_text!r}: the kernel size must be odd",
+                        expected="an odd kernel size such as 3 or 5", fix="use k=3 (the paper's choice)")
+    if options.get("ridge", 0.0) < 0:
+        raise EdgeError(f"ridge={options['ridge']} in plan step {step_text!r} is negative", expected="ridge >= 0")
+    return options
+
+
+def _parse_count(text: str, step_text: str, what: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count <= 0:
+        raise EdgeError(f"plan step {step_text!r} needs a positive {what} count",
+                        expected="dwconv:auto=K or dwconv:heads=auto=K, e.g. dwconv:auto=6")
+    return count
+
+
+def _parse_dwconv(where: str, option_parts: list[str], text: str) -> DWConvStep:
+    options = _parse_options(option_parts, text, DWCONV_OPTION_TYPES)
+    usage = "dwconv:blocks=2+5+7, dwconv:auto=K, dwconv:heads=auto=K or dwconv:heads=2.0+5.3 (block.head)"
+    key, _, value = where.partition("=")
+    try:
+        if key == "auto":
+            return DWConvStep(auto=_parse_count(value, text, "block"), options=options)
+        if key == "heads" and value.startswith("auto="):
+            return DWConvStep(auto=_parse_count(value.removeprefix("auto="), text, "head"), scattered=True,
+                              options=options)
+        if key == "heads" and value:
+            pairs = tuple(sorted({(int(b), int(h)) for b, h in (item.split(".") for item in value.split("+"))}))
+            return DWConvStep(heads=pairs, options=options)
+        if key == "blocks" and value:
+            return DWConvStep(blocks=tuple(sorted({int(b) for b in value.split("+")})), options=options)
+    except ValueError as e:
+        raise EdgeError(f"plan step {text!r} does not say which attention to replace", expected=usage) from e
+    raise EdgeError(f"plan step {text!r} does not say which attention to replace", expected=usage)
+
+
+def _parse_step(text: str) -> SpanStep | AutoStep | DWConvStep:
     method, _, rest = text.partition(":")
     method = method.strip().lower()
+    if method == DWCONV:
+        where, *option_parts = rest.split(":") if rest else [""]
+        return _parse_dwconv(where, option_parts, text)
     if method not in SPAN_METHODS + AUTO_METHODS:
-        close = difflib.get_close_matches(method, SPAN_METHODS + AUTO_METHODS, n=3)
+        close = difflib.get_close_matches(method, SPAN_METHODS + AUTO_METHODS + (DWCONV,), n=3)
         raise EdgeError(f"unknown method {method!r} in plan step {text!r}",
-                        expected=f"one of {', '.join(SPAN_METHODS + AUTO_METHODS)}",
+                        expected=f"one of {', '.join(SPAN_METHODS + AUTO_METHODS + (DWCONV,))}",
                         found=f"closest: {', '.join(close)}" if close else None)
     where, *option_parts = rest.split(":") if rest else [""]
     options = _parse_options(option_parts, text)
@@ -168,4 +301,5 @@ def parse_plan(text: str) -> Plan:
     steps = tuple(_parse_step(p) for p in parts)
     spans = sorted((s for s in steps if isinstance(s, SpanStep)), key=lambda s: s.start)
     autos = tuple(s for s in steps if isinstance(s, AutoStep))
-    return Plan((*spans, *autos))
+    dwconv = sorted((s for s in steps if isinstance(s, DWConvStep)), key=lambda s: (not s.is_resolved, str(s)))
+    return Plan((*spans, *autos, *dwconv))

@@ -1,0 +1,315 @@
+"""Drop-in depthwise convolution (Scribano et al.): attention heads become a k x k conv over V.
+
+:class:`DepthwiseAttention` takes the place of timm's ``blocks[i].attn``. It keeps the value
+projection (the V slice of ``qkv``) and the output projection, lays the patch tokens out on
+the model's patch grid (rows x cols, non-square grids too) and aggregates each channel over its
+k x k neighbourhood (zero padding), instead of ``softmax(q k^T) v``:
+
+* ``unensembled`` (Eq. 11): ``Conv_DW(X W^V_h, K^h)`` per replaced head, one filter per channel;
+* ``ensembled``  (Eq. 12-13): the replaced heads share one head, ``V^e = X sum_h s_h W^V_h`` and
+  ``W^Oe = sum_h s_h W^O_h`` with ``s = softmax(gamma)`` (gamma = 0 at the start: uniform), one
+  depthwise conv of ``head_dim`` channels; the weights are stored folded;
+* ``full``       (Eq. 9-10): one dense k x k convolution of X with ``K^h (x) W^V_h`` (one kernel
+  per head, shared by its channels), for comparison; the V bias seen through the zero-padded
+  kernel is a constant map, so it equals ``unensembled`` with per-head-shared kernels exactly.
+
+Heads not listed in ``conv_heads`` keep their attention (scattered selection); the output
+projection's input columns are permuted once, at build time, so that the kept heads come first.
+
+Prefix tokens ([CLS], registers) have no place on the grid; ``prefix`` says what they get:
+
+* ``mean``   (default) every prefix token's output is the mean of V over the patch tokens
+  (exported as ReduceMean -> MatMul beside the Slice/Concat pair);
+* ``attend`` prefix queries keep full attention over all tokens with the head's own q and k;
+* ``drop``   the paper's choice: the model loses its prefix tokens and pools the mean of the
+  patch tokens (done to the whole model by :func:`drop_prefix_tokens`; the module sees none).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from edge.errors import EdgeError
+
+VARIANTS = ("unensembled", "ensembled", "full")
+PREFIX_MODES = ("mean", "attend", "drop")
+
+
+def check_kernel_size(k: int, grid: tuple[int, int], where: str = "k") -> None:
+    if k < 1 or k % 2 == 0:
+        raise EdgeError(f"{where}={k}: the depthwise kernel size must be odd",
+                        expected="an odd kernel size such as 3 or 5 (centred, zero padding k//2)",
+                        fix="use k=3 (the paper's choice)")
+    if k > min(grid):
+        raise EdgeError(f"{where}={k} is larger than the patch grid {grid[0]}x{grid[1]}",
+                        expected=f"k <= {min(grid)}", fix="use a smaller kernel, e.g. k=3")
+
+
+def check_attention(attn: nn.Module, block: int) -> None:
+    """Refuse attention modules this replacement cannot stand for (it reads qkv and proj)."""
+    if not (hasattr(attn, "qkv") and hasattr(attn, "proj") and hasattr(attn, "num_heads")):
+        raise EdgeError(f"blocks[{block}].attn is a {type(attn).__name__}",
+                        expected="timm's Attention (qkv, proj, num_heads) at blocks[i].attn")
+    if getattr(attn, "gate", None) is not None or not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity):
+        raise EdgeError(f"blocks[{block}].attn uses a gated or normalised attention output",
+                        expected="plain timm Attention (no gate, no scale_norm)",
+                        fix="leave this block out of the dwconv step")
+
+
+class DepthwiseAttention(nn.Module):
+    """Stands at ``blocks[i].attn``; replaces the heads ``conv_heads`` by a k x k convolution over V."""
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int, conv_heads: tuple[int, ...],
+                 grid: tuple[int, int], num_prefix_tokens: int = 0, k: int = 3, variant: str = "unensembled",
+                 prefix: str = "mean", qkv_bias: bool = True, proj_bias: bool = True) -> None:
+        super().__init__()
+        if variant not in VARIANTS:
+            raise EdgeError(f"variant={variant}", expected=f"one of {', '.join(VARIANTS)}")
+        if prefix not in PREFIX_MODES:
+            raise EdgeError(f"prefix={prefix}", expected=f"one of {', '.join(PREFIX_MODES)}")
+        if prefix == "attend" and variant != "unensembled":
+            raise EdgeError(f"prefix=attend with variant={variant}",
+                            expected="prefix=attend only with variant=unensembled (it needs each head's q and k)",
+                            fix="use prefix=mean")
+        check_kernel_size(k, grid)
+        conv_heads = tuple(sorted(int(h) for h in conv_heads))
+        if not conv_heads or len(set(conv_heads)) != len(conv_heads) or not 0 <= conv_heads[0] <= conv_heads[-1] \
+                < num_heads:
+            raise ValueError(f"conv_heads {conv_heads} for {num_heads} heads")
+        self.dim, self.num_heads, self.head_dim = int(dim), int(num_heads), int(head_dim)
+        self.conv_heads = conv_heads
+        self.attn_heads = tuple(h for h in range(num_heads) if h not in conv_heads)
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.num_prefix_tokens = 0 if prefix == "drop" else int(num_prefix_tokens)
+        self.k, self.variant, self.prefix = int(k), variant, prefix
+        self.scale = head_dim ** -0.5
+        conv_width = head_dim if variant == "ensembled" else len(conv_heads) * head_dim
+        attn_width = len(self.attn_heads) * head_dim
+        self.conv_width = conv_width
+        # kept heads: their own q, k, v (scattered selection)
+        self.qkv = nn.Linear(dim, 3 * attn_width, bias=qkv_bias) if self.attn_heads else None
+        self.q_norm: nn.Module = nn.Identity()
+        self.k_norm: nn.Module = nn.Identity()
+        self.value = nn.Linear(dim, conv_width, bias=qkv_bias)
+        if variant == "full":
+            self.conv = nn.Conv2d(dim, conv_width, k, padding=k // 2, bias=False)
+            self.register_buffer("bias_map", torch.zeros(1, conv_width, *self.grid))
+        else:
+            self.conv = nn.Conv2d(conv_width, conv_width, k, padding=k // 2, groups=conv_width, bias=True)
+        self.prefix_q = self.prefix_k = None
+        if prefix == "attend" and self.num_prefix_tokens:
+            self.prefix_q = nn.Linear(dim, conv_width, bias=qkv_bias)
+            self.prefix_k = nn.Linear(dim, conv_width, bias=qkv_bias)
+        self.proj = nn.Linear(attn_width + conv_width, dim, bias=proj_bias)
+
+    # ---- forward ----------------------------------------------------------------------------
+    def _grid_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[B, rows*cols, C]`` -> ``[B, C, rows, cols]`` (one Transpose)."""
+        rows, cols = self.grid
+        if tokens.shape[1] != rows * cols:
+            raise EdgeError(f"DepthwiseAttention got {tokens.shape[1]} patch tokens",
+                            expected=f"{rows}x{cols} = {rows * cols} (the grid it was built for)",
+                            fix="run the model at the input size it was compressed for")
+        return tokens.transpose(1, 2).reshape(-1, tokens.shape[2], rows, cols)
+
+    def _spatial(self, x_patch: torch.Tensor) -> torch.Tensor:
+        if self.variant == "full":
+            out = self.conv(self._grid_tokens(x_patch)) + self.bias_map
+        else:
+            out = self.conv(self._grid_tokens(self.value(x_patch)))
+        return out.flatten(2).transpose(1, 2)
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(t.shape[0], t.shape[1], -1, self.head_dim).transpose(1, 2)
+
+    def _prefix_out(self, x: torch.Tensor, x_patch: torch.Tensor) -> torch.Tensor:
+        p = self.num_prefix_tokens
+        if self.prefix_q is None:  # mean of V over the patch tokens (V is affine: V(mean x) = mean V(x))
+            pooled = self.value(x_patch.mean(1, keepdim=True))
+            return pooled if p == 1 else pooled.expand(-1, p, -1)
+        q = self.q_norm(self._heads(self.prefix_q(x[:, :p]))) * self.scale
+        k = self.k_norm(self._heads(self.prefix_k(x)))
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        out = attn @ self._heads(self.value(x))
+        return out.transpose(1, 2).reshape(x.shape[0], p, -1)
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, len(self.attn_heads), self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q) * self.scale, self.k_norm(k)
+        out = (q @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, n, -1)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise EdgeError("DepthwiseAttention got an attention mask", expected="no mask (image tokens)")
+        p = self.num_prefix_tokens
+        x_patch = x[:, p:] if p else x
+        out = self._spatial(x_patch)
+        if p:
+            out = torch.cat([self._prefix_out(x, x_patch), out], dim=1)
+        if self.qkv is not None:
+            out = torch.cat([self._attention(x), out], dim=-1)
+        return self.proj(out)
+
+    # ---- cost -------------------------------------------------------------------------------
+    def flops(self, tokens: int) -> int:
+        """Matrix-product and convolution FLOPs of one image with ``tokens`` tokens (2 per MAC)."""
+        p, dim, width = self.num_prefix_tokens, self.dim, self.conv_width
+        patches = tokens - p
+        k2 = self.k * self.k
+        total = 2 * tokens * self.proj.in_features * self.proj.out_features
+        if self.variant == "full":
+            total += 2 * patches * width * dim * k2
+        else:
+            total += 2 * patches * dim * width + 2 * patches * width * k2
+        if p and self.prefix_q is None:
+            total += 2 * dim * width
+        elif p:
+            total += 2 * p * dim * width + 2 * tokens * dim * width + 2 * tokens * dim * width  # q, k, v
+            total += 2 * 2 * p * tokens * width
+        if self.qkv is not None:
+            total += 2 * tokens * self.qkv.in_features * self.qkv.out_features
+            total += 2 * 2 * tokens * tokens * len(self.attn_heads) * self.head_dim
+        return total
+
+    def record(self) -> dict:
+        """What :func:`from_record` needs to rebuild the module's shapes (weights come from the state dict)."""
+        return {"dim": self.dim, "num_heads": self.num_heads, "head_dim": self.head_dim,
+                "conv_heads": list(self.conv_heads), "grid": list(self.grid),
+                "num_prefix_tokens": self.num_prefix_tokens, "k": self.k, "variant": self.variant,
+                "prefix": self.prefix, "qkv_bias": self.value.bias is not None,
+                "proj_bias": self.proj.bias is not None,
+                "q_norm": type(self.q_norm).__name__, "k_norm": type(self.k_norm).__name__}
+
+    def extra_repr(self) -> str:
+        heads = "all heads" if not self.attn_heads else f"heads {list(self.conv_heads)}"
+        return (f"{heads} of {self.num_heads} -> {self.k}x{self.k} {self.variant} conv on a "
+                f"{self.grid[0]}x{self.grid[1]} grid, prefix={self.prefix}")
+
+
+def from_record(record: dict, norms: tuple[nn.Module, nn.Module] | None = None) -> DepthwiseAttention:
+    module = DepthwiseAttention(record["dim"], record["num_heads"], record["head_dim"], tuple(record["conv_heads"]),
+                                tuple(record["grid"]), record["num_prefix_tokens"], record["k"], record["variant"],
+                                record["prefix"], record["qkv_bias"], record["proj_bias"])
+    if norms is not None:
+        module.q_norm, module.k_norm = copy.deepcopy(norms[0]), copy.deepcopy(norms[1])
+    return module
+
+
+def head_channels(heads: tuple[int, ...], head_dim: int) -> torch.Tensor:
+    return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in heads]) if heads \
+        else torch.zeros(0, dtype=torch.long)
+
+
+def ensemble_weights(num_heads: int, gamma: torch.Tensor | None = None) -> torch.Tensor:
+    """``softmax(gamma)`` over the replaced heads (Eq. 12); gamma = 0 gives uniform weights."""
+    gamma = torch.zeros(num_heads, dtype=torch.float64) if gamma is None else gamma.to(torch.float64)
+    return gamma.softmax(0)
+
+
+def ensembled_projections(attn: nn.Module, conv_heads: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                                    torch.Tensor]:
+    """``W^Ve`` ``[head_dim, dim]``, its bias, and ``W^Oe`` ``[dim, head_dim]`` of Eq. 12 (float64)."""
+    hd, dim = attn.head_dim, attn.qkv.in_features
+    s = ensemble_weights(len(conv_heads))
+    inner = attn.qkv.out_features // 3
+    wv = attn.qkv.weight.detach().double()[2 * inner:].reshape(attn.num_heads, hd, dim)[list(conv_heads)]
+    wo = attn.proj.weight.detach().double().reshape(-1, attn.num_heads, hd)[:, list(conv_heads)]
+    bias = attn.qkv.bias
+    bv = None if bias is None else bias.detach().double()[2 * inner:].reshape(attn.num_heads, hd)[list(conv_heads)]
+    return (torch.einsum("h,hcd->cd", s, wv), None if bv is None else torch.einsum("h,hc->c", s, bv),
+            torch.einsum("h,ohc->oc", s, wo))
+
+
+@torch.no_grad()
+def depthwise_from_attention(attn: nn.Module, *, block: int, conv_heads: tuple[int, ...], grid: tuple[int, int],
+                             num_prefix_tokens: int, k: int, variant: str, prefix: str,
+                             kernels: torch.Tensor, bias: torch.Tensor | None = None) -> DepthwiseAttention:
+    """Build the replacement of timm ``attn`` from its own weights and the given kernels.
+
+    ``kernels``: ``[conv_width, k, k]`` per channel (unensembled: the replaced heads' V channels
+    in head order; ensembled: ``head_dim`` channels) or ``[len(conv_heads), k, k]`` per head
+    (full). ``bias`` (``[conv_width]``) is added after the convolution; None means zero.
+    """
+    check_attention(attn, block)
+    dim, heads, hd = attn.qkv.in_features, int(attn.num_heads), int(attn.head_dim)
+    inner = heads * hd
+    module = DepthwiseAttention(dim, heads, hd, conv_heads, grid, num_prefix_tokens, k, variant, prefix,
+                                qkv_bias=attn.qkv.bias is not None, proj_bias=attn.proj.bias is not None)
+    module.q_norm, module.k_norm = copy.deepcopy(attn.q_norm), copy.deepcopy(attn.k_norm)
+    conv_ch, attn_ch = head_channels(module.conv_heads, hd), head_channels(module.attn_heads, hd)
+    w, b = attn.qkv.weight.detach(), attn.qkv.bias
+    if module.qkv is not None:
+        rows = torch.cat([attn_ch, attn_ch + inner, attn_ch + 2 * inner])
+        module.qkv.weight.copy_(w[rows])
+        if b is not None:
+            module.qkv.bias.copy_(b.detach()[rows])
+    if module.prefix_q is not None:
+        module.prefix_q.weight.copy_(w[conv_ch])
+        module.prefix_k.weight.copy_(w[conv_ch + inner])
+        if b is not None:
+            module.prefix_q.bias.copy_(b.detach()[conv_ch])
+            module.prefix_k.bias.copy_(b.detach()[conv_ch + inner])
+    wp = attn.proj.weight.detach()
+    if variant == "ensembled":
+        wve, bve, woe = ensembled_projections(attn, module.conv_heads)
+        module.value.weight.copy_(wve)
+        if bve is not None:
+            module.value.bias.copy_(bve)
+        module.proj.weight.copy_(torch.cat([wp[:, attn_ch].double(), woe], 1))
+    else:
+        module.value.weight.copy_(w[conv_ch + 2 * inner])
+        if b is not None:
+            module.value.bias.copy_(b.detach()[conv_ch + 2 * inner])
+        module.proj.weight.copy_(torch.cat([wp[:, attn_ch], wp[:, conv_ch]], 1))
+    if module.proj.bias is not None:
+        module.proj.bias.copy_(attn.proj.bias.detach())
+    bias = torch.zeros(module.conv_width, dtype=torch.float64) if bias is None else bias.detach().double()
+    if variant == "full":
+        _set_full_conv(module, kernels.double(), bias)
+    else:
+        module.conv.weight.copy_(kernels.reshape(module.conv_width, 1, k, k))
+        module.conv.bias.copy_(bias)
+    return module
+
+
+def _set_full_conv(module: DepthwiseAttention, head_kernels: torch.Tensor, bias: torch.Tensor) -> None:
+    """Eq. 10: ``W^Vh_{r,s} = K^h_{r,s} W^V_h``; the V bias through the zero-padded kernel is a constant map."""
+    hd, k = module.head_dim, module.k
+    per_channel = head_kernels.repeat_interleave(hd, 0)                       # [C, k, k]
+    wv = module.value.weight.detach().double()                                # [C, dim]
+    module.conv.weight.copy_(wv[:, :, None, None] * per_channel[:, None])     # [C, dim, k, k]
+    bv = module.value.bias.detach().double() if module.value.bias is not None else torch.zeros_like(bias)
+    ones = torch.ones(1, module.conv_width, *module.grid, dtype=torch.float64) * bv[None, :, None, None]
+    smeared = nn.functional.conv2d(ones, per_channel[:, None], padding=k // 2, groups=module.conv_width)
+    module.bias_map.copy_(smeared + bias[None, :, None, None])
+
+
+def drop_prefix_tokens(model: nn.Module) -> nn.Module:
+    """The paper's handling of [CLS]: the model loses its class/register tokens and mean-pools patches.
+
+    In place: ``cls_token``/``reg_token`` become None, the position embedding loses its prefix
+    rows and ``global_pool`` becomes ``avg``. The final ``norm`` (per token, before pooling) and
+    the head are kept as they are; without fine-tuning the head sees mean-pooled patch tokens
+    instead of the class token it was trained on.
+    """
+    p = int(model.num_prefix_tokens)
+    if p == 0:
+        return model
+    if getattr(model, "pos_embed", None) is not None and not getattr(model, "no_embed_class", False):
+        model.pos_embed = nn.Parameter(model.pos_embed.detach()[:, p:].clone())
+    model.cls_token = None
+    if getattr(model, "reg_token", None) is not None:
+        model.reg_token = None
+    model.num_reg_tokens = 0
+    model.num_prefix_tokens = 0
+    model.has_class_token = False
+    model.global_pool = "avg"
+    if hasattr(model, "attn_pool"):
+        model.attn_pool = None
+    return model
