@@ -46,3 +46,46 @@ def test_unknown_method_suggests_close_name():
     with pytest.raises(EdgeError) as e:
         parse_plan("afine:2-3")
     assert "affine" in str(e.value)
+
+
+def test_dwconv_steps_parse_to_canonical_form():
+    from edge.compress.plan import DWConvStep
+
+    plan = parse_plan("dwconv:auto=6:init=lsq:k=3:variant=ensembled, linear:9-10")
+    step = plan.dwconv[0]
+    assert isinstance(step, DWConvStep) and step.auto == 6 and not step.scattered and not plan.is_resolved
+    assert str(plan) == "linear:9-10,dwconv:auto=6:init=lsq:k=3:variant=ensembled"
+    assert str(parse_plan(str(plan))) == str(plan)
+    blocks = parse_plan("dwconv:blocks=7+2+5").dwconv[0]
+    assert blocks.blocks == (2, 5, 7) and str(blocks) == "dwconv:blocks=2+5+7" and blocks.is_resolved
+    assert blocks.option("k") == 3 and blocks.option("init") == "lsq" and blocks.option("prefix") == "mean"
+    heads = parse_plan("dwconv:heads=auto=4:order=highest").dwconv[0]
+    assert heads.scattered and heads.auto == 4 and heads.option("order") == "highest"
+    assert str(heads) == "dwconv:heads=auto=4:order=highest"
+    explicit = parse_plan("dwconv:heads=5.3+2.0").dwconv[0]
+    assert explicit.heads == ((2, 0), (5, 3)) and explicit.touched_blocks == (2, 5)
+    # block-approximation plans are unchanged
+    assert parse_plan("linear:2-3").is_resolved and not parse_plan("linear:2-3").dwconv
+
+
+@pytest.mark.parametrize("text,message", [
+    ("dwconv:blocks=1:k=4", "must be odd"),
+    ("dwconv:blocks=1:init=random", "init=gaussian or init=mean or init=lsq"),
+    ("dwconv:blocks=1:variant=dense", "variant=unensembled"),
+    ("dwconv:blocks=1:prefix=own", "prefix=mean or prefix=attend or prefix=drop"),
+    ("dwconv:blocks=1:order=middle", "order=lowest or order=highest"),
+    ("dwconv:blocks=1:steps=3", "unknown option 'steps'"),
+    ("dwconv:blocks=12", "out of range"),
+    ("dwconv:blocks=-1", "out of range"),
+    ("dwconv:blocks=x", "does not say which attention"),
+    ("dwconv:2+5", "does not say which attention"),
+    ("dwconv:auto=0", "positive block count"),
+    ("dwconv:heads=auto=0", "positive head count"),
+    ("dwconv:auto=2,dwconv:heads=auto=3", "automatic dwconv steps"),
+    ("dwconv:blocks=2+3,dwconv:blocks=3", "both replace attention in block 3"),
+    ("linear:1-3,dwconv:blocks=3", "which a span removes"),
+    ("linear:0-10,dwconv:auto=3", "3 blocks, 2 are left"),
+])
+def test_bad_dwconv_steps_are_explained(text, message):
+    with pytest.raises(EdgeError, match=message):
+        parse_plan(text).validate(12)

@@ -182,3 +182,27 @@ def save_attention_plot(stats: AttentionStats, title: str, path) -> None:
     fig.suptitle(title, fontsize=10)
     fig.savefig(path)
     plt.close(fig)
+
+
+def analyze_attention(model: nn.Module, model_name: str, calibration, spec: InputSpec, out,
+                      batch_size: int = 32) -> dict:
+    """Score every head over ``calibration``; write ``out/attention.json`` and ``out/attention_std.png``."""
+    import json
+    import time
+    from pathlib import Path
+
+    from edge import __version__
+    from edge.export import write_atomic
+    from edge.runtime import hardware
+
+    out = Path(out)
+    start = time.perf_counter()
+    stats = collect_attention_stats(model, calibration, spec, batch_size=batch_size)
+    result = {"model": model_name, "data": calibration.name, **stats.scores(),
+              "seconds": round(time.perf_counter() - start, 2), "hardware": hardware(), "edge": __version__}
+    short = model_name if len(model_name) <= 40 else model_name[:37] + "..."
+    save_attention_plot(stats, f"{short}: attention-map variation ({stats.samples} samples)",
+                        out / "attention_std.png")
+    write_atomic((json.dumps(result, indent=1) + "\n").encode(), out / "attention.json")
+    result["pictures"] = {"attention_std": "attention_std.png"}
+    return result

@@ -13,11 +13,18 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   # let the planner choose 3 blocks by held-out fidelity (prints its candidate table)
   edge compress fmnist-deit-tiny --plan auto-linear:3 --out runs/auto3
 
-  edge eval runs/auto3 --data fmnist      # artifacts load wherever a model name is accepted"""
+  edge eval runs/auto3 --data fmnist      # artifacts load wherever a model name is accepted
+
+  # attention of the 6 blocks with the most input-invariant maps -> 3x3 depthwise conv over V
+  edge compress fmnist-deit-tiny --plan dwconv:auto=6:init=lsq:k=3 --out runs/dw6
+  edge compress fmnist-deit-tiny --plan "linear:9-10,dwconv:blocks=2+5+7:variant=ensembled" --out runs/mixed"""
 
 PLAN_HELP = ("steps METHOD:S-E[:key=value] separated by commas; S-E replaces blocks S+1..E (S=-1: from the "
              "embedding). Methods: identity, linear, affine, skip, mlp, resmlp; auto-linear:K, auto-affine:K. "
-             "Options: ridge=F, prefix=own, steps=N, lr=F")
+             "Options: ridge=F, prefix=own, steps=N, lr=F. Depthwise convolution in place of attention: "
+             "dwconv:blocks=2+5+7, dwconv:auto=K (lowest Sigma_b), dwconv:heads=auto=K (scattered); options "
+             "init=lsq|mean|gaussian, k=3, variant=unensembled|ensembled|full, prefix=mean|attend|drop, "
+             "order=lowest|highest, ridge=F")
 
 
 def register(subparsers) -> None:
