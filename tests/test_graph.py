@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.cli import main
 from edge.errors import EdgeError
-from edge.graph import clean_graph
+from edge.graph import DEFAULT_PASSES, clean_graph
 from edge.graph.passes import (
     cancel_transposes,
     fold_channel_scales,
@@ -148,6 +148,32 @@ def test_scales_that_are_not_per_output_channel_are_kept(scale):
     cleaned, report = clean_graph(model, passes=(fold_channel_scales,))
     assert [n.op_type for n in cleaned.graph.node] == ["MatMul", "Mul"]
     assert report.passes["fold-channel-scales"].changes == 0
+
+
+@pytest.mark.parametrize("half_first", [False, True])
+def test_erf_gelu_is_left_for_the_runtime_to_fuse(tmp_path, half_first):
+    """The 0.5 of x * 0.5 * (1 + erf(x / sqrt 2)) is not folded into the next MatMul: ORT fuses the pattern."""
+    import onnxruntime as ort
+
+    w1, w2 = RNG.standard_normal((4, 8)).astype(np.float32), RNG.standard_normal((8, 4)).astype(np.float32)
+    gelu = [helper.make_node("Div", ["h", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["f"])]
+    if half_first:
+        gelu += [helper.make_node("Mul", ["h", "half"], ["hh"]), helper.make_node("Mul", ["hh", "f"], ["g"])]
+    else:
+        gelu += [helper.make_node("Mul", ["h", "f"], ["m"]), helper.make_node("Mul", ["m", "half"], ["g"])]
+    model = make_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), *gelu,
+                        helper.make_node("MatMul", ["g", "w2"], ["y"])],
+                       {"w1": w1, "w2": w2, "sqrt2": np.array(np.sqrt(2), np.float32),
+                        "one": np.array(1, np.float32), "half": np.array(0.5, np.float32)})
+    cleaned, _ = clean_graph(model, passes=DEFAULT_PASSES)
+    assert collections.Counter(n.op_type for n in cleaned.graph.node) == \
+        collections.Counter(["MatMul", "Div", "Erf", "Add", "Mul", "Mul", "MatMul"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    ort.InferenceSession(cleaned.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in onnx.load(str(tmp_path / "ort.onnx")).graph.node].count("Gelu") == 1
 
 
 class CorruptingPass:

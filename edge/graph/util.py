@@ -95,3 +95,35 @@ def infer_shapes(graph: gs.Graph) -> None:
             continue
         tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type) if kind.elem_type else tensor.dtype
         tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in kind.shape.dim]
+
+
+def _producer(tensor) -> gs.Node | None:
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
+
+
+def erf_gelu_nodes(graph: gs.Graph) -> set[int]:
+    """ids of the Mul/Div nodes of every erf GELU: x * 0.5 * (1 + erf(x / sqrt(2))), in either order.
+
+    ONNX Runtime (Gelu) and TensorRT fuse this exact pattern; folding its 0.5 into the next
+    MatMul would save one node and cost the fused kernel, so scale folding leaves these alone.
+    """
+    protected: set[int] = set()
+    for erf in graph.nodes:
+        if erf.op != "Erf" or not erf.outputs:
+            continue
+        before = _producer(erf.inputs[0])
+        add = successor(graph, erf)
+        if before is None or before.op not in ("Div", "Mul") or add is None or add.op != "Add":
+            continue
+        mul = successor(graph, add)
+        if mul is None or mul.op != "Mul":
+            continue
+        protected.update({id(before), id(mul)})
+        after = successor(graph, mul)
+        if after is not None and after.op in ("Mul", "Div"):  # (x * (1 + erf)) * 0.5
+            protected.add(id(after))
+        for tensor in mul.inputs:  # (x * 0.5) * (1 + erf)
+            source = _producer(tensor)
+            if source is not None and source is not add and source.op in ("Mul", "Div"):
+                protected.add(id(source))
+    return protected

@@ -3,7 +3,8 @@ MatMul(x, W) [-> Add(., b)] -> Mul(., s)  becomes  MatMul(x, W diag(s)) [-> Add(
 
 This is LayerScale (DeiT-III, DINOv2: ``x * gamma`` after the attention projection and after
 fc2); a Div by per-channel constants is the same with 1 / s. ``s`` must act on the last
-dimension only (shape ``[N]``, ``[1, ..., N]`` or a scalar), so the output shape is unchanged.
+dimension only (shape ``[N]``, ``[1, ..., N]`` or a scalar), so the output shape is unchanged. The
+Mul / Div nodes of an erf GELU are left alone (runtimes fuse that pattern).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from edge.graph.util import bypass, constant_value, static_shape, successor
+from edge.graph.util import bypass, constant_value, erf_gelu_nodes, static_shape, successor
 
 name = "fold-channel-scales"
 
@@ -72,6 +73,7 @@ def _fold(matmul: gs.Node, add: gs.Node | None, factors: np.ndarray) -> None:
 
 def run(graph: gs.Graph) -> bool:
     changed = False
+    gelu = erf_gelu_nodes(graph)
     for matmul in list(graph.nodes):
         weight = _weight(matmul) if matmul.outputs else None
         if weight is None:
@@ -87,7 +89,7 @@ def run(graph: gs.Graph) -> bool:
         source = (add or matmul).outputs[0]
         shape = static_shape(node.outputs[0]) or static_shape(source)
         scale = _scale(node, width, len(shape) if shape is not None else None)
-        if scale is None or node.inputs[scale[0]] is not source:
+        if scale is None or id(node) in gelu or node.inputs[scale[0]] is not source:
             continue
         _fold(matmul, add, scale[1])
         bypass(graph, node, scale[0])
