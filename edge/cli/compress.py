@@ -23,7 +23,7 @@ PLAN_HELP = ("steps METHOD:S-E[:key=value] separated by commas; S-E replaces blo
              "embedding). Methods: identity, linear, affine, skip, mlp, resmlp; auto-linear:K, auto-affine:K. "
              "Options: ridge=F, prefix=own, steps=N, lr=F. Depthwise convolution in place of attention: "
              "dwconv:blocks=2+5+7, dwconv:auto=K (lowest Sigma_b), dwconv:heads=auto=K (scattered); options "
-             "init=lsq|mean|gaussian, k=3, variant=unensembled|ensembled|full, prefix=mean|attend|drop, "
+             "init=lsq|mean|gaussian, k=3, variant=unensembled|ensembled|full, prefix=mean|pool|attend|drop, "
              "order=lowest|highest, ridge=F")
 
 

@@ -18,9 +18,14 @@ projection's input columns are permuted once, at build time, so that the kept he
 
 Prefix tokens ([CLS], registers) have no place on the grid; ``prefix`` says what they get:
 
-* ``mean``   (default) every prefix token's output is the mean of V over the patch tokens
+* ``mean``   every prefix token's output is the mean of V over the patch tokens
   (exported as ReduceMean -> MatMul beside the Slice/Concat pair);
-* ``attend`` prefix queries keep full attention over all tokens with the head's own q and k;
+* ``pool``   every prefix token's output is a fixed weighted sum of V over all tokens, the
+  weights being that prefix query's mean attention row over the calibration images (the
+  input-invariant part of its attention; Mul -> ReduceSum beside the Slice/Concat pair);
+* ``attend`` prefix queries keep full attention over all tokens with the head's own q and k
+  (computed without layout Transposes: per-head sums are MatMuls with a 0/1 channel-to-head
+  matrix); it keeps the k projection of every token, so it saves the least;
 * ``drop``   the paper's choice: the model loses its prefix tokens and pools the mean of the
   patch tokens (done to the whole model by :func:`drop_prefix_tokens`; the module sees none).
 """
@@ -35,7 +40,7 @@ from torch import nn
 from edge.errors import EdgeError
 
 VARIANTS = ("unensembled", "ensembled", "full")
-PREFIX_MODES = ("mean", "attend", "drop")
+PREFIX_MODES = ("mean", "pool", "attend", "drop")
 
 
 def check_kernel_size(k: int, grid: tuple[int, int], where: str = "k") -> None:
@@ -100,9 +105,14 @@ class DepthwiseAttention(nn.Module):
         else:
             self.conv = nn.Conv2d(conv_width, conv_width, k, padding=k // 2, groups=conv_width, bias=True)
         self.prefix_q = self.prefix_k = None
-        if prefix == "attend" and self.num_prefix_tokens:
+        p = self.num_prefix_tokens
+        if prefix == "attend" and p:
             self.prefix_q = nn.Linear(dim, conv_width, bias=qkv_bias)
             self.prefix_k = nn.Linear(dim, conv_width, bias=qkv_bias)
+            heads = len(conv_heads)
+            self.register_buffer("head_sum", torch.eye(heads).repeat_interleave(head_dim, 0))   # [C, heads]
+        if prefix == "pool" and p:
+            self.register_buffer("prefix_weights", torch.zeros(p, p + self.grid[0] * self.grid[1], conv_width))
         self.proj = nn.Linear(attn_width + conv_width, dim, bias=proj_bias)
 
     # ---- forward ----------------------------------------------------------------------------
@@ -115,26 +125,34 @@ class DepthwiseAttention(nn.Module):
                             fix="run the model at the input size it was compressed for")
         return tokens.transpose(1, 2).reshape(-1, tokens.shape[2], rows, cols)
 
-    def _spatial(self, x_patch: torch.Tensor) -> torch.Tensor:
+    def _spatial(self, x_patch: torch.Tensor, v_patch: torch.Tensor | None) -> torch.Tensor:
         if self.variant == "full":
             out = self.conv(self._grid_tokens(x_patch)) + self.bias_map
         else:
-            out = self.conv(self._grid_tokens(self.value(x_patch)))
+            out = self.conv(self._grid_tokens(self.value(x_patch) if v_patch is None else v_patch))
         return out.flatten(2).transpose(1, 2)
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(t.shape[0], t.shape[1], -1, self.head_dim).transpose(1, 2)
+    @property
+    def _values_of_all_tokens(self) -> bool:
+        return bool(self.num_prefix_tokens) and self.prefix in ("pool", "attend")
 
-    def _prefix_out(self, x: torch.Tensor, x_patch: torch.Tensor) -> torch.Tensor:
+    def _per_head_norm(self, norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
+        if isinstance(norm, nn.Identity):
+            return t
+        return norm(t.reshape(*t.shape[:-1], -1, self.head_dim)).reshape(t.shape)
+
+    def _prefix_out(self, x: torch.Tensor, x_patch: torch.Tensor, v_all: torch.Tensor | None) -> torch.Tensor:
         p = self.num_prefix_tokens
+        if self.prefix == "pool":
+            return (v_all[:, None] * self.prefix_weights).sum(2)                     # [B, P, C]
         if self.prefix_q is None:  # mean of V over the patch tokens (V is affine: V(mean x) = mean V(x))
             pooled = self.value(x_patch.mean(1, keepdim=True))
             return pooled if p == 1 else pooled.expand(-1, p, -1)
-        q = self.q_norm(self._heads(self.prefix_q(x[:, :p]))) * self.scale
-        k = self.k_norm(self._heads(self.prefix_k(x)))
-        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
-        out = attn @ self._heads(self.value(x))
-        return out.transpose(1, 2).reshape(x.shape[0], p, -1)
+        q = self._per_head_norm(self.q_norm, self.prefix_q(x[:, :p]))                # [B, P, C]
+        k = self._per_head_norm(self.k_norm, self.prefix_k(x))                       # [B, N, C]
+        scores = ((q[:, :, None] * k[:, None]) @ self.head_sum) * self.scale          # [B, P, N, heads]
+        weights = scores.softmax(dim=2) @ self.head_sum.T                            # [B, P, N, C]
+        return (weights * v_all[:, None]).sum(2)
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -148,10 +166,12 @@ class DepthwiseAttention(nn.Module):
         if attn_mask is not None or is_causal:
             raise EdgeError("DepthwiseAttention got an attention mask", expected="no mask (image tokens)")
         p = self.num_prefix_tokens
-        x_patch = x[:, p:] if p else x
-        out = self._spatial(x_patch)
+        v_all = self.value(x) if self._values_of_all_tokens else None
+        x_patch = x[:, p:] if p and (v_all is None or self.variant == "full") else x
+        v_patch = v_all[:, p:] if v_all is not None and self.variant != "full" else None
+        out = self._spatial(x_patch, v_patch)
         if p:
-            out = torch.cat([self._prefix_out(x, x_patch), out], dim=1)
+            out = torch.cat([self._prefix_out(x, x_patch, v_all), out], dim=1)
         if self.qkv is not None:
             out = torch.cat([self._attention(x), out], dim=-1)
         return self.proj(out)
@@ -163,15 +183,17 @@ class DepthwiseAttention(nn.Module):
         patches = tokens - p
         k2 = self.k * self.k
         total = 2 * tokens * self.proj.in_features * self.proj.out_features
+        all_values = self._values_of_all_tokens
         if self.variant == "full":
-            total += 2 * patches * width * dim * k2
+            total += 2 * patches * width * dim * k2 + (2 * tokens * dim * width if all_values else 0)
         else:
-            total += 2 * patches * dim * width + 2 * patches * width * k2
-        if p and self.prefix_q is None:
+            total += 2 * (tokens if all_values else patches) * dim * width + 2 * patches * width * k2
+        if p and self.prefix == "mean":
             total += 2 * dim * width
-        elif p:
-            total += 2 * p * dim * width + 2 * tokens * dim * width + 2 * tokens * dim * width  # q, k, v
-            total += 2 * 2 * p * tokens * width
+        elif p and self.prefix == "attend":
+            heads = self.head_sum.shape[1]
+            total += 2 * p * dim * width + 2 * tokens * dim * width                # q of the prefix, k of all
+            total += 2 * 2 * p * tokens * width * heads                            # the two channel/head MatMuls
         if self.qkv is not None:
             total += 2 * tokens * self.qkv.in_features * self.qkv.out_features
             total += 2 * 2 * tokens * tokens * len(self.attn_heads) * self.head_dim
@@ -229,12 +251,15 @@ def ensembled_projections(attn: nn.Module, conv_heads: tuple[int, ...]) -> tuple
 @torch.no_grad()
 def depthwise_from_attention(attn: nn.Module, *, block: int, conv_heads: tuple[int, ...], grid: tuple[int, int],
                              num_prefix_tokens: int, k: int, variant: str, prefix: str,
-                             kernels: torch.Tensor, bias: torch.Tensor | None = None) -> DepthwiseAttention:
+                             kernels: torch.Tensor, bias: torch.Tensor | None = None,
+                             prefix_weights: torch.Tensor | None = None) -> DepthwiseAttention:
     """Build the replacement of timm ``attn`` from its own weights and the given kernels.
 
     ``kernels``: ``[conv_width, k, k]`` per channel (unensembled: the replaced heads' V channels
     in head order; ensembled: ``head_dim`` channels) or ``[len(conv_heads), k, k]`` per head
     (full). ``bias`` (``[conv_width]``) is added after the convolution; None means zero.
+    ``prefix_weights`` (``prefix=pool``): ``[P, N, conv_width]``, each prefix token's weights over
+    all tokens' V.
     """
     check_attention(attn, block)
     dim, heads, hd = attn.qkv.in_features, int(attn.num_heads), int(attn.head_dim)
@@ -270,6 +295,10 @@ def depthwise_from_attention(attn: nn.Module, *, block: int, conv_heads: tuple[i
     if module.proj.bias is not None:
         module.proj.bias.copy_(attn.proj.bias.detach())
     bias = torch.zeros(module.conv_width, dtype=torch.float64) if bias is None else bias.detach().double()
+    if getattr(module, "prefix_weights", None) is not None:
+        if prefix_weights is None:
+            raise ValueError("prefix=pool needs prefix_weights (the prefix queries' mean attention rows)")
+        module.prefix_weights.copy_(prefix_weights)
     if variant == "full":
         _set_full_conv(module, kernels.double(), bias)
     else:

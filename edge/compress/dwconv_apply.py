@@ -162,6 +162,15 @@ def _kernels(init: str, block: int, heads: tuple[int, ...], variant: str, head_d
     return kernels, bias, fit_stats
 
 
+def prefix_pool_weights(mean_map: torch.Tensor, heads: tuple[int, ...], head_dim: int, variant: str,
+                        num_prefix_tokens: int) -> torch.Tensor:
+    """``prefix=pool``: the prefix queries' mean attention rows, per V channel, ``[P, N, conv_width]``."""
+    rows = mean_map[list(heads), :num_prefix_tokens]                                  # [heads, P, N]
+    if variant == "ensembled":  # uniform ensemble weights (Eq. 12 with gamma = 0)
+        return rows.mean(0)[..., None].expand(-1, -1, head_dim).clone()
+    return rows.permute(1, 2, 0).repeat_interleave(head_dim, 2)
+
+
 def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: InputSpec, *,
                  excluded: set[int] = frozenset(), batch_size: int = 32) -> tuple[tuple[DWConvStep, ...],
                                                                                   dict[int, DepthwiseAttention], dict]:
@@ -176,7 +185,7 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
         check_kernel_size(step.option("k"), grid)
         _check_heads(step, info)
     resolved, report, stats = [], {}, None
-    needs_stats = any(not s.is_resolved or s.option("init") == "mean" for s in steps)
+    needs_stats = any(not s.is_resolved or s.option("init") == "mean" or s.option("prefix") == "pool" for s in steps)
     if needs_stats:
         stats = collect_attention_stats(model, images, spec, batch_size=batch_size)
         report["sigma"] = stats.scores()
@@ -200,9 +209,12 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
             kernels, bias, fit_stats = _kernels(init, block, heads, variant, attn.head_dim, k, stats,
                                                 fits.get(block), float(step.option("ridge")), grid,
                                                 info.num_prefix_tokens)
+            weights = prefix_pool_weights(stats.mean_map(block), heads, attn.head_dim, variant,
+                                          info.num_prefix_tokens) if prefix == "pool" else None
             modules[block] = depthwise_from_attention(attn, block=block, conv_heads=heads, grid=grid,
                                                       num_prefix_tokens=info.num_prefix_tokens, k=k, variant=variant,
-                                                      prefix=prefix, kernels=kernels, bias=bias)
+                                                      prefix=prefix, kernels=kernels, bias=bias,
+                                                      prefix_weights=weights)
             step_report[str(block)] = {"heads": list(heads), **fit_stats}
         report[str(step)] = step_report
     return tuple(resolved), modules, report

@@ -14,7 +14,7 @@ Drop-in depthwise convolution (:mod:`edge.compress.dwconv`) replaces attention, 
 lowest Sigma_b; ``order=highest`` for the paper's ablation), ``dwconv:heads=auto=K`` (the K heads
 of lowest Sigma_h anywhere, scattered) or ``dwconv:heads=2.0+5.3`` (block.head). Options:
 ``init=gaussian|mean|lsq``, ``k=ODD``, ``variant=unensembled|ensembled|full``,
-``prefix=mean|attend|drop``, ``order=lowest|highest``, ``ridge=FLOAT`` (for init=lsq).
+``prefix=mean|pool|attend|drop``, ``order=lowest|highest``, ``ridge=FLOAT`` (for init=lsq).
 
 The same text always parses to the same plan, and ``str(plan)`` is its canonical form.
 """
@@ -35,7 +35,7 @@ PREFIX_MODES = ("shared", "own")
 DWCONV = "dwconv"
 DWCONV_OPTION_TYPES = {"init": str, "k": int, "variant": str, "prefix": str, "order": str, "ridge": float}
 DWCONV_CHOICES = {"init": ("gaussian", "mean", "lsq"), "variant": ("unensembled", "ensembled", "full"),
-                  "prefix": ("mean", "attend", "drop"), "order": ("lowest", "highest")}
+                  "prefix": ("mean", "pool", "attend", "drop"), "order": ("lowest", "highest")}
 DWCONV_DEFAULTS = {"init": "lsq", "k": 3, "variant": "unensembled", "prefix": "mean", "order": "lowest",
                    "ridge": 1e-4}
 
