@@ -1,0 +1,59 @@
+"""``edge pipeline``: the main job, a recipe of variants measured end to end, with a report."""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, emit
+
+EXAMPLES = """  edge pipeline --out runs/pipeline                    # the built-in default recipe
+  edge pipeline --print-recipe > recipe.yaml           # start your own recipe from it
+  edge pipeline --recipe recipe.yaml --out runs/mine --json
+  edge pipeline --out runs/pipeline --redo profile     # measure latency again, keep the rest"""
+
+
+def register(subparsers) -> None:
+    from edge.pipeline import STEPS
+
+    parser = add_command(
+        subparsers, "pipeline", "run a recipe: compress, export, clean, verify, evaluate, count and profile variants",
+        "A recipe (YAML; `--print-recipe` shows the built-in default) names a model, data and variants (the\n"
+        "original plus compression plans). For each variant: compress, count params and FLOPs, export to ONNX,\n"
+        "clean, verify against PyTorch, evaluate accuracy with ONNX Runtime, profile latency. Writes\n"
+        "OUT/report.json, OUT/report.md and a self-contained OUT/report.html (table, accuracy-vs-latency\n"
+        "chart with the Pareto front, analysis heatmaps). Steps whose inputs (content hashes) did not change\n"
+        "are not redone. Exit status 1 when a graph fails verification, 2 for a bad recipe.", EXAMPLES)
+    parser.add_argument("--recipe", help="recipe file (YAML); default: the built-in recipe")
+    parser.add_argument("--out", help="output folder (reused: cached steps are not redone)")
+    parser.add_argument("--data", help="override the recipe's data (no fallback then)")
+    parser.add_argument("--threads", type=int, help="override the recipe's threads")
+    parser.add_argument("--redo", action="append", default=[], choices=STEPS,
+                        help="run this step again even where cached (repeatable)")
+    parser.add_argument("--print-recipe", action="store_true", help="print the built-in default recipe and exit")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from edge.errors import EdgeError
+    from edge.pipeline import default_recipe_text, load_recipe, run_pipeline, with_overrides
+
+    if args.print_recipe:
+        print(default_recipe_text(), end="")
+        return 0
+    if not args.out:
+        raise EdgeError("edge pipeline needs --out DIR", fix="e.g. edge pipeline --out runs/pipeline")
+    recipe = with_overrides(load_recipe(args.recipe), data=args.data, threads=args.threads)
+    report = run_pipeline(recipe, args.out, redo=tuple(args.redo))
+    width = max(len(v["name"]) for v in report["variants"])
+    lines = [f"{'variant':<{width}}  {'accuracy':>8}  {'median ms':>9}  {'MFLOPs':>7}  plan"]
+    for v in report["variants"]:
+        lines.append(f"{v['name']:<{width}}  {100 * v['accuracy']:>7.2f}%  {v['latency']['median_ms']:>9.3f}  "
+                     f"{v['flops'] / 1e6:>7.1f}  {v['plan'] or '(original)'}" + ("  *" if v["pareto"] else ""))
+    lines.append(f"* Pareto front; {report['steps']['ran']} steps ran, {report['steps']['cached']} cached, "
+                 f"{report['seconds']:.1f} s")
+    lines.append(f"wrote {args.out}/report.html, report.md, report.json")
+    emit(report, args.json, "\n".join(lines))
+    if not report["passed"]:
+        import sys
+
+        print(f"edge pipeline: a graph failed verification; see {args.out}/report.json", file=sys.stderr)
+        return 1
+    return 0

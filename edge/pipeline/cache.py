@@ -1,0 +1,123 @@
+"""A content-hash step cache: a step is redone only when one of its inputs changed.
+
+A step's key is the sha256 of its inputs (upstream content hashes, its settings, the edge
+version), written as canonical JSON. When a step finishes, its outputs are already in place
+(each written atomically by the library call that makes it) and a marker ``STEP.done.json``
+records the key, the sha256 of every output and the step's result; the marker is written last,
+atomically, and the old marker is removed before a step starts. So an interrupted step is never
+marked done, and a step counts as cached only if its marker's key matches and every output
+still has the recorded hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge import __version__
+from edge.export import write_atomic
+
+MARKER_SUFFIX = ".done.json"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_path(path: Path) -> str | None:
+    """A file's sha256, or for a folder the sha256 over its files' relative names and hashes."""
+    if path.is_file():
+        return sha256_file(path)
+    if not path.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{item.relative_to(path).as_posix()}\0{sha256_file(item)}\n".encode())
+    return digest.hexdigest()
+
+
+def sha256_json(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass
+class StepRecord:
+    """What a step produced and whether this run did the work (``ran``) or found it (``cached``)."""
+
+    step: str
+    key: str
+    status: str            # "ran" or "cached"
+    seconds: float         # time spent in this run (the check only, when cached)
+    work_seconds: float    # time the work took when it ran
+    result: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)  # relative path -> sha256
+
+    def summary(self) -> dict:
+        return {"status": self.status, "seconds": round(self.seconds, 3), "work_seconds": round(self.work_seconds, 3),
+                "key": self.key}
+
+
+class StepCache:
+    """Runs steps in folders; ``redo`` names steps to run even when their marker matches."""
+
+    def __init__(self, redo: tuple[str, ...] | set[str] = ()) -> None:
+        self.redo = set(redo)
+
+    @staticmethod
+    def key(step: str, inputs: dict) -> str:
+        return sha256_json({"step": step, "edge": __version__, "inputs": inputs})
+
+    @staticmethod
+    def marker(folder: Path, step: str) -> Path:
+        return folder / f"{step}{MARKER_SUFFIX}"
+
+    def lookup(self, folder: Path, step: str, key: str, outputs: tuple[str, ...]) -> dict | None:
+        """The marker of a finished step with this key whose outputs are intact, else None."""
+        if step in self.redo:
+            return None
+        try:
+            record = json.loads(self.marker(folder, step).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if record.get("key") != key or sorted(record.get("outputs", {})) != sorted(outputs):
+            return None
+        if any(sha256_path(folder / name) != digest for name, digest in record["outputs"].items()):
+            return None
+        return record
+
+    def run(self, folder: Path, step: str, inputs: dict, work: Callable[[], dict],
+            outputs: tuple[str, ...] = (), on_start: Callable[[], None] | None = None) -> StepRecord:
+        """Return the cached record of ``step`` or call ``work()`` (which writes ``outputs`` in ``folder``).
+
+        ``on_start`` is called before the work starts (not when the step is cached).
+        """
+        start = time.perf_counter()
+        key = self.key(step, inputs)
+        record = self.lookup(folder, step, key, outputs)
+        if record is not None:
+            return StepRecord(step, key, "cached", time.perf_counter() - start, record["work_seconds"],
+                              record["result"], record["outputs"])
+        folder.mkdir(parents=True, exist_ok=True)
+        self.marker(folder, step).unlink(missing_ok=True)
+        if on_start is not None:
+            on_start()
+        result = json.loads(json.dumps(work()))  # as a cached run will read it back
+        work_seconds = time.perf_counter() - start
+        hashes = {}
+        for name in outputs:
+            digest = sha256_path(folder / name)
+            if digest is None:
+                raise RuntimeError(f"step {step} did not write {folder / name}")
+            hashes[name] = digest
+        record = {"step": step, "key": key, "edge": __version__, "inputs": inputs, "outputs": hashes,
+                  "result": result, "work_seconds": work_seconds}
+        write_atomic((json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), self.marker(folder, step))
+        return StepRecord(step, key, "ran", time.perf_counter() - start, work_seconds, result, hashes)

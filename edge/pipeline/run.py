@@ -1,0 +1,392 @@
+"""The main job: for every variant of a recipe compress, count, export, clean, verify, evaluate, profile.
+
+Every step is one library call (``edge.compress``, ``edge.export``, ``edge.graph.clean``,
+``edge.verify``, ``edge.evaluate``, ``edge.profile``) run through the :class:`StepCache`, so a
+rerun redoes only the steps whose inputs changed. Layout of ``OUT``::
+
+    OUT/report.json, report.md, report.html
+    OUT/analysis/                      analysis.json and heatmaps of the original model
+    OUT/analysis.done.json             its cache marker
+    OUT/variants/NAME/model/           the compressed artifact (variants with a plan)
+    OUT/variants/NAME/model.onnx       static batch: verified, cleaned, profiled (deployment form)
+    OUT/variants/NAME/model.clean.onnx
+    OUT/variants/NAME/model.batched.onnx, model.batched.clean.onnx   dynamic batch: accuracy
+    OUT/variants/NAME/STEP.done.json   the cache markers (key, output hashes, result)
+
+Everything the recipe names is checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from torch import nn
+
+from edge.errors import EdgeError
+from edge.pipeline.cache import StepCache, StepRecord, sha256_file
+from edge.pipeline.recipe import STEPS, Recipe, Variant
+from edge.progress import log
+
+DEPLOYED, BATCHED = "model.onnx", "model.batched.onnx"
+VERIFY_BATCH = 8
+
+
+def clean_name(graph: str) -> str:
+    return graph.removesuffix(".onnx") + ".clean.onnx"
+
+
+def data_fingerprint(dataset) -> str:
+    """sha256 of a split's pixels and labels (in-memory sets) or of its file list (image folders)."""
+    digest = hashlib.sha256()
+    if hasattr(dataset, "images"):
+        digest.update(dataset.images.contiguous().numpy().tobytes())
+        digest.update(dataset.labels.contiguous().numpy().tobytes())
+    else:
+        for path in dataset.paths:
+            stat = path.stat()
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def resolve_data(recipe: Recipe) -> tuple[str, str | None]:
+    """The data set the run uses, and the notice when the recipe's fallback replaced it."""
+    from edge.data import load_dataset
+
+    try:
+        load_dataset(recipe.data, "test")
+        return recipe.data, None
+    except EdgeError as e:
+        if not recipe.fallback_data or recipe.fallback_data == recipe.data:
+            raise EdgeError(f"recipe {recipe.source}, key data: {e.what}", expected=e.expected, found=e.found,
+                            fix=e.fix) from e
+        load_dataset(recipe.fallback_data, "test")
+        return recipe.fallback_data, (f"data {recipe.data!r} is not available ({e.what}); using "
+                                      f"{recipe.fallback_data!r} instead, as the recipe's fallback_data says")
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise EdgeError(f"--out {out} is a file", expected="a folder (new, or one written by edge pipeline)")
+    ours = ("variants", "report.json", "analysis.done.json")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in ours):
+        raise EdgeError(f"--out {out} is a folder that edge pipeline did not write",
+                        fix="choose a new or empty folder (a previous pipeline folder is reused: cached steps "
+                            "are not redone)")
+
+
+def check_plans(recipe: Recipe, num_blocks: int) -> None:
+    from edge.compress.plan import parse_plan
+
+    for index, variant in enumerate(recipe.variants):
+        if variant.plan is None:
+            continue
+        try:
+            parse_plan(variant.plan).validate(num_blocks)
+        except EdgeError as e:
+            fix = e.fix or f"{recipe.model} has {num_blocks} blocks (0..{num_blocks - 1})"
+            raise EdgeError(f"recipe {recipe.source}, key variants[{index}].plan: {e.what}", expected=e.expected,
+                            found=e.found, fix=fix) from e
+
+
+@dataclass
+class Context:
+    """What every step of one run shares: the recipe, the folder, the cache, the source model, data."""
+
+    recipe: Recipe
+    out: Path
+    cache: StepCache
+    data: str
+    model: nn.Module
+    source_hash: str
+    records: dict = field(default_factory=dict)  # variant -> {step: StepRecord}
+
+    @property
+    def source(self) -> dict:
+        return {"model": self.recipe.model, "weights": self.recipe.weights, "img_size": self.recipe.img_size}
+
+    @cached_property
+    def test_set(self):
+        from edge.data import load_dataset
+
+        return load_dataset(self.data, "test")
+
+    @cached_property
+    def test_hash(self) -> str:
+        return data_fingerprint(self.test_set)
+
+    @cached_property
+    def train_hash(self) -> str:
+        from edge.data import load_dataset
+
+        return data_fingerprint(load_dataset(self.data, "train"))
+
+    @cached_property
+    def data_config(self) -> dict:
+        from edge.models import data_config
+
+        return data_config(self.model)
+
+    @property
+    def input_spec(self):
+        from edge.data import InputSpec
+
+        return InputSpec.from_data_config(self.data_config)
+
+    def real_images(self):
+        """A few test images (uint8) for the verifications, or None for image folders."""
+        return self.test_set.images[:VERIFY_BATCH] if hasattr(self.test_set, "images") else None
+
+
+def step(ctx: Context, variant: str, name: str, folder: Path, inputs: dict, work, outputs=()) -> StepRecord:
+    label = f"[{variant}] {name}"
+    record = ctx.cache.run(folder, name, inputs, work, tuple(outputs), on_start=lambda: log(f"{label} ..."))
+    done = f"ran in {record.seconds:.1f} s" if record.status == "ran" else \
+        f"cached (took {record.work_seconds:.1f} s when it ran)"
+    log(f"{label}: {done}")
+    ctx.records.setdefault(variant, {})[name] = record
+    return record
+
+
+def run_analysis(ctx: Context) -> StepRecord | None:
+    settings = ctx.recipe.analysis
+    if not settings.enabled:
+        return None
+    inputs = {"source": ctx.source_hash, "data": ctx.train_hash, "samples": settings.samples,
+              "seed": ctx.recipe.seed, "threads": ctx.recipe.threads}
+
+    def work() -> dict:
+        from edge.analysis.analyze import analyze
+        from edge.data import calibration_set
+
+        calibration = calibration_set(ctx.data, settings.samples, ctx.recipe.seed)
+        tmp = Path(tempfile.mkdtemp(prefix=".analysis.", dir=ctx.out))
+        try:
+            result = analyze(ctx.model, ctx.recipe.model, calibration, ctx.input_spec, tmp / "analysis")
+            shutil.rmtree(ctx.out / "analysis", ignore_errors=True)
+            os.replace(tmp / "analysis", ctx.out / "analysis")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        br = result["block_redundancy"]
+        return {"samples": result["samples"], "data": result["data"], "num_blocks": result["num_blocks"],
+                "block_redundancy": br, "most_redundant_block": max(range(len(br)), key=br.__getitem__),
+                "pictures": {k: f"analysis/{v}" for k, v in result["pictures"].items()},
+                "json": "analysis/analysis.json", "seconds": result["seconds"]}
+
+    return step(ctx, "analysis", "analysis", ctx.out, inputs, work, ("analysis",))
+
+
+class VariantRun:
+    """The steps of one variant; its model is built only when a step that needs it runs."""
+
+    def __init__(self, ctx: Context, variant: Variant) -> None:
+        self.ctx = ctx
+        self.variant = variant
+        self.folder = ctx.out / "variants" / variant.name
+        self.content_hash = ctx.source_hash
+        self.plan = variant.plan
+
+    @property
+    def artifact(self) -> Path:
+        return self.folder / "model"
+
+    @cached_property
+    def model(self) -> nn.Module:
+        if self.variant.plan is None:
+            return self.ctx.model
+        from edge.compress import load_artifact
+
+        return load_artifact(self.artifact)[0]
+
+    def _step(self, name: str, inputs: dict, work, outputs=()) -> StepRecord:
+        return step(self.ctx, self.variant.name, name, self.folder, inputs, work, outputs)
+
+    def compress(self) -> None:
+        recipe = self.ctx.recipe
+        if self.variant.plan is None:
+            return
+        calibration = recipe.calibration
+        inputs = {"source": self.ctx.source_hash, "source_spec": self.ctx.source, "plan": self.variant.plan,
+                  "data": self.ctx.train_hash, "samples": calibration.samples, "holdout": calibration.holdout,
+                  "seed": recipe.seed}
+
+        def work() -> dict:
+            from edge.compress import CompressConfig, compress, save_artifact
+
+            model, manifest = compress(copy.deepcopy(self.ctx.model), self.ctx.source,
+                                       CompressConfig(plan=self.variant.plan, data=self.ctx.data,
+                                                      samples=calibration.samples, seed=recipe.seed,
+                                                      holdout=calibration.holdout))
+            save_artifact(model, self.artifact, manifest)
+            return {key: manifest[key] for key in ("plan", "requested_plan", "calibration", "fit", "planner",
+                                                   "before", "after", "seconds")}
+
+        record = self._step("compress", inputs, work, ("model",))
+        self.plan = record.result["plan"]
+        weights = sha256_file(self.artifact / "model.safetensors")
+        self.content_hash = hashlib.sha256(f"{weights}\0{self.plan}".encode()).hexdigest()
+
+    def count(self) -> StepRecord:
+        def work() -> dict:
+            from edge.compress.compressor import costs
+
+            return costs(self.model)
+
+        return self._step("count", {"model": self.content_hash}, work)
+
+    def export(self) -> StepRecord:
+        settings = self.ctx.recipe.export
+        inputs = {"model": self.content_hash, "plan": self.plan, "source": self.ctx.recipe.model,
+                  "batch": settings.batch, "opset": settings.opset, "data": self.ctx.test_hash}
+
+        def work() -> dict:
+            from edge.data import ArrayPreprocess
+            from edge.export import ExportConfig, export
+
+            real = self.ctx.real_images()
+            real = ArrayPreprocess(self.ctx.input_spec)(real) if real is not None else None
+            reports = {}
+            for graph, config in ((DEPLOYED, ExportConfig(settings.batch, False, settings.opset)),
+                                  (BATCHED, ExportConfig(1, True, settings.opset))):
+                report = export(self.model, self.folder / graph, source=self.ctx.recipe.model, plan=self.plan,
+                                data_config=self.ctx.data_config, config=config, real_inputs=real)
+                report.pop("out")
+                reports[graph] = report
+            return reports
+
+        return self._step("export", inputs, work, (DEPLOYED, BATCHED))
+
+    def clean(self, exported: StepRecord) -> StepRecord:
+        def work() -> dict:
+            from edge.graph.clean import clean_file
+
+            results = {}
+            for graph in (DEPLOYED, BATCHED):
+                result = clean_file(self.folder / graph, self.folder / clean_name(graph))
+                results[graph] = {"report": result["report"], "verification": result["verification"]}
+            return results
+
+        return self._step("clean", {"graphs": exported.outputs}, work, tuple(clean_name(g) for g in (DEPLOYED,
+                                                                                                      BATCHED)))
+
+    def verify(self, cleaned: StepRecord) -> StepRecord:
+        """The cleaned graphs against the PyTorch model they came from (end to end), random and real inputs."""
+        recipe = self.ctx.recipe
+        inputs = {"model": self.content_hash, "graphs": cleaned.outputs, "data": self.ctx.test_hash,
+                  "seed": recipe.seed, "batch": VERIFY_BATCH}
+
+        def work() -> dict:
+            from edge.verify import Side, load_side, verify_pair
+
+            reference = Side(self.variant.name, "torch", self.ctx.data_config, self._torch_run())
+            real = self.ctx.real_images()
+            real = real.numpy() if real is not None else None
+            return {graph: verify_pair(reference, load_side(str(self.folder / graph), threads=recipe.threads),
+                                       real=real, batch=VERIFY_BATCH, seed=recipe.seed)
+                    for graph in cleaned.outputs}
+
+        return self._step("verify", inputs, work)
+
+    def _torch_run(self):
+        import torch
+
+        model = self.model.eval()
+
+        @torch.no_grad()
+        def run(x):
+            return model(x).float().numpy()
+
+        return run
+
+    def evaluate(self, cleaned: StepRecord) -> StepRecord:
+        recipe = self.ctx.recipe
+        graph = clean_name(BATCHED)
+        inputs = {"graph": cleaned.outputs[graph], "data": self.ctx.test_hash, "batch_size": recipe.evaluate.batch_size,
+                  "samples": recipe.evaluate.samples, "seed": recipe.seed}
+
+        def work() -> dict:
+            from edge.data import InputSpec, balanced_indices
+            from edge.evaluate import evaluate
+            from edge.onnx_model import OnnxClassifier
+
+            dataset = self.ctx.test_set
+            if recipe.evaluate.samples is not None:
+                picked = balanced_indices(dataset.labels, recipe.evaluate.samples, recipe.seed, dataset.num_classes)
+                dataset = dataset.subset(picked.sort().values, f"{dataset.name}[{len(picked)}]")
+            classifier = OnnxClassifier(self.folder / graph, threads=recipe.threads)
+            result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
+                              batch_size=recipe.evaluate.batch_size)
+            return {**result, "graph": graph, "backend": "onnxruntime"}
+
+        return self._step("evaluate", inputs, work)
+
+    def profile(self, cleaned: StepRecord) -> StepRecord:
+        from edge.runtime import cpu_name
+
+        recipe = self.ctx.recipe
+        graph = clean_name(DEPLOYED)
+        inputs = {"graph": cleaned.outputs[graph], "warmup": recipe.profile.warmup,
+                  "iterations": recipe.profile.iterations, "threads": recipe.threads,
+                  "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
+
+        def work() -> dict:
+            from edge.profile import OrtBackend, ProfileConfig, profile
+
+            backend = OrtBackend(self.folder / graph, threads=recipe.threads, seed=recipe.seed)
+            try:
+                result = profile(backend, ProfileConfig(recipe.profile.warmup, recipe.profile.iterations))
+            finally:
+                backend.close()
+            return {**result, "model": graph}
+
+        return self._step("profile", inputs, work)
+
+    def run(self) -> dict:
+        self.compress()
+        self.count()
+        cleaned = self.clean(self.export())
+        self.verify(cleaned)
+        self.evaluate(cleaned)
+        self.profile(cleaned)
+        return self.ctx.records[self.variant.name]
+
+
+def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ()) -> dict:
+    """Run (or find in the cache) every step of ``recipe`` in ``out``; write the reports; return report.json."""
+    import torch
+
+    from edge.compress.artifact import source_state_sha256
+    from edge.models import create_model, model_info
+    from edge.pipeline.report import build_report, write_reports
+    from edge.runtime import set_threads
+
+    start = time.perf_counter()
+    out = Path(out)
+    unknown = sorted(set(redo) - set(STEPS))
+    if unknown:
+        raise EdgeError(f"--redo {unknown[0]} is not a step", expected=f"one of {', '.join(STEPS)}")
+    check_out_dir(out)
+    set_threads(recipe.threads)
+    data, notice = resolve_data(recipe)
+    if notice:
+        log(f"edge pipeline: {notice}")
+    torch.manual_seed(recipe.seed)  # timm architectures without weights: the same random model every run
+    model = create_model(recipe.model, weights=recipe.weights, img_size=recipe.img_size)
+    check_plans(recipe, model_info(model).num_blocks)
+    ctx = Context(recipe, out, StepCache(redo), data, model, source_state_sha256(model))
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"edge pipeline: {len(recipe.variants)} variants of {recipe.model} on {data} -> {out}")
+    analysis = run_analysis(ctx)
+    runs = [VariantRun(ctx, variant) for variant in recipe.variants]
+    for run in runs:
+        run.run()
+    report = build_report(ctx, runs, analysis, notice, time.perf_counter() - start)
+    write_reports(out, report)
+    return report
