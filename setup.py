@@ -15,7 +15,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["edge", "edge.*", "calib", "calib.*"]),
-    package_data={"edge": ["models/weights/*.safetensors", "models/weights/*.json", "data/fmnist_mini/*.gz"]},
+    package_data={"edge": ["models/weights/*.safetensors", "models/weights/*.json", "data/fmnist_mini/*.gz",
+                           "pipeline/*.yaml"]},
     install_requires=[
         # 2.13.0 is the CPU build this project is developed on; a looser range pulls the CUDA wheels.
         "torch==2.13.0",
