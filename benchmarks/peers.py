@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py                                   # every model, final settings
     python benchmarks/peers.py --models fmnist-deit-tiny --rounds 2 --iterations 5   # quick look
+    python benchmarks/peers.py --no-latency                      # node counts only (a busy machine)
 
 For each model: one raw export (``edge export``: opset 17, legacy exporter, explicit attention),
 then the three cleaners on copies of that same file: ours (``edge clean``'s passes),
@@ -118,6 +119,19 @@ def run_edge(model: onnx.ModelProto) -> onnx.ModelProto:
 RUNNERS = {"edge": run_edge, "onnxslim": run_onnxslim, "onnxsim": run_onnxsim}
 
 
+def ort_optimized_ops(proto: onnx.ModelProto) -> dict[str, int]:
+    """Op histogram of the graph ONNX Runtime runs after its own fusions (ORT_ENABLE_EXTENDED, CPU)."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="edge-ort-") as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    return dict(sorted(collections.Counter(n.op_type for n in optimized.graph.node).items()))
+
+
 def describe_graph(proto: onnx.ModelProto, reference: np.ndarray, probe: np.ndarray) -> dict:
     ops = collections.Counter(n.op_type for n in proto.graph.node)
     try:
@@ -132,7 +146,7 @@ def describe_graph(proto: onnx.ModelProto, reference: np.ndarray, probe: np.ndar
             "initializers": len(proto.graph.initializer),
             "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
             "checker": checker, "max_abs_vs_raw": diff.max_abs, "rel_l2_vs_raw": diff.rel_l2,
-            "within_tolerance": diff.passed, "ops": dict(sorted(ops.items()))}
+            "within_tolerance": diff.passed, "ops": dict(sorted(ops.items())), "ort_ops": ort_optimized_ops(proto)}
 
 
 def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, rounds: int, iterations: int,
@@ -154,7 +168,9 @@ def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, ro
                 t0 = time.perf_counter()
                 backend.infer()
                 latencies[name].append((time.perf_counter() - t0) * 1000.0)
-    result = {name: {**latency_stats(latencies[name], backends[name].batch), "batch": backends[name].batch}
+    result = {name: {**latency_stats(latencies[name], backends[name].batch), "batch": backends[name].batch,
+                     "round_medians_ms": [float(np.median(latencies[name][r * iterations:(r + 1) * iterations]))
+                                          for r in range(rounds)]}
               for name in names}
     for backend in backends.values():
         backend.close()
@@ -182,21 +198,23 @@ def measure_case(case: Case, args, work: Path) -> dict:
         onnx.save(cleaned, str(paths[name]))
         log(f"{case.name}: {name} {graphs[name]['nodes']} nodes ({seconds:.1f} s)")
     del model
-    latency = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
-                                  iterations=args.iterations)
-    for name, stats in latency.items():
-        graphs[name]["latency"] = stats
     peers_min = min(graphs[p]["nodes"] for p in ("onnxslim", "onnxsim"))
-    best = min(latency[n]["median_ms"] for n in CLEANERS)
     verdict = {
         "nodes_le_onnxslim": graphs["edge"]["nodes"] <= graphs["onnxslim"]["nodes"],
         "nodes_le_best_peer": graphs["edge"]["nodes"] <= peers_min,
-        "latency_vs_best_cleaner": latency["edge"]["median_ms"] / best - 1.0,
-        "latency_within_2pct": latency["edge"]["median_ms"] <= 1.02 * best,
     }
     log(f"{case.name}: nodes raw/edge/onnxslim/onnxsim = "
-        + "/".join(str(graphs[n]["nodes"]) for n in ("raw", *CLEANERS))
-        + "; median ms " + "/".join(f"{latency[n]['median_ms']:.3f}" for n in ("raw", *CLEANERS)))
+        + "/".join(str(graphs[n]["nodes"]) for n in ("raw", *CLEANERS)))
+    if not args.no_latency:
+        latency = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
+                                      iterations=args.iterations)
+        for name, stats in latency.items():
+            graphs[name]["latency"] = stats
+        best = min(latency[n]["median_ms"] for n in CLEANERS)
+        verdict["latency_vs_best_cleaner"] = latency["edge"]["median_ms"] / best - 1.0
+        verdict["latency_within_2pct"] = latency["edge"]["median_ms"] <= 1.02 * best
+        log(f"{case.name}: median ms raw/edge/onnxslim/onnxsim = "
+            + "/".join(f"{latency[n]['median_ms']:.3f}" for n in ("raw", *CLEANERS)))
     return {"model": case.name, **info, "input_shape": dims, "graphs": graphs, "verdict": verdict,
             "seconds": round(time.perf_counter() - started, 1)}
 
@@ -225,6 +243,7 @@ def main() -> None:
     parser.add_argument("--data", default="fmnist-mini", help="calibration data of the approximated models")
     parser.add_argument("--samples", type=int, default=200, help="calibration samples of the approximated models")
     parser.add_argument("--zero-biases", action="store_true", help="keep timm's all-zero bias init")
+    parser.add_argument("--no-latency", action="store_true", help="node counts and equivalence only")
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/peers.json"))
     parser.add_argument("--md-out", default=str(ROOT / "docs/results/peers.md"))
     args = parser.parse_args()
@@ -244,14 +263,15 @@ def main() -> None:
                      "iterations_per_round": args.iterations, "timed_iterations": args.rounds * args.iterations,
                      "order": "interleaved, rotating each round", "seed": args.seed,
                      "ort_optimization": "ORT_ENABLE_ALL", "provider": "CPUExecutionProvider",
-                     "zero_biases_filled": not args.zero_biases},
+                     "zero_biases_filled": not args.zero_biases, "latency_measured": not args.no_latency},
         "versions": versions(), "hardware": hardware(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "seconds": round(time.perf_counter() - started, 1),
         "command": "python benchmarks/peers.py" + (f" --models {' '.join(repr(m) for m in args.models)}"
                                                    if args.models else "")
-        + "".join(f" --{k} {getattr(args, k)}" for k in ("rounds", "iterations", "warmup")
-                  if getattr(args, k) != parser.get_default(k)),
+        + "".join(f" --{k} {getattr(args, k)}" for k in ("rounds", "iterations", "warmup", "threads")
+                  if getattr(args, k) != parser.get_default(k))
+        + (" --no-latency" if args.no_latency else "") + (" --zero-biases" if args.zero_biases else ""),
     }
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps(record, indent=1) + "\n")
@@ -272,42 +292,51 @@ def markdown(r: dict) -> str:
         f"fp32. Versions: edge {v['edge']}, onnxslim {v['onnxslim']}, onnxsim {v['onnxsim']}, onnx {v['onnx']}, "
         f"onnx-graphsurgeon {v['onnx_graphsurgeon']}, torch {v['torch']}.",
         "",
-        f"Latency: {s['warmup']} warm-up calls per graph, then {s['rounds']} rounds x {s['iterations_per_round']} "
-        f"timed calls of each graph ({s['timed_iterations']} per graph), interleaved with the order rotating each "
-        "round; median, p90 and coefficient of variation (CV) in ms per inference. All four graphs of a model come "
-        "from one raw export. `max abs` is the largest output difference from the raw graph on seeded random "
-        "inputs (tolerance 1e-4).",
+        (f"Latency: {s['warmup']} warm-up calls per graph, then {s['rounds']} rounds x {s['iterations_per_round']} "
+         f"timed calls of each graph ({s['timed_iterations']} per graph), interleaved with the order rotating each "
+         "round; median, p90 and coefficient of variation (CV) in ms per inference."
+         if s["latency_measured"] else "**Latency not measured in this run** (`--no-latency`): node counts, "
+         "equivalence and ONNX Runtime's optimised graphs only.")
+        + " All four graphs of a model come from one raw export. `max abs` is the largest output difference from "
+        "the raw graph on seeded random inputs (tolerance 1e-4). `ORT nodes`: nodes of the graph ONNX Runtime "
+        "actually runs after its own fusions (ORT_ENABLE_EXTENDED).",
         "",
     ]
+    if r["load_average"]["before"][0] > 0.5 * hw["cpu_count"] and s["latency_measured"]:
+        lines += [f"**Warning: the machine was busy (load average {r['load_average']['before'][0]:.2f} on "
+                  f"{hw['cpu_count']} CPUs); these latencies are not valid figures.**", ""]
     if s["zero_biases_filled"]:
         lines += ["timm models have random weights; biases timm initialises to zero were given seeded N(0, 0.02) "
                   "values (pretrained checkpoints have non-zero biases; zero ones would be removed as no-ops).", ""]
-    lines += ["| model | graph | nodes (Constant) | max abs vs raw | checker | median ms | p90 ms | CV |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| model | graph | nodes (Constant) | ORT nodes | max abs vs raw | checker | median ms | p90 ms | CV |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for m in r["models"]:
         for name in ("raw", *CLEANERS):
             g = m["graphs"][name]
-            lat = g["latency"]
+            lat = g.get("latency")
+            timing = (f"{lat['median_ms']:.3f} | {lat['p90_ms']:.3f} | {100 * lat['cv']:.1f} %" if lat
+                      else "not measured | | ")
             lines.append(f"| {m['model'] if name == 'raw' else ''} | {name} | {g['nodes']} ({g['constant_nodes']}) | "
-                         f"{g['max_abs_vs_raw']:.1e} | {g['checker']} | {lat['median_ms']:.3f} | {lat['p90_ms']:.3f} | "
-                         f"{100 * lat['cv']:.1f} % |")
+                         f"{sum(g['ort_ops'].values())} | {g['max_abs_vs_raw']:.1e} | {g['checker']} | {timing} |")
     lines += ["", "## Verdict", "", "| model | edge nodes <= onnxslim | <= best peer | edge median vs best cleaner |",
               "|---|---|---|---|"]
     for m in r["models"]:
         d = m["verdict"]
+        timing = (f"{100 * d['latency_vs_best_cleaner']:+.1f} % "
+                  f"({'within' if d['latency_within_2pct'] else '**outside**'} 2 %)"
+                  if "latency_vs_best_cleaner" in d else "not measured")
         lines.append(f"| {m['model']} | {'yes' if d['nodes_le_onnxslim'] else '**no**'} | "
-                     f"{'yes' if d['nodes_le_best_peer'] else '**no**'} | {100 * d['latency_vs_best_cleaner']:+.1f} % "
-                     f"({'within' if d['latency_within_2pct'] else '**outside**'} 2 %) |")
-    lines += ["", "## Op types where the graphs differ", ""]
+                     f"{'yes' if d['nodes_le_best_peer'] else '**no**'} | {timing} |")
+    lines += ["", "## Op types where the graphs differ (raw/edge/onnxslim/onnxsim)", ""]
     for m in r["models"]:
-        hists = {n: m["graphs"][n]["ops"] for n in ("raw", *CLEANERS)}
-        ops = sorted(op for op in set().union(*hists.values())
-                     if len({hists[n].get(op, 0) for n in CLEANERS}) > 1)
-        if not ops:
-            continue
-        lines += [f"**{m['model']}**: " + "; ".join(
-            f"{op} " + "/".join(str(hists[n].get(op, 0)) for n in ("raw", *CLEANERS)) for op in ops)
-            + " (raw/edge/onnxslim/onnxsim)", ""]
+        for key, label in (("ops", "as written"), ("ort_ops", "as ONNX Runtime runs them")):
+            hists = {n: m["graphs"][n][key] for n in ("raw", *CLEANERS)}
+            ops = sorted(op for op in set().union(*hists.values())
+                         if len({hists[n].get(op, 0) for n in CLEANERS}) > 1)
+            lines += [f"- **{m['model']}**, {label}: " + ("; ".join(
+                f"{op} " + "/".join(str(hists[n].get(op, 0)) for n in ("raw", *CLEANERS)) for op in ops)
+                or "identical")]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -1,0 +1,211 @@
+"""Realisation: how much of the FLOPs saved by block approximation shows up as ONNX Runtime latency saved.
+
+    python benchmarks/realisation.py                                 # final settings, batch 1 and 32
+    python benchmarks/realisation.py --rounds 2 --iterations 3       # quick look
+
+The bundled reference model (``fmnist-deit-tiny``, 28x28, 12 blocks) and three variants with
+1, 2 and 3 blocks replaced by one fitted linear map each (``linear:6-7``, ``linear:6-8``,
+``linear:6-9``; the last is the planner's ``auto-linear:3`` choice), calibrated with
+``edge compress`` on seeded, class-balanced training images. Every variant is exported
+(``edge export``, static batch) and cleaned (``edge clean``'s passes, verified).
+
+FLOPs come from ``edge/compress/cost.py`` (measured by torch's FLOP counter; they agree with the
+analytic count). Latency: ONNX Runtime on the CPU, all four graphs of one batch size measured
+side by side, interleaved (rounds of ``--iterations`` calls of each graph, order rotating).
+
+    realisation = (1 - latency_c / latency_o) / (1 - flops_c / flops_o)      (medians; target >= 0.8)
+
+It is also computed from each round's medians; the JSON keeps those, the table gives their
+median and range. At batch 1 a 28x28 model is dominated by fixed per-call and per-node costs
+that FLOPs do not count, so a larger batch is measured too.
+
+Writes benchmarks/results/realisation.json and docs/results/realisation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import measure_interleaved, versions  # noqa: E402
+
+from edge.compress import CompressConfig, compress  # noqa: E402
+from edge.compress.compressor import costs  # noqa: E402
+from edge.export import ExportConfig, export  # noqa: E402
+from edge.graph.clean import clean_file  # noqa: E402
+from edge.models import create_model, data_config  # noqa: E402
+from edge.progress import log  # noqa: E402
+from edge.runtime import hardware  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ("linear:6-7", "linear:6-8", "linear:6-9")
+TARGET = 0.8
+
+
+def realisation(latency_c: float, latency_o: float, flops_c: float, flops_o: float) -> float:
+    return (1.0 - latency_c / latency_o) / (1.0 - flops_c / flops_o)
+
+
+def build_variants(args) -> dict[str, tuple[torch.nn.Module, str | None, dict]]:
+    """name -> (model, plan, record) for the original and every plan."""
+    original = create_model(args.model)
+    variants = {"original": (original, None, {"blocks_approximated": 0, **costs(original)})}
+    for plan in args.plans:
+        model, manifest = compress(create_model(args.model), {"model": args.model},
+                                   CompressConfig(plan=plan, data=args.data, samples=args.samples, seed=args.seed))
+        blocks = sum(len(span.blocks) for span in _spans(manifest["plan"]))
+        variants[plan] = (model, plan, {"blocks_approximated": blocks, **costs(model),
+                                        "calibration": manifest["calibration"]})
+    return variants
+
+
+def _spans(plan: str):
+    from edge.compress import parse_plan
+
+    return parse_plan(plan).spans
+
+
+def export_clean(model, name: str, plan: str | None, batch: int, work: Path, source: str) -> tuple[Path, dict]:
+    raw = work / f"{name.replace(':', '_').replace(',', '+')}-b{batch}.raw.onnx"
+    clean = raw.with_name(raw.name.replace(".raw.", ".clean."))
+    export(model, raw, source=source, plan=plan, data_config=data_config(model), config=ExportConfig(batch=batch))
+    result = clean_file(raw, clean)
+    return clean, {"nodes": len(onnx.load(str(clean)).graph.node), "nodes_raw": result["report"]["nodes_before"],
+                   "verification": result["verification"]}
+
+
+def measure_batch(variants: dict, batch: int, args, work: Path) -> dict:
+    paths, graphs = {}, {}
+    for name, (model, plan, _) in variants.items():
+        paths[name], graphs[name] = export_clean(model, name, plan, batch, work, args.model)
+    latency = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
+                                  iterations=args.iterations)
+    flops_o = variants["original"][2]["flops"]
+    lat_o = latency["original"]
+    rows = []
+    for name, (_, plan, record) in variants.items():
+        lat = latency[name]
+        row = {"variant": name, **{k: v for k, v in record.items() if k != "calibration"}, "graph": graphs[name],
+               "latency": lat}
+        if plan is not None:
+            flops_c = record["flops"]
+            row["flops_reduction"] = 1.0 - flops_c / flops_o
+            row["latency_reduction"] = 1.0 - lat["median_ms"] / lat_o["median_ms"]
+            row["realisation"] = realisation(lat["median_ms"], lat_o["median_ms"], flops_c, flops_o)
+            per_round = [realisation(c, o, flops_c, flops_o)
+                         for c, o in zip(lat["round_medians_ms"], lat_o["round_medians_ms"], strict=True)]
+            row["realisation_rounds"] = {"median": float(np.median(per_round)), "min": float(np.min(per_round)),
+                                         "max": float(np.max(per_round)), "values": per_round}
+            row["meets_target"] = row["realisation"] >= TARGET
+        rows.append(row)
+        log(f"batch {batch} {name}: median {lat['median_ms']:.3f} ms (CV {100 * lat['cv']:.1f} %)"
+            + (f", realisation {row['realisation']:.2f}" if plan else ""))
+    return {"batch": batch, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="fmnist-deit-tiny")
+    parser.add_argument("--plans", nargs="+", default=list(PLANS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--data", default="fmnist-mini", help="calibration data")
+    parser.add_argument("--samples", type=int, default=300, help="calibration images")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (fixed, recorded)")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iterations", type=int, default=20, help="timed calls of each graph per round")
+    parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/realisation.json"))
+    parser.add_argument("--md-out", default=str(ROOT / "docs/results/realisation.md"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started, load_before = time.perf_counter(), os.getloadavg()
+    variants = build_variants(args)
+    with tempfile.TemporaryDirectory(prefix="edge-realisation-") as tmp:
+        batches = [measure_batch(variants, b, args, Path(tmp)) for b in args.batches]
+    defaults = {a.dest: a.default for a in parser._actions}
+    record = {
+        "model": args.model, "target": TARGET,
+        "calibration": next(v[2]["calibration"] for v in variants.values() if "calibration" in v[2]),
+        "batches": batches,
+        "settings": {"threads": args.threads, "warmup": args.warmup, "rounds": args.rounds,
+                     "iterations_per_round": args.iterations, "timed_iterations": args.rounds * args.iterations,
+                     "order": "interleaved, rotating each round", "ort_optimization": "ORT_ENABLE_ALL",
+                     "provider": "CPUExecutionProvider", "flops": "edge.compress.cost.measured_flops, batch 1"},
+        "versions": versions(), "hardware": hardware(),
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "seconds": round(time.perf_counter() - started, 1),
+        "command": "python benchmarks/realisation.py" + "".join(
+            f" --{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items() if k not in ("json_out", "md_out") and v != defaults[k]),
+    }
+    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_out).write_text(json.dumps(record, indent=1) + "\n")
+    Path(args.md_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.md_out).write_text(markdown(record))
+    log(f"wrote {args.json_out} and {args.md_out}")
+
+
+def markdown(r: dict) -> str:
+    s, v, hw = r["settings"], r["versions"], r["hardware"]
+    cal = r["calibration"]
+    load = r["load_average"]
+    lines = [
+        "# Realisation: latency saved per FLOP saved (block approximation)",
+        "",
+        f"Generated by `{r['command']}` ({r['seconds'] / 60:.1f} min). Model `{r['model']}` (28x28, 12 blocks); "
+        f"maps fitted by `edge compress` on {cal['samples']} class-balanced `{cal['data']}` images (seed "
+        f"{cal['seed']}); every graph exported (opset 17, static batch) and cleaned by `edge clean`'s passes.",
+        "",
+        f"Hardware: {hw['cpu']} ({hw['cpu_count']} logical CPUs), load average before/after "
+        f"{load['before'][0]:.2f} / {load['after'][0]:.2f}. ONNX Runtime {v['onnxruntime']} (CPU, "
+        f"{s['ort_optimization']}), {s['threads']} intra-op threads, fp32. Latency: {s['warmup']} warm-up calls per "
+        f"graph, then {s['rounds']} rounds x {s['iterations_per_round']} timed calls of each graph "
+        f"({s['timed_iterations']} per graph), interleaved with the order rotating each round. FLOPs: "
+        f"{s['flops']}.",
+        "",
+        f"realisation = (1 - latency_c / latency_o) / (1 - FLOPs_c / FLOPs_o) on medians; target >= {r['target']}. "
+        "`per round` is the same ratio from each round's medians: median [min, max] over rounds.",
+        "",
+    ]
+    for b in r["batches"]:
+        lines += [f"## Batch {b['batch']}", "",
+                  "| variant | blocks approx. | MFLOPs | nodes | median ms | p90 ms | CV | FLOPs saved | latency saved "
+                  "| realisation | per round |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in b["rows"]:
+            lat = row["latency"]
+            cells = [f"`{row['variant']}`", str(row["blocks_approximated"]), f"{row['flops'] / 1e6:.1f}",
+                     str(row["graph"]["nodes"]), f"{lat['median_ms']:.3f}", f"{lat['p90_ms']:.3f}",
+                     f"{100 * lat['cv']:.1f} %"]
+            if "realisation" in row:
+                rr = row["realisation_rounds"]
+                mark = "" if row["meets_target"] else " (below target)"
+                cells += [f"{100 * row['flops_reduction']:.1f} %", f"{100 * row['latency_reduction']:.1f} %",
+                          f"**{row['realisation']:.2f}**{mark}",
+                          f"{rr['median']:.2f} [{rr['min']:.2f}, {rr['max']:.2f}]"]
+            else:
+                cells += ["", "", "", ""]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    met = [(b["batch"], row["variant"]) for b in r["batches"] for row in b["rows"] if row.get("meets_target")]
+    missed = [(b["batch"], row["variant"]) for b in r["batches"] for row in b["rows"]
+              if "meets_target" in row and not row["meets_target"]]
+    lines += ["## Verdict", "",
+              f"- Target met (>= {r['target']}): " + (", ".join(f"batch {b} `{p}`" for b, p in met) or "none") + ".",
+              "- Target not met: " + (", ".join(f"batch {b} `{p}`" for b, p in missed) or "none") + ".", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
