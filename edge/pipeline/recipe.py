@@ -232,23 +232,44 @@ def check_weights(recipe: Recipe) -> None:
                         fix="fix the path (relative paths are read from the recipe's folder)")
 
 
+def _yaml_load(text: str):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        keys = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            keys.add(key)
+        return loader.construct_mapping(node, deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_recipe(path: str | Path | None = None) -> Recipe:
     """Read and check a recipe file; ``None`` reads the built-in default."""
     import yaml
 
     if path is None:
-        return parse_recipe(yaml.safe_load(DEFAULT_RECIPE.read_text()), BUILTIN, None)
+        return parse_recipe(_yaml_load(DEFAULT_RECIPE.read_text()), BUILTIN, None)
     path = Path(path).expanduser()
     if not path.is_file():
         raise EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file",
                         fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
     try:
-        document = yaml.safe_load(path.read_text())
+        document = _yaml_load(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise EdgeError(f"recipe {path} is not valid YAML{where}", found=str(getattr(e, "problem", e)),
-                        fix="fix the YAML syntax (indentation, a missing ':')") from e
+                        fix="fix the YAML (indentation, a missing ':', a key given twice)") from e
     except (OSError, UnicodeDecodeError) as e:
         raise EdgeError(f"recipe {path} cannot be read", found=str(e)) from e
     return parse_recipe(document, str(path), path.parent)

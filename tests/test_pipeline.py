@@ -1,0 +1,285 @@
+import json
+import re
+import shutil
+
+import pytest
+
+from edge.cli import main
+from edge.errors import EdgeError
+from edge.pipeline import STEPS, load_recipe
+from edge.pipeline.cache import StepCache
+from edge.pipeline.recipe import VARIANT_STEPS
+from edge.pipeline.report import pareto_front
+
+from .conftest import needs_fmnist
+
+TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Random but fixed weights for the tiny ViT (4 blocks)."""
+    import torch
+
+    from edge.models import create_model
+    from edge.models.weights_io import save_safetensors
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("w") / "tiny.safetensors"
+    save_safetensors(create_model(TINY).state_dict(), path)
+    return path
+
+
+def recipe_text(weights, lin_plan="linear:1-3", extra="") -> str:
+    return f"""model: {TINY}
+weights: {weights}
+data: fmnist-mini
+calibration: {{samples: 40}}
+analysis: {{samples: 40}}
+evaluate: {{samples: 200, batch_size: 100}}
+profile: {{warmup: 2, iterations: 5}}
+{extra}variants:
+  - name: original
+  - name: lin
+    plan: {lin_plan}
+"""
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, weights):
+    root = tmp_path_factory.mktemp("pipeline")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(recipe_text(weights))
+    out = root / "out"
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(out)]) == 0
+    return recipe, out, json.loads((out / "report.json").read_text())
+
+
+def _statuses(report: dict) -> dict:
+    return {v["name"]: {s: r["status"] for s, r in v["steps"].items()} for v in report["variants"]}
+
+
+def test_report_files_and_fields(first_run):
+    recipe, out, report = first_run
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    assert report["recipe"]["model"] == TINY and report["recipe"]["source"] == str(recipe)
+    assert report["data"]["used"] == "fmnist-mini" and report["data"]["fallback_notice"] is None
+    assert report["threads"] == 2 and report["hardware"]["cpu_count"] >= 1
+    assert report["versions"]["onnxruntime"] and report["versions"]["torch"].startswith("2.13.0")
+    original, lin = report["variants"]
+    assert (original["plan"], lin["plan"], lin["requested_plan"]) == (None, "linear:1-3", "linear:1-3")
+    assert lin["params"] < original["params"] and lin["flops"] < original["flops"]
+    for v in (original, lin):
+        assert v["samples"] == 200 and 0.0 <= v["accuracy"] <= 1.0 and v["correct"] == round(200 * v["accuracy"])
+        assert v["verification"]["passed"] and v["verification"]["max_abs"] <= 1e-4
+        assert set(v["verification"]["clean_vs_torch"]) == {"model.clean.onnx", "model.batched.clean.onnx"}
+        deployed = v["graphs"]["model.onnx"]
+        assert deployed["batch"] == 1 and v["graphs"]["model.batched.onnx"]["batch"] == "dynamic"
+        assert 0 < deployed["nodes_after_clean"] <= deployed["nodes_before_clean"]
+        latency = v["latency"]
+        assert latency["iterations"] == 5 and latency["min_ms"] <= latency["median_ms"] <= latency["p99_ms"]
+        assert latency["cv"] >= 0 and v["profile"]["threads"] == 2 and v["profile"]["warmup"]["iterations"] == 2
+        assert set(v["steps"]) == set(VARIANT_STEPS) - ({"compress"} if v["plan"] is None else set())
+        assert all(s["status"] == "ran" for s in v["steps"].values())
+        assert (out / deployed["clean_file"]).is_file()
+    assert original["accuracy_delta_pt"] == 0.0
+    assert lin["accuracy_delta_pt"] == pytest.approx(100 * (lin["accuracy"] - original["accuracy"]), abs=1e-6)
+    assert (out / lin["artifact"] / "edge-model.json").is_file() and original["artifact"] is None
+    assert report["pareto_front"] and set(report["pareto_front"]) <= {"original", "lin"}
+    assert report["analysis"]["num_blocks"] == 4 and len(report["analysis"]["block_redundancy"]) == 4
+    assert all((out / p).is_file() for p in report["analysis"]["pictures"].values())
+    table = (out / "report.md").read_text()
+    assert "| lin | linear:1-3 |" in table and f"{100 * lin['accuracy']:.2f}" in table
+
+
+def test_html_report_is_self_contained(first_run):
+    _, out, report = first_run
+    page = (out / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]+"', page)
+    assert len(images) == 1 + len(report["analysis"]["pictures"])  # the Pareto chart and the heatmaps
+    stripped = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
+    assert "<table>" in stripped and "Pareto" in stripped
+    for external in ("http:", "https:", "//", "<link", "<script", "@import", "url("):
+        assert external not in stripped, external
+
+
+def test_second_run_is_fully_cached_and_identical(first_run, capsys):
+    recipe, out, report = first_run
+    capsys.readouterr()
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    again = json.loads(captured.out)
+    assert again["steps"] == {"ran": 0, "cached": report["steps"]["ran"]}
+    assert again["analysis"]["steps"]["analysis"]["status"] == "cached"
+    assert all(status == "cached" for steps in _statuses(again).values() for status in steps.values())
+    for before, after in zip(report["variants"], again["variants"]):
+        for key in ("plan", "accuracy", "correct", "params", "flops", "latency", "verification"):
+            assert before[key] == after[key], key
+    assert "[lin] export: cached" in captured.err and "ran in" not in captured.err
+
+
+def test_changing_one_variant_redoes_only_it(first_run, weights, tmp_path, capsys):
+    _, out, report = first_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe_text(weights, lin_plan="affine:1-3"))
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(copy), "--redo", "profile", "--json"]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    statuses = _statuses(changed)
+    assert all(s == "ran" for s in statuses["lin"].values())
+    assert {k: v for k, v in statuses["original"].items() if k != "profile"} == \
+        {k: "cached" for k in statuses["original"] if k != "profile"}
+    assert statuses["original"]["profile"] == "ran"  # --redo profile
+    assert changed["analysis"]["steps"]["analysis"]["status"] == "cached"
+    assert changed["variants"][1]["plan"] == "affine:1-3"
+    assert changed["variants"][0]["accuracy"] == report["variants"][0]["accuracy"]
+    assert json.loads((copy / "variants/lin/model/edge-model.json").read_text())["plan"] == "affine:1-3"
+
+
+def test_an_interrupted_step_is_not_marked_done(tmp_path):
+    cache = StepCache()
+    calls = []
+
+    def work_then_fail():
+        (tmp_path / "a.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.run(tmp_path, "export", {"x": 1}, work_then_fail, ("a.bin",))
+    assert not StepCache.marker(tmp_path, "export").exists()
+
+    def work():
+        calls.append(1)
+        (tmp_path / "a.bin").write_bytes(b"whole")
+        return {"n": 1}
+
+    assert cache.run(tmp_path, "export", {"x": 1}, work, ("a.bin",)).status == "ran"
+    assert cache.run(tmp_path, "export", {"x": 1}, work, ("a.bin",)).status == "cached"
+    assert cache.run(tmp_path, "export", {"x": 2}, work, ("a.bin",)).status == "ran"  # another input
+    (tmp_path / "a.bin").write_bytes(b"tampered")
+    assert cache.run(tmp_path, "export", {"x": 2}, work, ("a.bin",)).status == "ran"  # output changed
+    assert StepCache(redo={"export"}).run(tmp_path, "export", {"x": 2}, work, ("a.bin",)).status == "ran"
+    assert len(calls) == 4
+
+
+BAD_RECIPES = {
+    "unknown key": ("modle: fmnist-deit-tiny\n", "unknown key 'modle'", "did you mean 'model'"),
+    "unknown nested key": ("", "unknown key profile.'iters'", "did you mean 'iterations'"),
+    "key given twice": ("threads: 1\nthreads: 2\n", "is not valid YAML (line 2", "key 'threads' is given twice"),
+    "malformed plan": ("", "variants[1].plan", "has no span"),
+    "unknown model": ("", "key model", "unknown model 'timm:vit_nope'"),
+    "plan out of range": ("", "variants[1].plan", "out of range for a model with 4 blocks"),
+    "wrong type": ("threads: two\n", "key threads has the wrong type", "an integer"),
+    "duplicate name": ("", "are both named 'lin'", "give every variant its own name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECIPES))
+def test_bad_recipe_exits_2_naming_the_problem_and_writes_nothing(case, weights, tmp_path, capsys):
+    extra, *needles = BAD_RECIPES[case]
+    text = extra + recipe_text(weights)
+    if case == "unknown nested key":
+        text = text.replace("iterations: 5", "iters: 5")
+    elif case == "malformed plan":
+        text = text.replace("plan: linear:1-3", "plan: linear:3")
+    elif case == "unknown model":
+        text = text.replace(TINY, "timm:vit_nope")
+    elif case == "plan out of range":
+        text = text.replace("plan: linear:1-3", "plan: linear:1-9")
+    elif case == "duplicate name":
+        text += "  - name: lin\n    plan: linear:0-1\n"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text)
+    out = tmp_path / "out"
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(recipe) in err and "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+    assert not out.exists()
+
+
+def test_missing_recipe_file_and_missing_out(tmp_path, capsys):
+    missing = tmp_path / "nope.yaml"
+    assert main(["pipeline", "--recipe", str(missing), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"recipe {missing} does not exist" in err and "--print-recipe" in err
+    assert main(["pipeline"]) == 2 and "needs --out" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_invalid_yaml_names_the_line(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: fmnist-deit-tiny\nvariants: [\n")
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid YAML (line 3" in err
+
+
+def test_foreign_out_folder_is_refused(weights, tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe_text(weights))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "thesis.tex").write_text("mine")
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(out)]) == 2
+    assert "edge pipeline did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+
+
+def test_printed_default_recipe_is_the_default(tmp_path, capsys):
+    assert main(["pipeline", "--print-recipe"]) == 0
+    path = tmp_path / "recipe.yaml"
+    path.write_text(capsys.readouterr().out)
+    printed, default = load_recipe(path), load_recipe(None)
+    assert printed.as_dict() | {"source": None} == default.as_dict() | {"source": None}
+    assert default.model == "fmnist-deit-tiny" and default.data == "fmnist" and default.fallback_data == "fmnist-mini"
+    assert default.evaluate.samples is None  # the whole test split
+    assert default.variants[0].plan is None
+    from edge.compress.plan import parse_plan
+
+    replaced = sorted(sum(len(s.blocks) for s in parse_plan(v.plan).spans) for v in default.variants[1:])
+    assert replaced == [1, 2, 3]
+
+
+def test_data_fallback_and_overrides(weights, tmp_path):
+    from edge.pipeline import with_overrides
+    from edge.pipeline.run import resolve_data
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe_text(weights).replace("data: fmnist-mini", f"data: {tmp_path / 'absent'}\n"
+                                                   "fallback_data: fmnist-mini"))
+    loaded = load_recipe(recipe)
+    data, notice = resolve_data(loaded)
+    assert data == "fmnist-mini" and "absent" in notice and "fallback_data" in notice
+    strict = with_overrides(loaded, data=str(tmp_path / "absent"), threads=1)
+    assert strict.fallback_data is None and strict.threads == 1
+    with pytest.raises(EdgeError, match="key data"):
+        resolve_data(strict)
+
+
+def test_pareto_front():
+    points = {"a": (1.0, 0.80), "b": (2.0, 0.85), "c": (2.5, 0.84), "d": (2.0, 0.85), "e": (0.5, 0.70)}
+    # c is beaten by b (faster and more accurate); equal points b and d do not beat each other
+    assert pareto_front(points) == ["e", "a", "b", "d"]
+    assert "redo" not in STEPS and STEPS[0] == "analysis"
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_default_recipe_end_to_end(tmp_path):
+    """The README's main job: the built-in recipe on the bundled model and the full test split."""
+    out = tmp_path / "pipeline"
+    assert main(["pipeline", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"]["used"] == "fmnist" and report["passed"]
+    for v in report["variants"]:
+        assert v["samples"] == 10000 and v["latency"]["iterations"] == 300
+    original = report["variants"][0]
+    from edge.models import model_card
+
+    card = model_card("fmnist-deit-tiny")["eval"]  # PyTorch on the same 10,000 images
+    assert original["params"] == 5_353_738 and original["plan"] is None
+    assert abs(original["accuracy"] - card["accuracy"]) <= 0.002
+    assert all(v["accuracy"] > original["accuracy"] - 0.03 for v in report["variants"])
