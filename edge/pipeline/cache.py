@@ -56,13 +56,14 @@ class StepRecord:
     key: str
     status: str            # "ran" or "cached"
     seconds: float         # time spent in this run (the check only, when cached)
-    work_seconds: float    # time the work took when it ran
+    work_seconds: float    # wall time the work took when it ran
+    work_cpu_seconds: float  # CPU time of this process (all threads) the work took when it ran
     result: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)  # relative path -> sha256
 
     def summary(self) -> dict:
         return {"status": self.status, "seconds": round(self.seconds, 3), "work_seconds": round(self.work_seconds, 3),
-                "key": self.key}
+                "work_cpu_seconds": round(self.work_cpu_seconds, 3), "key": self.key}
 
 
 class StepCache:
@@ -104,13 +105,14 @@ class StepCache:
         record = self.lookup(folder, step, key, outputs)
         if record is not None:
             return StepRecord(step, key, "cached", time.perf_counter() - start, record["work_seconds"],
-                              record["result"], record["outputs"])
+                              record.get("work_cpu_seconds", 0.0), record["result"], record["outputs"])
         folder.mkdir(parents=True, exist_ok=True)
         self.marker(folder, step).unlink(missing_ok=True)
         if on_start is not None:
             on_start()
+        cpu_start = time.process_time()
         result = json.loads(json.dumps(work()))  # as a cached run will read it back
-        work_seconds = time.perf_counter() - start
+        work_seconds, work_cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         hashes = {}
         for name in outputs:
             digest = sha256_path(folder / name)
@@ -118,6 +120,6 @@ class StepCache:
                 raise RuntimeError(f"step {step} did not write {folder / name}")
             hashes[name] = digest
         record = {"step": step, "key": key, "edge": __version__, "inputs": inputs, "outputs": hashes,
-                  "result": result, "work_seconds": work_seconds}
+                  "result": result, "work_seconds": work_seconds, "work_cpu_seconds": work_cpu_seconds}
         write_atomic((json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), self.marker(folder, step))
-        return StepRecord(step, key, "ran", time.perf_counter() - start, work_seconds, result, hashes)
+        return StepRecord(step, key, "ran", time.perf_counter() - start, work_seconds, work_cpu_seconds, result, hashes)
