@@ -6,7 +6,7 @@
 
 Random weights (nothing is downloaded; latency does not depend on the weights' values). For each
 input size: the original model and the model with ``--blocks`` attention blocks replaced
-(``dwconv:blocks=...:init=gaussian``, which reads no images) are exported with ``edge export``
+(``dwconv:blocks=...:init=gaussian``; ``prefix=pool`` reads 4 fmnist-mini images) are exported with ``edge export``
 (verified against PyTorch) and cleaned with ``edge clean`` (verified against the raw export),
 then timed with ``edge profile``'s ONNX Runtime backend at batch 1, the two models alternated
 ``--rounds`` times so drifting machine load hits both alike.
@@ -33,7 +33,7 @@ import torch
 from edge.compress.cost import analytic_flops, measured_flops
 from edge.compress.dwconv_apply import build_dwconv, place_dwconv
 from edge.compress.plan import parse_plan
-from edge.data import InputSpec
+from edge.data import InputSpec, calibration_set
 from edge.export import ExportConfig, export, write_atomic
 from edge.graph.clean import clean_file
 from edge.models import create_model, data_config
@@ -44,13 +44,15 @@ from edge.runtime import hardware, set_threads
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(arch: str, size: int, blocks: tuple[int, ...] | None, variant: str, seed: int = 0):
+def build(arch: str, size: int, blocks: tuple[int, ...] | None, variant: str, prefix: str, seed: int = 0):
     torch.manual_seed(seed)
     model = create_model(f"timm:{arch}", img_size=size)
     plan = None
     if blocks:
-        plan = f"dwconv:blocks={'+'.join(map(str, blocks))}:init=gaussian:variant={variant}"
-        steps, modules, _ = build_dwconv(model, parse_plan(plan).dwconv, None,
+        plan = f"dwconv:blocks={'+'.join(map(str, blocks))}:init=gaussian:variant={variant}:prefix={prefix}"
+        # prefix=pool reads mean attention rows: 4 images are enough for a graph of the right shape
+        images = calibration_set("fmnist-mini", 4) if prefix == "pool" else None
+        steps, modules, _ = build_dwconv(model, parse_plan(plan).dwconv, images,
                                          InputSpec.from_data_config(data_config(model)))
         place_dwconv(model, modules)
     return model, plan
@@ -91,6 +93,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[224, 336])
     parser.add_argument("--blocks", default="0+2+4+6+8+10", help="replaced blocks (6 of 12 by default)")
     parser.add_argument("--variant", default="unensembled", choices=("unensembled", "ensembled", "full"))
+    parser.add_argument("--prefix", default="pool", choices=("mean", "pool", "attend", "drop"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=50)
@@ -103,8 +106,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dwconv-latency.") as tmp:
         for size in args.sizes:
             log(f"{args.model} at {size}: export + clean (original, dwconv:blocks={args.blocks})")
-            original, _ = build(args.model, size, None, args.variant)
-            replaced, plan = build(args.model, size, blocks, args.variant)
+            original, _ = build(args.model, size, None, args.variant, args.prefix)
+            replaced, plan = build(args.model, size, blocks, args.variant, args.prefix)
             flops = {"original": measured_flops(original, (3, size, size)),
                      "dwconv": measured_flops(replaced, (3, size, size))}
             assert flops["dwconv"] == analytic_flops(replaced) and flops["original"] == analytic_flops(original)
@@ -124,7 +127,8 @@ def main() -> None:
             log(f"  p50 {t_orig:.2f} ms -> {t_dw:.2f} ms: speedup {row['measured_speedup_p50']:.3f} "
                 f"(FLOPs-ideal {ideal:.3f}, realisation {row['realisation']:.2f})")
     result = {"benchmark": "dwconv_latency", "model": args.model, "weights": "random (seed 0)",
-              "replaced_blocks": list(blocks), "variant": args.variant, "backend": "onnxruntime CPU, batch 1",
+              "replaced_blocks": list(blocks), "variant": args.variant, "prefix": args.prefix,
+              "backend": "onnxruntime CPU, batch 1",
               "graphs": "edge export (opset 17, verified) + edge clean (verified)",
               "warmup": args.warmup, "iterations_per_round": args.iterations, "rounds": args.rounds,
               "threads": args.threads, "load_average": os.getloadavg(), "hardware": hardware(),

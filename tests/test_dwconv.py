@@ -293,8 +293,9 @@ def test_export_is_linear_dwconv_linear_and_verified(tmp_path, plan):
 def test_export_of_a_non_square_grid_with_registers(tmp_path):
     model = non_square(reg_tokens=2)
     spec = InputSpec.from_data_config(data_config(model))
-    # the gaussian init reads no images
-    steps, modules, _ = build_dwconv(model, parse_plan("dwconv:blocks=0+1:init=gaussian").dwconv, None, spec)
+    # the gaussian init with prefix=mean reads no images
+    steps, modules, _ = build_dwconv(model, parse_plan("dwconv:blocks=0+1:init=gaussian:prefix=mean").dwconv, None,
+                                     spec)
     for block, module in modules.items():
         assert module.grid == (7, 5) and module.num_prefix_tokens == 3
         model.blocks[block].attn = module

@@ -58,7 +58,7 @@ def test_dwconv_steps_parse_to_canonical_form():
     assert str(parse_plan(str(plan))) == str(plan)
     blocks = parse_plan("dwconv:blocks=7+2+5").dwconv[0]
     assert blocks.blocks == (2, 5, 7) and str(blocks) == "dwconv:blocks=2+5+7" and blocks.is_resolved
-    assert blocks.option("k") == 3 and blocks.option("init") == "lsq" and blocks.option("prefix") == "mean"
+    assert blocks.option("k") == 3 and blocks.option("init") == "lsq" and blocks.option("prefix") == "pool"
     heads = parse_plan("dwconv:heads=auto=4:order=highest").dwconv[0]
     assert heads.scattered and heads.auto == 4 and heads.option("order") == "highest"
     assert str(heads) == "dwconv:heads=auto=4:order=highest"
@@ -72,7 +72,7 @@ def test_dwconv_steps_parse_to_canonical_form():
     ("dwconv:blocks=1:k=4", "must be odd"),
     ("dwconv:blocks=1:init=random", "init=gaussian or init=mean or init=lsq"),
     ("dwconv:blocks=1:variant=dense", "variant=unensembled"),
-    ("dwconv:blocks=1:prefix=own", "prefix=mean or prefix=attend or prefix=drop"),
+    ("dwconv:blocks=1:prefix=own", "prefix=mean or prefix=pool or prefix=attend or prefix=drop"),
     ("dwconv:blocks=1:order=middle", "order=lowest or order=highest"),
     ("dwconv:blocks=1:steps=3", "unknown option 'steps'"),
     ("dwconv:blocks=12", "out of range"),

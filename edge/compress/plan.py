@@ -36,7 +36,7 @@ DWCONV = "dwconv"
 DWCONV_OPTION_TYPES = {"init": str, "k": int, "variant": str, "prefix": str, "order": str, "ridge": float}
 DWCONV_CHOICES = {"init": ("gaussian", "mean", "lsq"), "variant": ("unensembled", "ensembled", "full"),
                   "prefix": ("mean", "pool", "attend", "drop"), "order": ("lowest", "highest")}
-DWCONV_DEFAULTS = {"init": "lsq", "k": 3, "variant": "unensembled", "prefix": "mean", "order": "lowest",
+DWCONV_DEFAULTS = {"init": "lsq", "k": 3, "variant": "unensembled", "prefix": "pool", "order": "lowest",
                    "ridge": 1e-4}
 
 
