@@ -176,6 +176,7 @@ def save_attention_plot(stats: AttentionStats, title: str, path) -> None:
     image = right.imshow(heads.T, cmap="viridis", aspect="auto", origin="lower")
     right.set_xticks(range(len(block)), labels, fontsize=8)
     right.set_xlabel("block")
+    right.set_yticks(range(heads.shape[1]), [str(h) for h in range(heads.shape[1])], fontsize=8)
     right.set_ylabel("head")
     right.set_title("Sigma_h per head", fontsize=10)
     fig.colorbar(image, ax=right, label="summed pointwise std")
