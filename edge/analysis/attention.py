@@ -45,7 +45,8 @@ class WelfordMap:
 
     def update(self, samples: torch.Tensor) -> None:
         """Add ``samples`` (``[n, *shape]``) one at a time (Welford's update)."""
-        for x in samples.detach().to(torch.float64):
+        for x in samples.detach():
+            x = x.to(torch.float64)   # one sample at a time: no float64 copy of the whole batch
             self.count += 1
             delta = x - self.mean
             self.mean += delta / self.count
