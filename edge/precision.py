@@ -1,0 +1,352 @@
+"""FP16 conversion for strongly typed TensorRT networks: float16 everywhere except float32 islands.
+
+A strongly typed TensorRT network (the only kind TensorRT 11 builds) takes every tensor's type
+from the ONNX graph, so the precision has to be baked into the graph. This pass:
+
+* assigns each node float16 or float32: nodes whose op is in the block list (LayerNormalization,
+  Softmax and the reductions by default) and, optionally, the head (every node downstream of the
+  last LayerNormalization: final norm, pooling, classifier) stay float32; all other nodes that
+  compute on floats become float16;
+* stores each float weight once in the precision of its readers (a weight read by both gets a
+  float16 copy beside the float32 one, never a Cast);
+* inserts a Cast only where a tensor crosses from one precision to the other: one Cast per
+  (tensor, target type), shared by all readers, so consecutive float32 nodes form one island;
+* keeps the graph's inputs and outputs float32 (a Cast right after the input and before the
+  output), so callers feed and read the same arrays as before.
+
+Why our own pass rather than onnxconverter-common's ``convert_float_to_float16``: that converter
+wraps every blocked node in its own Cast pair (two LayerNorms in a row give Cast->Cast chains
+between them), adds Casts for constant weights instead of converting them, and needs a cleanup
+pass afterwards; benchmarks/precision.py counts the Casts of both on the reference model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edge.errors import EdgeError
+
+FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
+FP16_MAX = float(np.finfo(np.float16).max)
+
+#: ops kept in float32 by default: normalisations, softmax and reductions (accumulations overflow in fp16)
+DEFAULT_BLOCK_LIST = ("LayerNormalization", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare",
+                      "ReduceL2", "ReduceLogSumExp", "ReduceProd", "Pow", "Sqrt", "CumSum", "TopK", "NonMaxSuppression",
+                      "Range", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial")
+#: (op, input index) that ONNX requires to be float32 whatever the node's precision
+FLOAT32_ONLY_INPUTS = {("Resize", 2), ("Upsample", 1)}
+#: ops that read any type and whose output does not depend on it: their input is never cast
+TYPE_AGNOSTIC = {"Shape", "Size"}
+
+
+@dataclass
+class Fp16Config:
+    block_list: tuple[str, ...] = DEFAULT_BLOCK_LIST
+    keep_head_fp32: bool = True
+    node_block_list: tuple[str, ...] = ()  # node names kept float32 in addition to the ops above
+    keep_io_types: bool = True
+
+
+@dataclass
+class Fp16Report:
+    nodes_fp16: int = 0
+    nodes_fp32: int = 0
+    casts: int = 0
+    weights_converted: int = 0
+    weights_duplicated: int = 0
+    clipped_values: int = 0
+    fp32_nodes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"nodes_fp16": self.nodes_fp16, "nodes_fp32": self.nodes_fp32, "casts": self.casts,
+                "weights_converted": self.weights_converted, "weights_duplicated": self.weights_duplicated,
+                "clipped_values": self.clipped_values, "fp32_nodes": self.fp32_nodes}
+
+
+def _float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    for node in g.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    types[node.output[0]] = a.t.data_type
+    return types
+
+
+def head_nodes(graph: onnx.GraphProto) -> set[str]:
+    """Names of the nodes downstream of the last LayerNormalization (final norm, pooling, classifier)."""
+    norms = [n for n in graph.node if n.op_type == "LayerNormalization"]
+    if not norms:
+        return set()
+    readers = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    seen = {norms[-1].name}
+    frontier = list(norms[-1].output)
+    while frontier:
+        for node in readers[frontier.pop()]:
+            if node.name not in seen:
+                seen.add(node.name)
+                frontier.extend(node.output)
+    return seen
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    used = {n.name for n in graph.node if n.name}
+    for i, node in enumerate(graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{i}"
+            while name in used:
+                name += "_"
+            node.name = name
+            used.add(name)
+
+
+def _to_half(array: np.ndarray, report: Fp16Report) -> np.ndarray:
+    finite = np.isfinite(array)
+    clipped = int(np.count_nonzero(finite & (np.abs(array) > FP16_MAX)))
+    report.clipped_values += clipped
+    return np.clip(array, -FP16_MAX, FP16_MAX).astype(np.float16) if clipped else array.astype(np.float16)
+
+
+def _convert_attributes(node: onnx.NodeProto, report: Fp16Report) -> None:
+    """Attributes that carry a float type or a float tensor follow the node into float16."""
+    for attr in node.attribute:
+        if node.op_type == "Cast" and attr.name == "to" and attr.i == FLOAT:
+            attr.i = HALF
+        elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT:
+            attr.t.CopyFrom(numpy_helper.from_array(_to_half(numpy_helper.to_array(attr.t), report), attr.t.name))
+
+
+def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) -> tuple[onnx.ModelProto, Fp16Report]:
+    """A float16 copy of ``model`` with float32 islands (see the module docstring)."""
+    config = config or Fp16Config()
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    _name_nodes(graph)
+    types = _float_tensor_types(model)
+    report = Fp16Report()
+    blocked_names = set(config.node_block_list) | (head_nodes(graph) if config.keep_head_fp32 else set())
+
+    def is_float(name: str) -> bool:
+        return bool(name) and types.get(name) == FLOAT
+
+    # 1. precision of every node that computes on floats
+    node_type: dict[str, int] = {}
+    for node in graph.node:
+        if not any(is_float(t) for t in (*node.input, *node.output)) and node.op_type != "Cast":
+            continue
+        fp32 = node.op_type in config.block_list or node.name in blocked_names
+        node_type[node.name] = FLOAT if fp32 else HALF
+        if fp32:
+            report.fp32_nodes.append(node.name)
+    report.nodes_fp32 = sum(1 for t in node_type.values() if t == FLOAT)
+    report.nodes_fp16 = sum(1 for t in node_type.values() if t == HALF)
+
+    # 2. where each float tensor lives (the precision its producer writes)
+    home: dict[str, int] = {}
+    inputs = {v.name for v in graph.input}
+    for name in inputs:
+        if is_float(name):
+            home[name] = FLOAT if config.keep_io_types else HALF
+    producer_of: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for out in node.output:
+            producer_of[out] = node
+            if is_float(out):
+                home[out] = node_type.get(node.name, FLOAT)
+
+    # 3. weights: in the precision of their float readers; a copy when both read them
+    initializers = {t.name: t for t in graph.initializer if t.data_type == FLOAT}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            readers[name].append((node, i))
+
+    def wanted(node: onnx.NodeProto, index: int) -> int:
+        if (node.op_type, index) in FLOAT32_ONLY_INPUTS:
+            return FLOAT
+        if node.op_type in TYPE_AGNOSTIC:
+            return home.get(node.input[index], FLOAT)
+        return node_type.get(node.name, FLOAT)
+
+    new_initializers = []
+    for name, tensor in initializers.items():
+        needs = {wanted(n, i) for n, i in readers[name]}
+        if needs == {HALF}:
+            tensor.CopyFrom(numpy_helper.from_array(_to_half(numpy_helper.to_array(tensor), report), name))
+            home[name] = HALF
+            report.weights_converted += 1
+        elif needs == {FLOAT, HALF}:
+            half_name = f"{name}_fp16"
+            new_initializers.append(numpy_helper.from_array(_to_half(numpy_helper.to_array(tensor), report),
+                                                            half_name))
+            for n, i in readers[name]:
+                if wanted(n, i) == HALF:
+                    n.input[i] = half_name
+            home[name] = FLOAT
+            report.weights_duplicated += 1
+        else:
+            home[name] = FLOAT
+    graph.initializer.extend(new_initializers)
+
+    # 4. attributes of float16 nodes (Cast targets, Constant values)
+    for node in graph.node:
+        if node_type.get(node.name) == HALF:
+            _convert_attributes(node, report)
+
+    # 5. graph outputs stay float32 when asked: the producer writes NAME_fp16, a Cast restores NAME
+    casts: list[tuple[int, onnx.NodeProto]] = []
+    order = {node.name: i for i, node in enumerate(graph.node)}
+    if config.keep_io_types:
+        for out in graph.output:
+            if is_float(out.name) and home.get(out.name) == HALF:
+                producer = producer_of[out.name]
+                inner = f"{out.name}_fp16"
+                producer.output[list(producer.output).index(out.name)] = inner
+                for n, i in readers[out.name]:
+                    n.input[i] = inner
+                home[inner] = HALF
+                cast = helper.make_node("Cast", [inner], [out.name], name=f"{out.name}_to_fp32", to=FLOAT)
+                casts.append((order[producer.name] + 1, cast))
+    else:
+        for v in (*graph.input, *graph.output):
+            if is_float(v.name):
+                v.type.tensor_type.elem_type = HALF
+
+    # 6. a Cast on every edge between precisions, one per (tensor, target), shared by the readers
+    made: dict[tuple[str, int], str] = {}
+    for node in list(graph.node):
+        for i, name in enumerate(node.input):
+            if not is_float(name) and name not in home:
+                continue
+            source = home.get(name)
+            target = wanted(node, i)
+            if source is None or source == target:
+                continue
+            key = (name, target)
+            if key not in made:
+                suffix = "fp16" if target == HALF else "fp32"
+                made[key] = f"{name}_to_{suffix}"
+                cast = helper.make_node("Cast", [name], [made[key]], name=f"{name}_cast_{suffix}", to=target)
+                position = order[producer_of[name].name] + 1 if name in producer_of else 0
+                casts.append((position, cast))
+            node.input[i] = made[key]
+    report.casts = len(casts)
+
+    # insert the Casts right after their producers, keeping the graph topologically sorted
+    nodes = list(graph.node)
+    by_position: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+    for position, cast in casts:
+        by_position[position].append(cast)
+    ordered = []
+    for i in range(len(nodes) + 1):
+        ordered.extend(by_position.get(i, []))
+        if i < len(nodes):
+            ordered.append(nodes[i])
+    del graph.node[:]
+    graph.node.extend(ordered)
+    del graph.value_info[:]
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    if report.clipped_values:
+        warnings.warn(f"{report.clipped_values} weight values beyond the float16 range were clipped to +-{FP16_MAX}",
+                      stacklevel=2)
+    return model, report
+
+
+def set_precision_metadata(model: onnx.ModelProto, precision: str, **extra: str) -> None:
+    entries = {p.key: p.value for p in model.metadata_props}
+    entries["edge.precision"] = precision
+    entries.update(extra)
+    del model.metadata_props[:]
+    for key, value in sorted(entries.items()):
+        model.metadata_props.add(key=key, value=value)
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.is_file():
+        raise EdgeError(f"{path} does not exist", expected="an ONNX file", fix="check the path, or run `edge export`")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+        raise EdgeError(f"{path} is not a readable ONNX model", found=str(e)[:300],
+                        fix="pass a file written by `edge export`") from e
+
+
+def source_precision(model: onnx.ModelProto) -> str:
+    meta = {p.key: p.value for p in model.metadata_props}
+    return meta.get("edge.precision", "float32")
+
+
+PRECISIONS = ("fp16", "int8")
+
+
+def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray) -> dict:
+    """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
+    from calib.data import graph_batch
+    from edge.verify import ort_session
+
+    name = reference.graph.input[0].name
+    batch = graph_batch(reference) or len(inputs)
+    sessions = [ort_session(m.SerializeToString()) for m in (reference, candidate)]
+    chunks = [inputs[i:i + batch] for i in range(0, len(inputs) - batch + 1, batch)]
+    a, b = (np.concatenate([s.run(None, {name: c})[0] for c in chunks]).astype(np.float64) for s in sessions)
+    return {"images": int(len(a)), "max_abs": float(np.abs(a - b).max()),
+            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "finite": bool(np.isfinite(b).all())}
+
+
+def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> np.ndarray:
+    from calib.data import input_spec_of
+    from edge.data import ArrayPreprocess, load_dataset
+
+    spec = input_spec_of(model, source)
+    return ArrayPreprocess(spec)(load_dataset(data, "test").images[:count]).numpy().astype(np.float32)
+
+
+def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
+                  int8=None, check_data: str = "fmnist-mini", progress=None) -> dict:
+    """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first."""
+    from edge.export import write_atomic
+
+    if precision not in PRECISIONS:
+        raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
+    out = Path(out)
+    model = load_onnx(model_path)
+    if source_precision(model) != "float32":
+        raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
+                        fix="convert the float32 export from `edge export` / `edge clean`")
+    if precision == "fp16":
+        converted, report = convert_to_fp16(model, fp16)
+        set_precision_metadata(converted, "float16", **{"edge.fp32_ops": ",".join(sorted(
+            (fp16 or Fp16Config()).block_list))})
+        result = {"precision": "float16", **report.as_dict()}
+    else:
+        from calib.qdq import quantize_int8
+
+        converted, result = quantize_int8(model, str(model_path), int8, progress=progress)
+    try:
+        onnx.checker.check_model(converted, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise EdgeError(f"the {precision} graph of {model_path} fails onnx.checker", found=str(e)[:500],
+                        fix="nothing was written; report this graph as a bug") from e
+    inputs = _check_images(model, str(model_path), check_data)
+    result["check"] = _agreement(model, converted, inputs)
+    if not result["check"]["finite"]:
+        raise EdgeError(f"the {precision} graph of {model_path} gives non-finite outputs on real images",
+                        fix="nothing was written; keep more ops in float32 (--keep-fp32 OP)")
+    data = converted.SerializeToString()
+    write_atomic(data, out)
+    result.update({"source": str(model_path), "out": str(out), "bytes": len(data), "nodes": len(converted.graph.node)})
+    return result
