@@ -9,7 +9,7 @@ from edge.errors import EdgeError
 from edge.pipeline import STEPS, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.recipe import VARIANT_STEPS
-from edge.pipeline.report import pareto_front
+from edge.pipeline.report import pareto_front, table_rows
 
 from .conftest import needs_fmnist
 
@@ -116,6 +116,7 @@ def test_second_run_is_fully_cached_and_identical(first_run, capsys):
         for key in ("plan", "accuracy", "correct", "params", "flops", "latency", "verification"):
             assert before[key] == after[key], key
     assert "[lin] export: cached" in captured.err and "ran in" not in captured.err
+    assert [row[:-1] for row in table_rows(again)] == [row[:-1] for row in table_rows(report)]  # all but "steps"
 
 
 def test_changing_one_variant_redoes_only_it(first_run, weights, tmp_path, capsys):

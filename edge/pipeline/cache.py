@@ -121,5 +121,5 @@ class StepCache:
             hashes[name] = digest
         record = {"step": step, "key": key, "edge": __version__, "inputs": inputs, "outputs": hashes,
                   "result": result, "work_seconds": work_seconds, "work_cpu_seconds": work_cpu_seconds}
-        write_atomic((json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), self.marker(folder, step))
+        write_atomic((json.dumps(record, indent=1) + "\n").encode(), self.marker(folder, step))
         return StepRecord(step, key, "ran", time.perf_counter() - start, work_seconds, work_cpu_seconds, result, hashes)

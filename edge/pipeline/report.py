@@ -13,6 +13,8 @@ from pathlib import Path
 
 from edge import __version__
 from edge.export import write_atomic
+from edge.pipeline.recipe import VARIANT_STEPS
+from edge.pipeline.run import DEPLOYED
 
 FORMAT = "edge-pipeline-report"
 FORMAT_VERSION = 1
@@ -87,8 +89,9 @@ def variant_entry(run) -> dict:
         "graphs": graphs,
         "verification": _verification(export, clean, records["verify"].result),
         "latency": latency["latency"],
-        "profile": {k: latency[k] for k in ("backend", "device", "precision", "batch", "threads", "onnxruntime",
-                                            "warmup", "weight_bytes", "peak_rss_mb", "clock", "model")},
+        "profile": {k: latency.get(k) for k in ("backend", "device", "precision", "batch", "threads", "onnxruntime",
+                                            "warmup", "weight_bytes", "peak_rss_mb", "clock", "model",
+                                            "load_average_1min")},
         "compression": None if compress is None else {k: compress[k] for k in ("calibration", "fit", "planner",
                                                                                 "seconds")},
         "artifact": f"variants/{run.variant.name}/model" if compress is not None else None,
@@ -146,7 +149,7 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
     rows = []
     for v in report["variants"]:
         s = v["latency"]
-        deployed = next(iter(v["graphs"].values()))
+        deployed = v["graphs"][DEPLOYED]
         rows.append((v["name"], v["plan"] or "(original)", f"{v['params']:,}", f"{v['flops'] / 1e6:.1f}",
                      f"{100 * v['accuracy']:.2f}", _fmt(v["accuracy_delta_pt"], "+.2f"), f"{s['median_ms']:.3f}",
                      f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}", f"{100 * s['cv']:.1f}",
@@ -159,6 +162,9 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
 def conditions(report: dict) -> list[str]:
     first = report["variants"][0]
     p, hw, rec = first["profile"], report["hardware"], report["recipe"]
+    loads = [v["profile"]["load_average_1min"] for v in report["variants"]
+             if v["profile"].get("load_average_1min") is not None]
+    busy = bool(loads) and max(loads) > 0.5 * (hw["cpu_count"] or 1)
     lines = [
         f"Model `{rec['model']}`; data `{report['data']['used']}`"
         + (f" (fallback: {report['data']['fallback_notice']})" if report["data"]["fallback_notice"] else "") + ".",
@@ -166,7 +172,10 @@ def conditions(report: dict) -> list[str]:
         f"`{first['accuracy_data']}`, batch {rec['evaluate']['batch_size']}.",
         f"Latency: {p['backend']} {report['versions'].get('onnxruntime')} on the {p['device']}, {p['precision']}, "
         f"batch {p['batch']}, {p['threads']} intra-op threads, {p['warmup']['iterations']} warm-up + "
-        f"{first['latency']['iterations']} timed iterations of the cleaned static-batch graph; {p['clock']}.",
+        f"{first['latency']['iterations']} timed iterations of the cleaned static-batch graph; {p['clock']}"
+        + (f"; 1-minute load average while profiling: {min(loads):.2f} to {max(loads):.2f} on {hw['cpu_count']} CPUs"
+           if loads else "")
+        + (" (other work competed for the cores: these latencies are not clean figures)." if busy else "."),
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} CPUs), Python {hw['python']}, torch {hw['torch']}, "
         f"edge {report['edge']}.",
         f"Compression: {rec['calibration']['samples']} class-balanced training images, seed {rec['seed']}.",
@@ -259,10 +268,12 @@ def html_report(report: dict, out: Path) -> str:
         cells = "".join(f'<td class="text">{esc(c)}</td>' if i in text_columns else f"<td>{esc(c)}</td>"
                         for i, c in enumerate(row))
         body.append(f'<tr class="pareto">{cells}</tr>' if v["pareto"] else f"<tr>{cells}</tr>")
-    steps_head = "".join(f"<th>{esc(s)}</th>" for s in report["variants"][0]["steps"]) if report["variants"] else ""
+    steps_head = "".join(f"<th>{esc(s)}</th>" for s in VARIANT_STEPS)
     steps_rows = []
     for v in report["variants"]:
-        cells = "".join(f"<td>{esc(s['status'])} {s['seconds']:.1f} s</td>" for s in v["steps"].values())
+        cells = "".join("<td>-</td>" if s not in v["steps"] else
+                        f"<td>{esc(v['steps'][s]['status'])} ({v['steps'][s]['work_seconds']:.1f} s)</td>"
+                        for s in VARIANT_STEPS)
         steps_rows.append(f'<tr><td class="text">{esc(v["name"])}</td>{cells}</tr>')
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -282,7 +293,8 @@ def html_report(report: dict, out: Path) -> str:
         for name, path in analysis["pictures"].items():
             parts.append(_img((out / path).read_bytes(), name.replace("_", " ")))
     parts += ["<h2>Steps this run</h2>", f'<table><tr><th>variant</th>{steps_head}</tr>{"".join(steps_rows)}</table>',
-              "<p>cached: its inputs (content hashes) did not change, nothing was redone.</p>", "</body></html>", ""]
+              "<p>ran: done in this run; cached: its inputs (content hashes) did not change, so it was not redone. "
+              "Seconds: the wall time of the work when it ran.</p>", "</body></html>", ""]
     return "\n".join(parts)
 
 

@@ -145,8 +145,11 @@ class Context:
         return self.test_set.images[:VERIFY_BATCH] if hasattr(self.test_set, "images") else None
 
 
+SHARED = "<shared>"  # records of the steps that belong to no variant (not a valid variant name)
+
+
 def step(ctx: Context, variant: str, name: str, folder: Path, inputs: dict, work, outputs=()) -> StepRecord:
-    label = f"[{variant}] {name}"
+    label = f"[{variant if variant != SHARED else name}] {name}"
     record = ctx.cache.run(folder, name, inputs, work, tuple(outputs), on_start=lambda: log(f"{label} ..."))
     done = f"ran in {record.seconds:.1f} s" if record.status == "ran" else \
         f"cached (took {record.work_seconds:.1f} s when it ran)"
@@ -160,7 +163,7 @@ def run_analysis(ctx: Context) -> StepRecord | None:
     if not settings.enabled:
         return None
     inputs = {"source": ctx.source_hash, "data": ctx.train_hash, "samples": settings.samples,
-              "seed": ctx.recipe.seed, "threads": ctx.recipe.threads}
+              "seed": ctx.recipe.seed}
 
     def work() -> dict:
         from edge.analysis.analyze import analyze
@@ -180,7 +183,7 @@ def run_analysis(ctx: Context) -> StepRecord | None:
                 "pictures": {k: f"analysis/{v}" for k, v in result["pictures"].items()},
                 "json": "analysis/analysis.json", "seconds": result["seconds"]}
 
-    return step(ctx, "analysis", "analysis", ctx.out, inputs, work, ("analysis",))
+    return step(ctx, SHARED, "analysis", ctx.out, inputs, work, ("analysis",))
 
 
 class VariantRun:
@@ -340,11 +343,12 @@ class VariantRun:
             from edge.profile import OrtBackend, ProfileConfig, profile
 
             backend = OrtBackend(self.folder / graph, threads=recipe.threads, seed=recipe.seed)
+            load = os.getloadavg()[0]  # other work on the machine competes for the cores
             try:
                 result = profile(backend, ProfileConfig(recipe.profile.warmup, recipe.profile.iterations))
             finally:
                 backend.close()
-            return {**result, "model": graph}
+            return {**result, "model": graph, "load_average_1min": round(max(load, os.getloadavg()[0]), 2)}
 
         return self._step("profile", inputs, work)
 
