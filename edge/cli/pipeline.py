@@ -20,7 +20,8 @@ def register(subparsers) -> None:
         "clean, verify against PyTorch, evaluate accuracy with ONNX Runtime, profile latency. Writes\n"
         "OUT/report.json, OUT/report.md and a self-contained OUT/report.html (table, accuracy-vs-latency\n"
         "chart with the Pareto front, analysis heatmaps). Steps whose inputs (content hashes) did not change\n"
-        "are not redone. Exit status 1 when a graph fails verification, 2 for a bad recipe.", EXAMPLES)
+        "are not redone. Exit status 1 when a cleaned graph disagrees with its PyTorch model, 2 for a bad\n"
+        "recipe (nothing is written then).", EXAMPLES)
     parser.add_argument("--recipe", help="recipe file (YAML); default: the built-in recipe")
     parser.add_argument("--out", help="output folder (reused: cached steps are not redone)")
     parser.add_argument("--data", help="override the recipe's data (no fallback then)")
