@@ -284,3 +284,23 @@ def test_default_recipe_end_to_end(tmp_path):
     assert original["params"] == 5_353_738 and original["plan"] is None
     assert abs(original["accuracy"] - card["accuracy"]) <= 0.002
     assert all(v["accuracy"] > original["accuracy"] - 0.03 for v in report["variants"])
+
+
+def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, monkeypatch, capsys):
+    import edge.verify
+    from edge.verify import Tolerance
+
+    real_verify_pair = edge.verify.verify_pair
+
+    def exact(a, b, **kwargs):  # zero tolerance: float32 round-off is now "beyond tolerance"
+        return real_verify_pair(a, b, **{**kwargs, "tolerance": Tolerance(0.0, 0.0)})
+
+    monkeypatch.setattr(edge.verify, "verify_pair", exact)
+    recipe, out, _ = first_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(copy), "--redo", "verify"]) == 1
+    assert "failed verification" in capsys.readouterr().err
+    report = json.loads((copy / "report.json").read_text())
+    assert report["passed"] is False and not report["variants"][0]["verification"]["passed"]
+    assert "FAILED" in (copy / "report.md").read_text()
