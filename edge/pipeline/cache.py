@@ -1,7 +1,7 @@
 """A content-hash step cache: a step is redone only when one of its inputs changed.
 
-A step's key is the sha256 of its inputs (upstream content hashes, its settings, the edge
-version), written as canonical JSON. When a step finishes, its outputs are already in place
+A step's key is the sha256 of its inputs (upstream content hashes, its settings, the package
+versions), written as canonical JSON. When a step finishes, its outputs are already in place
 (each written atomically by the library call that makes it) and a marker ``STEP.done.json``
 records the key, the sha256 of every output and the step's result; the marker is written last,
 atomically, and the old marker is removed before a step starts. So an interrupted step is never
@@ -22,6 +22,19 @@ from edge import __version__
 from edge.export import write_atomic
 
 MARKER_SUFFIX = ".done.json"
+
+
+def versions() -> dict:
+    """The versions of the packages whose behaviour a step's output depends on (part of every key)."""
+    import importlib.metadata
+
+    record = {"edge": __version__}
+    for name in ("torch", "timm", "onnx", "onnxruntime", "onnx-graphsurgeon", "numpy"):
+        try:
+            record[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            record[name] = None
+    return record
 
 
 def sha256_file(path: Path) -> str:
@@ -67,14 +80,18 @@ class StepRecord:
 
 
 class StepCache:
-    """Runs steps in folders; ``redo`` names steps to run even when their marker matches."""
+    """Runs steps in folders; ``redo`` names steps to run even when their marker matches.
+
+    Every key includes the package versions (:func:`versions`): a new torch, ONNX Runtime or edge
+    redoes every step.
+    """
 
     def __init__(self, redo: tuple[str, ...] | set[str] = ()) -> None:
         self.redo = set(redo)
+        self.versions = versions()
 
-    @staticmethod
-    def key(step: str, inputs: dict) -> str:
-        return sha256_json({"step": step, "edge": __version__, "inputs": inputs})
+    def key(self, step: str, inputs: dict) -> str:
+        return sha256_json({"step": step, "versions": self.versions, "inputs": inputs})
 
     @staticmethod
     def marker(folder: Path, step: str) -> Path:

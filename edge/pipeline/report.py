@@ -13,23 +13,12 @@ from pathlib import Path
 
 from edge import __version__
 from edge.export import write_atomic
+from edge.pipeline.cache import versions
 from edge.pipeline.recipe import VARIANT_STEPS
 from edge.pipeline.run import DEPLOYED
 
 FORMAT = "edge-pipeline-report"
 FORMAT_VERSION = 1
-
-
-def versions() -> dict:
-    import importlib.metadata
-
-    record = {"edge": __version__}
-    for name in ("torch", "timm", "onnx", "onnxruntime", "onnx-graphsurgeon", "numpy"):
-        try:
-            record[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            record[name] = None
-    return record
 
 
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:

@@ -216,7 +216,9 @@ class VariantRun:
         if self.variant.plan is None:
             return
         calibration = recipe.calibration
-        inputs = {"source": self.ctx.source_hash, "source_spec": self.ctx.source, "plan": self.variant.plan,
+        # the weights by content (not by path); the architecture by name (the artifact rebuilds it from that)
+        inputs = {"source": self.ctx.source_hash, "architecture": [recipe.model, recipe.img_size],
+                  "plan": self.variant.plan,
                   "data": self.ctx.train_hash, "samples": calibration.samples, "holdout": calibration.holdout,
                   "seed": recipe.seed}
 
@@ -276,8 +278,10 @@ class VariantRun:
                 results[graph] = {"report": result["report"], "verification": result["verification"]}
             return results
 
-        return self._step("clean", {"graphs": exported.outputs}, work, tuple(clean_name(g) for g in (DEPLOYED,
-                                                                                                      BATCHED)))
+        from edge.graph.passes import DEFAULT_PASSES
+
+        inputs = {"graphs": exported.outputs, "passes": [p.name for p in DEFAULT_PASSES]}
+        return self._step("clean", inputs, work, tuple(clean_name(g) for g in (DEPLOYED, BATCHED)))
 
     def verify(self, cleaned: StepRecord) -> StepRecord:
         """The cleaned graphs against the PyTorch model they came from (end to end), random and real inputs."""
