@@ -6,11 +6,12 @@ import argparse
 import sys
 
 from edge import __version__
-from edge.cli import analyze, clean, compress, export, info, models, pipeline, profile, train, verify
+from edge.cli import analyze, build, clean, compress, export, info, models, pipeline, profile, quantize, train, verify
 from edge.cli import eval as eval_cmd
 from edge.errors import EdgeError
 
-COMMANDS = (info, models, train, eval_cmd, analyze, compress, export, clean, verify, profile, pipeline)
+COMMANDS = (info, models, train, eval_cmd, analyze, compress, export, clean, verify, quantize, build, profile,
+            pipeline)
 
 
 def build_parser() -> argparse.ArgumentParser:

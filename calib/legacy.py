@@ -1,0 +1,67 @@
+"""The legacy TensorRT INT8 calibrator (``IInt8EntropyCalibrator2``), for TensorRT 10.x users who ask for it.
+
+Deprecated since TensorRT 10.1 and removed in 11: explicit Q/DQ (``calib.qdq``) is the path
+that works everywhere. This class exists only where the installed TensorRT still has the base
+class; :func:`make_entropy_calibrator` says so clearly otherwise. Batches go to the GPU through
+cuda-python; the calibration cache is read and written so a rebuild skips calibration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import EdgeError
+
+BATCH = 8
+
+
+def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: int = BATCH):
+    """An ``IInt8EntropyCalibrator2`` over ``images`` (float32 NCHW) with a read/write cache at ``cache_file``."""
+    from edge.build.features import load_tensorrt
+
+    load_tensorrt()
+    import tensorrt as trt
+
+    if not hasattr(trt, "IInt8EntropyCalibrator2"):
+        raise EdgeError(f"TensorRT {trt.__version__} has no IInt8EntropyCalibrator2 (removed in TensorRT 11)",
+                        fix="quantize explicitly: edge quantize MODEL.onnx --precision int8 ...")
+    from edge.build.cuda import check, load_cudart
+
+    cudart = load_cudart()
+
+    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):
+        def __init__(self) -> None:
+            trt.IInt8EntropyCalibrator2.__init__(self)
+            self.images = np.ascontiguousarray(images, dtype=np.float32)
+            self.batch = min(batch, len(self.images))
+            self.cache_file = Path(cache_file)
+            self.position = 0
+            self.device = check(cudart.cudaMalloc(self.images[: self.batch].nbytes), "cudaMalloc")
+
+        def get_batch_size(self) -> int:
+            return self.batch
+
+        def get_batch(self, names: list[str]) -> list[int]:
+            if self.position + self.batch > len(self.images):
+                return []  # no more batches: TensorRT stops calibrating
+            chunk = np.ascontiguousarray(self.images[self.position:self.position + self.batch])
+            self.position += self.batch
+            check(cudart.cudaMemcpy(self.device, chunk.ctypes.data, chunk.nbytes,
+                                    cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+            return [int(self.device)]
+
+        def read_calibration_cache(self) -> bytes | None:
+            return self.cache_file.read_bytes() if self.cache_file.is_file() else None
+
+        def write_calibration_cache(self, cache) -> None:
+            from edge.export import write_atomic
+
+            write_atomic(bytes(cache), self.cache_file)
+
+        def __del__(self) -> None:
+            if getattr(self, "device", None):
+                cudart.cudaFree(self.device)
+
+    return EntropyCalibrator()

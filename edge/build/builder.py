@@ -1,0 +1,401 @@
+"""``edge build``: an ONNX graph -> a TensorRT engine, its manifest and its layer information.
+
+Strongly typed by default: the precision lives in the ONNX (``edge quantize`` writes the fp16
+and int8 Q/DQ variants; ``--precision fp16`` converts a float32 graph in memory), which is the
+only path TensorRT 11 still builds and works the same from 10.3 on. The weakly typed path
+(builder precision flags, the legacy INT8 calibrator) is kept for TensorRT 10.x users who ask
+for it (``strongly_typed=False``) and refused with a clear message where the flags are gone.
+
+``import tensorrt`` happens inside the functions, after :func:`load_tensorrt` has checked it, so
+``import edge`` never needs TensorRT; mypy checks every call against ``tensorrt-stubs``, and the
+unit tests swap a fake module in as ``sys.modules["tensorrt"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from edge.build.features import TensorRTFeatures, detect_features, load_tensorrt
+from edge.build.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
+from edge.errors import EdgeError
+
+if TYPE_CHECKING:
+    import tensorrt
+
+PRECISIONS = ("fp32", "fp16", "int8", "best")
+#: 2 GiB: Ultralytics' advice for building on an 8 GB Orin Nano (CPU and GPU share the 7.6 GB usable)
+DEFAULT_WORKSPACE_MIB = 2048
+#: the ONNX variant (edge.precision metadata) a strongly typed build of each --precision expects
+ONNX_VARIANT = {"fp32": ("float32",), "fp16": ("float16",), "int8": ("int8",), "best": ("int8", "float16")}
+
+
+@dataclass
+class BuildConfig:
+    precision: str = "fp32"               # fp32 | fp16 | int8 | best
+    strongly_typed: bool = True           # False: TensorRT 10.x builder flags (+ legacy calibrator for int8)
+    workspace_mib: int = DEFAULT_WORKSPACE_MIB
+    optimization_level: int = 3           # 0..5 (TensorRT's default 3)
+    tiling_optimization_level: int | None = None  # 10.8+: 0..3 (None: TensorRT's default)
+    timing_cache: str | None = None       # loaded when it exists, saved after the build
+    plugins: tuple[str, ...] = ()         # plugin libraries (.so) to load
+    batch: int | None = None              # static batch for a dynamic-batch graph (None: the graph's own)
+    min_batch: int | None = None          # an optimisation profile for a dynamic batch: min/opt/max
+    opt_batch: int | None = None
+    max_batch: int | None = None
+    calibration_data: str | None = None   # weakly typed int8 only: data for the legacy calibrator
+    calibration_samples: int = 500
+    calibration_cache: str | None = None
+    verbose: bool = False
+
+    def check(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise EdgeError(f"--precision {self.precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
+        if self.workspace_mib < 1:
+            raise EdgeError(f"--workspace {self.workspace_mib} MiB", expected="a positive size in MiB",
+                            fix=f"use the default {DEFAULT_WORKSPACE_MIB} (2 GiB) on an 8 GB Orin Nano")
+        if not 0 <= self.optimization_level <= 5:
+            raise EdgeError(f"--opt-level {self.optimization_level}", expected="0..5 (TensorRT's default is 3)")
+        batches = (self.min_batch, self.opt_batch, self.max_batch)
+        if any(b is not None for b in batches):
+            if any(b is None for b in batches):
+                raise EdgeError("an optimisation profile needs --min-batch, --opt-batch and --max-batch together")
+            low, mid, high = (int(b) for b in batches)  # type: ignore[arg-type]  # None excluded just above
+            if not 1 <= low <= mid <= high:
+                raise EdgeError(f"batch profile {low}/{mid}/{high}", expected="1 <= min <= opt <= max")
+
+
+class PhaseDisplay:
+    """Build phase and elapsed time on stderr (TensorRT's progress covers too little for a percentage)."""
+
+    def __init__(self, stream=None, enabled: bool = True) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.phases: list[tuple[str, float]] = []
+
+    def __call__(self, phase: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        self.phases.append((phase, round(elapsed, 3)))
+        if self.enabled:
+            print(f"[{elapsed:8.1f} s] {phase}", file=self.stream, flush=True)
+
+
+def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
+    import tensorrt as trt
+
+    class Monitor(trt.IProgressMonitor):
+        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven)."""
+
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            if not parent_phase:
+                display(f"TensorRT: {phase_name}")
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return True  # True: keep building
+
+        def phase_finish(self, phase_name: str) -> None:
+            pass
+
+    return Monitor()
+
+
+def parser_errors(parser: tensorrt.OnnxParser, features: TensorRTFeatures) -> list[str]:
+    """One line per parser error, naming the node (index, name, operator where TensorRT says them)."""
+    lines = []
+    for i in range(parser.num_errors):
+        error = parser.get_error(i)
+        node = error.node()
+        where = f"node {node}" if node >= 0 else "graph"
+        if features.parser_error_node_names:
+            name, op = error.node_name(), error.node_operator()
+            if name or op:
+                where += f" ({name or '?'}: {op or '?'})"
+        lines.append(f"{where}: {error.desc()} [{error.code()}]")
+    return lines
+
+
+def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> tuple[onnx.ModelProto, str, dict]:
+    """The ONNX the builder parses: for strongly typed builds, the variant of the asked precision."""
+    from edge.precision import convert_to_fp16, load_onnx, set_precision_metadata, source_precision
+
+    model = load_onnx(model_path)
+    have = source_precision(model)
+    if not strongly_typed:
+        if have != "float32" and not (config.precision in ("int8", "best") and have == "int8"):
+            raise EdgeError(f"{model_path} is a {have} graph; weakly typed builds take the float32 graph",
+                            fix="pass the float32 export (the builder flags set the precision)")
+        return model, have, {"conversion": None}
+    wanted = ONNX_VARIANT[config.precision]
+    if have in wanted:
+        return model, have, {"conversion": None}
+    if have == "float32" and "float16" in wanted:
+        converted, report = convert_to_fp16(model)
+        set_precision_metadata(converted, "float16")
+        return converted, "float16", {"conversion": "fp16 in memory (edge.precision.convert_to_fp16)",
+                                      "fp16": {k: v for k, v in report.as_dict().items() if k != "fp32_nodes"}}
+    if config.precision == "int8":
+        raise EdgeError(f"{model_path} is a {have} graph; a strongly typed int8 build needs the Q/DQ graph",
+                        expected="an ONNX written by `edge quantize --precision int8`",
+                        fix=f"edge quantize {model_path} --precision int8 --data DATA --samples 500 "
+                            f"--out {model_path.with_suffix('.int8.onnx')}, then build that file")
+    raise EdgeError(f"{model_path} is a {have} graph, --precision {config.precision} asked for",
+                    expected=f"a {' or '.join(wanted)} graph", fix="build the float32 export, or pass --precision "
+                    f"{ {'float16': 'fp16', 'int8': 'int8', 'float32': 'fp32'}.get(have, 'fp32') }")
+
+
+def dims_list(dims: tensorrt.Dims) -> list[int]:
+    """A TensorRT ``Dims`` as a list (the bindings index it; the stubs give it no ``__iter__``)."""
+    return [int(dims[i]) for i in range(len(dims))]
+
+
+def _network_flags(strongly_typed: bool) -> int:
+    import tensorrt as trt
+
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
+
+
+def _weak_typing_flags(config: BuildConfig, features: TensorRTFeatures) -> list[str]:
+    wanted = {"fp32": [], "fp16": ["FP16"], "int8": ["INT8"], "best": ["FP16", "INT8"]}[config.precision]
+    missing = [f for f in wanted if not features.has_builder_flag(f)]
+    if missing:
+        raise EdgeError(f"TensorRT {features.version} has no {'/'.join(missing)} builder flag (weak typing was "
+                        "removed in TensorRT 11)", expected="TensorRT 10.x for weakly typed builds",
+                        fix="drop --weakly-typed: strongly typed builds take the precision from the ONNX "
+                            "(edge quantize --precision fp16|int8)")
+    return wanted
+
+
+def _io_shapes(network: tensorrt.INetworkDefinition) -> dict[str, dict]:
+    shapes = {}
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        shapes[tensor.name] = {"io": "input", "shape": dims_list(tensor.shape), "dtype": str(tensor.dtype)}
+    for i in range(network.num_outputs):
+        tensor = network.get_output(i)
+        shapes[tensor.name] = {"io": "output", "shape": dims_list(tensor.shape), "dtype": str(tensor.dtype)}
+    return shapes
+
+
+def _optimisation_profile(builder: tensorrt.Builder, network: tensorrt.INetworkDefinition,
+                          config: BuildConfig) -> tuple[tensorrt.IOptimizationProfile | None, dict]:
+    """A profile for inputs with a dynamic batch: min/opt/max from the config, or the fixed --batch."""
+    import tensorrt as trt
+
+    dynamic = [network.get_input(i) for i in range(network.num_inputs) if -1 in dims_list(network.get_input(i).shape)]
+    if not dynamic:
+        if config.min_batch is not None or config.batch is not None:
+            raise EdgeError("the graph has a static batch; --batch and --min/opt/max-batch need a dynamic one",
+                            fix="re-export with `edge export --dynamic-batch`, or drop the batch options")
+        return None, {"dynamic": False}
+    if config.min_batch is not None:
+        low, mid, high = int(config.min_batch), int(config.opt_batch or 0), int(config.max_batch or 0)
+    else:
+        low = mid = high = config.batch or 1
+    profile = builder.create_optimization_profile()
+    shapes = {}
+    for tensor in dynamic:
+        dims = dims_list(tensor.shape)
+        if -1 in dims[1:]:
+            raise EdgeError(f"input {tensor.name} has dynamic dimensions besides the batch: {dims}",
+                            expected="only the batch dimension dynamic", fix="export with a fixed image size")
+        make = [trt.Dims([b, *dims[1:]]) for b in (low, mid, high)]
+        profile.set_shape(tensor.name, make[0], make[1], make[2])
+        shapes[tensor.name] = {"min": [low, *dims[1:]], "opt": [mid, *dims[1:]], "max": [high, *dims[1:]]}
+    return profile, {"dynamic": True, "profile": shapes}
+
+
+def _load_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> dict:
+    if path is None:
+        return {"path": None}
+    cache_file = Path(path)
+    data = cache_file.read_bytes() if cache_file.is_file() else b""
+    cache = config.create_timing_cache(data)
+    accepted = config.set_timing_cache(cache, ignore_mismatch=False)
+    if data and not accepted:
+        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU",
+                        fix="delete it (a new one is written after this build) or pass another --timing-cache")
+    return {"path": str(cache_file), "loaded_bytes": len(data), "hit": bool(data)}
+
+
+def _save_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> int:
+    if path is None:
+        return 0
+    from edge.export import write_atomic
+
+    data = bytes(config.get_timing_cache().serialize())
+    write_atomic(data, Path(path))
+    return len(data)
+
+
+def _load_plugins(builder: tensorrt.Builder, logger: tensorrt.ILogger, plugins: tuple[str, ...]) -> list[str]:
+    import tensorrt as trt
+
+    trt.init_libnvinfer_plugins(logger, "")
+    loaded = []
+    for path in plugins:
+        if not Path(path).is_file():
+            raise EdgeError(f"plugin library {path} does not exist", expected="a TensorRT plugin .so",
+                            fix="build it (plugins/) or check the path")
+        builder.get_plugin_registry().load_library(str(path))
+        loaded.append(str(path))
+    return loaded
+
+
+def _configure(builder_config: tensorrt.IBuilderConfig, config: BuildConfig, features: TensorRTFeatures,
+               strongly_typed: bool) -> dict:
+    """Apply the knobs; return which were honoured and which this TensorRT does not have."""
+    import tensorrt as trt
+
+    honoured: dict[str, Any] = {}
+    ignored: dict[str, str] = {}
+    if features.memory_pool_limit:
+        builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_mib << 20)
+        honoured["workspace_mib"] = config.workspace_mib
+    else:
+        ignored["workspace_mib"] = "no IBuilderConfig.set_memory_pool_limit"
+    if features.optimization_level:
+        builder_config.builder_optimization_level = config.optimization_level
+        honoured["optimization_level"] = config.optimization_level
+    else:
+        ignored["optimization_level"] = "no builder_optimization_level"
+    if config.tiling_optimization_level is not None:
+        if features.tiling_optimization_level:
+            builder_config.tiling_optimization_level = trt.TilingOptimizationLevel(config.tiling_optimization_level)
+            honoured["tiling_optimization_level"] = config.tiling_optimization_level
+        else:
+            ignored["tiling_optimization_level"] = f"TensorRT {features.version} has no tiling optimisation (10.8+)"
+    builder_config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    honoured["profiling_verbosity"] = "DETAILED"
+    if not strongly_typed:
+        for name in _weak_typing_flags(config, features):
+            builder_config.set_flag(getattr(trt.BuilderFlag, name))
+        honoured["builder_flags"] = _weak_typing_flags(config, features)
+    return {"honoured": honoured, "not_available": ignored}
+
+
+def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: onnx.ModelProto, source: str):
+    if not features.int8_calibrator:
+        raise EdgeError(f"TensorRT {features.version} has no INT8 calibrator (removed in TensorRT 11)",
+                        fix="build strongly typed from a Q/DQ graph: edge quantize MODEL.onnx --precision int8 ...")
+    if not config.calibration_data:
+        raise EdgeError("a weakly typed int8 build calibrates in TensorRT and needs --data",
+                        fix="pass --data fmnist --samples 500, or build strongly typed from `edge quantize` output")
+    from calib.data import calibration_images
+    from calib.legacy import make_entropy_calibrator
+
+    images = calibration_images(model, source, config.calibration_data, config.calibration_samples)
+    return make_entropy_calibrator(images, config.calibration_cache or f"{source}.calib.cache")
+
+
+def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | None = None,
+                 display: Callable[[str], None] | None = None, device: dict | None = None) -> dict:
+    """Build, write the engine, its manifest (``OUT.json``) and layer information (``OUT.layers.json``)."""
+    config = config or BuildConfig()
+    config.check()
+    load_tensorrt()
+    import tensorrt as trt
+
+    from edge import __version__
+    from edge.export import write_atomic
+
+    display = display or PhaseDisplay()
+    model_path, out = Path(model_path), Path(out)
+    features = detect_features(trt)
+    strongly_typed = config.strongly_typed
+    if strongly_typed and not features.strongly_typed:
+        raise EdgeError(f"TensorRT {features.version} cannot build strongly typed networks",
+                        expected="TensorRT >= 8.6 (10.3 on JetPack 6)", fix="upgrade TensorRT, or pass --weakly-typed")
+    started = time.perf_counter()
+    display(f"reading {model_path}")
+    model, variant, conversion = select_onnx(model_path, config, strongly_typed)
+    model_bytes = model.SerializeToString()
+
+    logger = trt.Logger(trt.Logger.VERBOSE if config.verbose else trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    plugins = _load_plugins(builder, logger, config.plugins)
+    network = builder.create_network(_network_flags(strongly_typed))
+    parser = trt.OnnxParser(network, logger)
+    display("parsing ONNX")
+    if not parser.parse(model_bytes, str(model_path)):
+        errors = parser_errors(parser, features)
+        raise EdgeError(f"TensorRT {features.version} cannot parse {model_path} ({len(errors)} errors)",
+                        found="\n    " + "\n    ".join(errors[:20]),
+                        fix="the node named is unsupported or malformed: run `edge clean` on the graph, check the "
+                            "opset (17+), or supply a plugin library with --plugin")
+    builder_config = builder.create_builder_config()
+    knobs = _configure(builder_config, config, features, strongly_typed)
+    profile, shape_info = _optimisation_profile(builder, network, config)
+    if profile is not None:
+        builder_config.add_optimization_profile(profile)
+    if not strongly_typed and config.precision in ("int8", "best") and variant == "float32":
+        # the legacy calibrator: deprecated in 10.1, gone in 11; kept for 10.x users who ask for it
+        builder_config.int8_calibrator = _legacy_calibrator(config, features, model, str(model_path))
+        knobs["honoured"]["int8_calibrator"] = "IInt8EntropyCalibrator2 (legacy)"
+    timing = _load_timing_cache(builder_config, config.timing_cache) if features.timing_cache else {"path": None}
+    if features.progress_monitor and isinstance(display, PhaseDisplay):
+        builder_config.progress_monitor = _progress_monitor(display)
+    display("building the engine (TensorRT tries tactics: minutes on an Orin Nano)")
+    serialized = builder.build_serialized_network(network, builder_config)
+    if serialized is None:
+        raise EdgeError(f"TensorRT could not build an engine from {model_path}", found="see TensorRT's log above",
+                        fix=f"if it ran out of memory, lower --workspace (now {config.workspace_mib} MiB) or close "
+                            "other programs; try --opt-level 2")
+    engine_bytes = bytes(serialized)
+    build_seconds = time.perf_counter() - started
+    timing["saved_bytes"] = _save_timing_cache(builder_config, config.timing_cache) if timing.get("path") else 0
+    display(f"writing {out}")
+    layer_info = _inspect(logger, engine_bytes, features)
+    if device is None:
+        from edge.build.cuda import device_identity
+
+        device = device_identity()
+    write_atomic(engine_bytes, out)
+    write_atomic(json.dumps(layer_info, indent=1).encode(), layers_path(out))
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "edge": __version__,
+        "onnx": {"path": str(model_path), "sha256": sha256_file(model_path), "variant": variant, **conversion},
+        "engine": {"path": str(out), "sha256": sha256_file(out), "bytes": len(engine_bytes)},
+        "runtime": {"tensorrt": features.version, **device},
+        "precision": config.precision,
+        "strongly_typed": strongly_typed,
+        "shapes": {**_io_shapes(network), **shape_info},
+        "knobs": knobs,
+        "config": asdict(config),
+        "timing_cache": timing,
+        "plugins": plugins,
+        "features": features.as_dict(),
+        "build_seconds": round(build_seconds, 2),
+        "phases": getattr(display, "phases", []),
+        "layers": layers_path(out).name,
+    }
+    write_atomic(json.dumps(manifest, indent=2).encode(), manifest_path(out))
+    return manifest
+
+
+def _inspect(logger: tensorrt.ILogger, engine_bytes: bytes, features: TensorRTFeatures) -> Any:
+    """The engine inspector's layer information (JSON), or a note where this TensorRT has none."""
+    import tensorrt as trt
+
+    if not features.engine_inspector:
+        return {"note": f"TensorRT {features.version} has no engine inspector"}
+    runtime = trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(engine_bytes)
+    inspector = engine.create_engine_inspector()
+    text = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"text": text}
+

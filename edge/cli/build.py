@@ -1,0 +1,103 @@
+"""``edge build``: a TensorRT engine from an ONNX graph, with its manifest and layer information."""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, emit
+
+EXAMPLES = """  edge build runs/ref.onnx --out runs/ref.engine                          # fp32, strongly typed
+  edge build runs/ref.onnx --precision fp16 --out runs/ref.fp16.engine   # fp16 variant made in memory
+  edge build runs/ref.int8.onnx --precision int8 --out runs/ref.int8.engine --timing-cache runs/orin.cache
+  edge build runs/ref.dyn.onnx --min-batch 1 --opt-batch 8 --max-batch 32 --out runs/ref.dyn.engine
+  edge build runs/ref.onnx --precision fp16 --weakly-typed --out runs/ref.engine   # TensorRT 10.x only
+  edge build runs/ref.onnx --precision fp16 --out runs/ref.engine --trtexec          # the trtexec equivalent"""
+
+
+def register(subparsers) -> None:
+    from edge.build.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS
+
+    parser = add_command(
+        subparsers, "build", "build a TensorRT engine on this device (writes ENGINE, ENGINE.json, ENGINE.layers.json)",
+        "Strongly typed by default: the precision comes from the ONNX (edge quantize writes the fp16 and\n"
+        "int8 Q/DQ variants; --precision fp16 converts a float32 graph in memory). --weakly-typed uses\n"
+        "TensorRT 10.x builder flags instead (removed in TensorRT 11). The manifest records the ONNX sha256,\n"
+        "TensorRT/CUDA versions, GPU and compute capability, precision, shapes, the knobs honoured and the\n"
+        "build time; `edge profile` refuses an engine built for another TensorRT or GPU.\n"
+        "Needs TensorRT (JetPack on a Jetson; NVIDIA's packages on x86).", EXAMPLES)
+    parser.add_argument("model", help="an ONNX graph (float32, or the fp16/int8 output of edge quantize)")
+    parser.add_argument("--out", required=True, help="the engine file")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--weakly-typed", dest="strongly_typed", action="store_false",
+                        help="TensorRT 10.x builder precision flags instead of a strongly typed network")
+    parser.add_argument("--workspace", type=int, default=DEFAULT_WORKSPACE_MIB, metavar="MIB",
+                        help="workspace memory-pool limit (2 GiB suits an 8 GB Orin Nano)")
+    parser.add_argument("--opt-level", type=int, default=3, help="builder optimisation level 0-5")
+    parser.add_argument("--tiling-level", type=int, help="tiling optimisation level 0-3 (TensorRT 10.8+)")
+    parser.add_argument("--timing-cache", help="timing cache file: loaded when present, saved after the build")
+    parser.add_argument("--plugin", action="append", default=[], help="plugin library (.so) to load (repeatable)")
+    parser.add_argument("--batch", type=int, help="fixed batch for a dynamic-batch graph")
+    parser.add_argument("--min-batch", type=int)
+    parser.add_argument("--opt-batch", type=int)
+    parser.add_argument("--max-batch", type=int)
+    parser.add_argument("--data", help="--weakly-typed int8 only: data for TensorRT's legacy calibrator")
+    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--trtexec", action="store_true",
+                        help="print the equivalent trtexec command (run it and parse its results where trtexec exists)")
+    parser.add_argument("--verbose", action="store_true", help="TensorRT's verbose log")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from edge.build.builder import BuildConfig, PhaseDisplay, build_engine
+
+    config = BuildConfig(precision=args.precision, strongly_typed=args.strongly_typed, workspace_mib=args.workspace,
+                         optimization_level=args.opt_level, tiling_optimization_level=args.tiling_level,
+                         timing_cache=args.timing_cache, plugins=tuple(args.plugin), batch=args.batch,
+                         min_batch=args.min_batch, opt_batch=args.opt_batch, max_batch=args.max_batch,
+                         calibration_data=args.data, calibration_samples=args.samples, verbose=args.verbose)
+    config.check()
+    if args.trtexec:
+        return _trtexec(args, config)
+    manifest = build_engine(args.model, args.out, config, display=PhaseDisplay(sys.stderr))
+    knobs = manifest["knobs"]
+    missing = ", ".join(f"{k} ({why})" for k, why in knobs["not_available"].items())
+    emit(manifest, args.json, f"wrote {args.out} ({manifest['engine']['bytes'] / 1e6:.1f} MB, {args.precision}, "
+                              f"TensorRT {manifest['runtime']['tensorrt']}, {manifest['build_seconds']:.1f} s)\n"
+                              f"manifest {args.out}.json, layers {args.out}.layers.json"
+                              + (f"\nnot available in this TensorRT: {missing}" if missing else ""))
+    return 0
+
+
+def _trtexec(args, config) -> int:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import onnx
+
+    from edge.build.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
+
+    binary = find_trtexec()
+    argv = trtexec_command(args.model, args.out, config, binary or "trtexec")
+    graph = onnx.load(args.model, load_external_data=False)
+    dims = [d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim]
+    argv = shape_arguments(argv, dims)
+    if binary is None:
+        emit({"trtexec": None, "command": argv}, args.json,
+             f"# trtexec not found here (on JetPack: {Path('/usr/src/tensorrt/bin/trtexec')}); the equivalent:\n"
+             f"{as_shell(argv)}")
+        return 0
+    print(f"running: {as_shell(argv)}", file=sys.stderr)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        from edge.errors import EdgeError
+
+        raise EdgeError(f"trtexec failed (exit {done.returncode})", found=done.stdout[-2000:] + done.stderr[-1000:])
+    stem = str(Path(args.out).with_suffix(""))
+    result = trtexec_result(done.stdout, f"{stem}.times.json", f"{stem}.profile.json", precision=args.precision,
+                            batch=args.batch or (dims[0] if dims and dims[0] > 0 else 1))
+    result["command"] = argv
+    latency = result["latency"]
+    emit(result, args.json, f"trtexec: median {latency['median_ms']:.3f} ms, p99 {latency['p99_ms']:.3f} ms")
+    return 0

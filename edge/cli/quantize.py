@@ -1,0 +1,65 @@
+"""``edge quantize``: the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, for strongly typed TensorRT."""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, emit
+
+EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16.onnx
+  edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --out runs/ref.int8.onnx
+  edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --method entropy --out runs/ref.int8.onnx
+  edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json"""
+
+
+def register(subparsers) -> None:
+    parser = add_command(
+        subparsers, "quantize", "convert a float32 ONNX graph to fp16, or to int8 with Q/DQ nodes (for TensorRT)",
+        "fp16: float16 weights and activations; LayerNormalization, Softmax, reductions and the head stay\n"
+        "float32, with Casts only where the precision changes; inputs and outputs stay float32.\n"
+        "int8: ONNX Runtime static quantization configured for TensorRT: symmetric int8 (zero point 0),\n"
+        "per-channel weights, per-tensor activations, Q/DQ on the inputs of MatMul/Gemm/Conv and on\n"
+        "residual (skip) inputs, LayerNorm/Softmax unquantized; calibrated on seeded, class-balanced\n"
+        "training images (ranges cached under ~/.cache/edge/calibration or $EDGE_CACHE_DIR).\n"
+        "The result is checked (onnx.checker, ONNX Runtime on real images) before it is written.", EXAMPLES)
+    parser.add_argument("model", help="a float32 ONNX graph (from edge export / edge clean)")
+    parser.add_argument("--precision", required=True, choices=["fp16", "int8"])
+    parser.add_argument("--out", required=True, help="the output .onnx file")
+    parser.add_argument("--keep-fp32", action="append", default=[], metavar="OP",
+                        help="fp16: also keep this op type in float32 (repeatable)")
+    parser.add_argument("--fp16-head", action="store_true", help="fp16: convert the head too (default: float32)")
+    parser.add_argument("--data", default="fmnist", help="int8: calibration data (fmnist, fmnist-mini, a folder)")
+    parser.add_argument("--samples", type=int, default=500, help="int8: calibration samples (class-balanced)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"],
+                        help="int8: calibration method")
+    parser.add_argument("--percentile", type=float, default=99.999, help="int8 percentile method: share kept")
+    parser.add_argument("--no-residual", dest="residual", action="store_false",
+                        help="int8: leave residual Adds unquantized")
+    parser.add_argument("--exclude", action="append", default=[], metavar="NODE",
+                        help="int8: leave this node unquantized (repeatable)")
+    parser.add_argument("--cache-dir", help="int8: calibration cache folder")
+    parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from calib.qdq import Int8Config
+    from edge.precision import DEFAULT_BLOCK_LIST, Fp16Config, quantize_file
+
+    fp16 = Fp16Config(block_list=(*DEFAULT_BLOCK_LIST, *args.keep_fp32), keep_head_fp32=not args.fp16_head)
+    int8 = Int8Config(data=args.data, samples=args.samples, seed=args.seed, method=args.method,
+                      percentile=args.percentile, quantize_residual=args.residual, exclude_nodes=tuple(args.exclude),
+                      cache_dir=args.cache_dir, use_cache=args.cache)
+    result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8,
+                           progress=lambda message: print(message, file=sys.stderr))
+    check = result["check"]
+    if args.precision == "fp16":
+        detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"
+    else:
+        calibration = result["calibration"]
+        detail = (f"{result['quantize_nodes']} Q / {result['dequantize_nodes']} DQ, {calibration['method']} on "
+                  f"{calibration['samples']} samples" + (" (cached ranges)" if calibration["cache_hit"] else ""))
+    emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
+                            f"top-1 agreement {check['top1_agreement']:.3f}, max abs {check['max_abs']:.2e}")
+    return 0
