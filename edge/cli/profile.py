@@ -16,7 +16,10 @@ def register(subparsers) -> None:
                          "backend, device, precision, batch, threads, hardware) as JSON on stdout with --json.",
                          EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--backend", choices=["ort", "torch"], help="default: ort for .onnx files, else torch")
+    parser.add_argument("--backend", choices=["ort", "torch", "trt"],
+                        help="default: ort for .onnx files, trt for .engine files, else torch")
+    parser.add_argument("--cuda-graph", action="store_true", help="trt: replay the inference as a CUDA graph")
+    parser.add_argument("--layer-runs", type=int, default=20, help="trt: runs with per-layer profiling (0: none)")
     parser.add_argument("--batch", type=int, help="batch (torch; ONNX files keep their exported batch)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed iterations first")
     parser.add_argument("--iterations", type=int, default=200, help="timed iterations (at least)")
@@ -34,9 +37,13 @@ def run(args) -> int:
     from edge.runtime import resolve_device, set_threads
 
     is_onnx = args.model.endswith(".onnx")
-    backend_name = args.backend or ("ort" if is_onnx else "torch")
+    backend_name = args.backend or ("ort" if is_onnx else "trt" if args.model.endswith(".engine") else "torch")
     set_threads(args.threads)
-    if backend_name == "ort":
+    if backend_name == "trt":
+        from edge.profile.tensorrt import TensorRTBackend
+
+        backend = TensorRTBackend(args.model, batch=args.batch, cuda_graph=args.cuda_graph, layer_runs=args.layer_runs)
+    elif backend_name == "ort":
         if not is_onnx:
             raise EdgeError(f"--backend ort needs an ONNX file, got {args.model!r}",
                             fix=f"export it first: edge export {args.model} --out model.onnx")
@@ -52,6 +59,8 @@ def run(args) -> int:
                                device=resolve_device(args.device), threads=args.threads)
     result = profile(backend, ProfileConfig(args.warmup, args.iterations, args.duration))
     result["model"] = args.model
+    if hasattr(backend, "report"):  # TensorRT: GPU-event percentiles, device memory, per-layer times
+        result.update(backend.report(args.warmup))
     print(trtexec_summary(result), file=sys.stderr)
     if args.json:
         emit(result, True, "")
