@@ -1,0 +1,114 @@
+"""trtexec interop: the command edge prints, and parsers of trtexec's real output formats.
+
+Formats from /work/shared/reference/JETSON-TENSORRT.md ("trtexec"): the performance summary as
+TensorRT 10.3-11 print it (timestamp + [I] prefix), --exportTimes and --exportProfile JSON.
+"""
+
+import json
+
+import pytest
+
+from edge.build import BuildConfig
+from edge.build.trtexec import (
+    parse_profile,
+    parse_summary,
+    parse_times,
+    shape_arguments,
+    trtexec_command,
+    trtexec_result,
+)
+from edge.errors import EdgeError
+
+STAT = ("min = {0} ms, max = 5.82495 ms, mean = 4.29966 ms, median = 4.29718 ms, percentile(90%) = 4.30725 ms, "
+        "percentile(95%) = 4.31128 ms, percentile(99%) = 4.32874 ms")
+LOG = "\n".join([
+    "[11/08/2026-10:21:30] [I] Starting inference",
+    "[11/08/2026-10:21:33] [I] ",
+    "[11/08/2026-10:21:33] [I] === Performance summary ===",
+    "[11/08/2026-10:21:33] [I] Throughput: 234.19 qps",
+    f"[11/08/2026-10:21:33] [I] Latency: {STAT.format('4.27838')}",
+    f"[11/08/2026-10:21:33] [I] Enqueue Time: {STAT.format('0.51')}",
+    f"[11/08/2026-10:21:33] [I] H2D Latency: {STAT.format('0.01')}",
+    f"[11/08/2026-10:21:33] [I] GPU Compute Time: {STAT.format('4.2')}",
+    f"[11/08/2026-10:21:33] [I] D2H Latency: {STAT.format('0.02')}",
+    "[11/08/2026-10:21:33] [I] Total Host Walltime: 3.00082 s",
+    "[11/08/2026-10:21:33] [I] Total GPU Compute Time: 2.96536 s",
+    "[11/08/2026-10:21:33] [W] * GPU compute time is unstable, with coefficient of variance = 2.5%.",
+    "[11/08/2026-10:21:33] [I] Explanations of the performance metrics are printed in the verbose logs.",
+    "[11/08/2026-10:21:33] [I] ",
+    "&&&& PASSED TensorRT.trtexec [TensorRT v100300] # trtexec --onnx=m.onnx",
+])
+
+
+def times_records(latencies):
+    out, t = [], 0.0
+    for latency in latencies:
+        out.append({"startEnqMs": t, "endEnqMs": t + 0.5, "startH2dMs": t + 0.5, "endH2dMs": t + 0.6,
+                    "startComputeMs": t + 0.6, "endComputeMs": t + latency - 0.1, "startD2hMs": t + latency - 0.1,
+                    "endD2hMs": t + latency, "h2dMs": 0.1, "computeMs": latency - 0.7, "d2hMs": 0.1,
+                    "latencyMs": latency})
+        t += latency + 1.0
+    return out
+
+
+def test_summary_block_with_timestamps():
+    s = parse_summary(LOG)
+    assert s["throughput_qps"] == 234.19
+    assert s["latency"] == {"min_ms": 4.27838, "max_ms": 5.82495, "mean_ms": 4.29966, "median_ms": 4.29718,
+                            "p90_ms": 4.30725, "p95_ms": 4.31128, "p99_ms": 4.32874}
+    assert s["gpu_compute"]["min_ms"] == 4.2 and s["enqueue"]["min_ms"] == 0.51 and s["d2h"]["min_ms"] == 0.02
+    assert s["host_walltime_s"] == 3.00082 and s["gpu_compute_total_s"] == 2.96536
+    assert s["gpu_compute_cv_warning"] == pytest.approx(0.025)
+
+
+def test_summary_without_timestamps_and_missing_block():
+    bare = "\n".join(line.split("] ", 1)[1] for line in LOG.splitlines()[2:6])
+    assert parse_summary(bare)["latency"]["p99_ms"] == 4.32874
+    with pytest.raises(EdgeError, match="Performance summary"):
+        parse_summary("[I] Engine built in 12 s\n")
+
+
+def test_export_times_into_the_profile_schema(tmp_path):
+    path = tmp_path / "times.json"
+    path.write_text(json.dumps(times_records([4.0, 5.0, 6.0, 7.0])))
+    parsed = parse_times(path)
+    assert parsed["latency"]["iterations"] == 4 and parsed["latency"]["mean_ms"] == pytest.approx(5.5)
+    assert parsed["gpu_compute"]["median_ms"] == pytest.approx(4.8) and parsed["h2d"]["max_ms"] == pytest.approx(0.1)
+    assert parsed["enqueue"]["mean_ms"] == pytest.approx(0.5)
+    with pytest.raises(EdgeError, match="exportTimes"):
+        parse_times([{"name": "x"}])
+
+
+def test_export_profile_rows():
+    rows = parse_profile([{"count": 100},
+                          {"name": "fc1", "timeMs": 10.0, "averageMs": 0.1, "medianMs": 0.1, "percentage": 20.0},
+                          {"name": "attn", "timeMs": 40.0, "averageMs": 0.4, "medianMs": 0.39, "percentage": 80.0}])
+    assert [r["name"] for r in rows] == ["attn", "fc1"]
+    assert rows[0] == {"name": "attn", "time_ms": 40.0, "average_ms": 0.4, "median_ms": 0.39, "percentage": 80.0}
+
+
+def test_result_has_the_edge_profile_keys(tmp_path):
+    result = trtexec_result(LOG, times_records([4.0, 5.0]), [{"count": 1}, {"name": "a", "timeMs": 1.0,
+                            "averageMs": 1.0, "medianMs": 1.0, "percentage": 100.0}], precision="fp16")
+    for key in ("backend", "device", "precision", "batch", "latency", "gpu_latency", "layers"):
+        assert key in result
+    for key in ("min_ms", "mean_ms", "median_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "throughput_qps"):
+        assert key in result["latency"]
+    assert result["latency"]["iterations"] == 2  # exported times win over the summary's rounded figures
+    from_log = trtexec_result(LOG)
+    assert from_log["latency"]["median_ms"] == 4.29718 and from_log["latency"]["throughput_qps"] == 234.19
+
+
+def test_command_matches_the_build_config():
+    strong = trtexec_command("m.onnx", "m.engine", BuildConfig(precision="fp16", workspace_mib=1024,
+                                                               optimization_level=4, timing_cache="t.cache"))
+    assert strong[:3] == ["trtexec", "--onnx=m.onnx", "--saveEngine=m.engine"]
+    assert "--stronglyTyped" in strong and "--fp16" not in strong
+    assert "--memPoolSize=workspace:1024M" in strong and "--builderOptimizationLevel=4" in strong
+    assert "--timingCacheFile=t.cache" in strong and "--useCudaGraph" in strong
+    assert "--exportTimes=m.times.json" in strong and "--exportProfile=m.profile.json" in strong
+    weak = trtexec_command("m.onnx", "m.engine", BuildConfig(precision="int8", strongly_typed=False), benchmark=False)
+    assert "--int8" in weak and "--stronglyTyped" not in weak and "--useCudaGraph" not in weak
+    dynamic = trtexec_command("m.onnx", "m.engine", BuildConfig(min_batch=1, opt_batch=8, max_batch=32))
+    filled = shape_arguments(dynamic, [-1, 1, 28, 28])
+    assert "--minShapes=input:1x1x28x28" in filled and "--maxShapes=input:32x1x28x28" in filled
