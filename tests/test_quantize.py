@@ -1,0 +1,178 @@
+"""edge quantize: fp16 islands and TensorRT-style int8 Q/DQ on the bundled reference model (fmnist-mini).
+
+The full-split accuracy figures (all 10,000 test images, each calibration method) come from
+benchmarks/precision.py; here the structure is checked exactly and accuracy on a subset.
+"""
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from calib.placement import qdq_violations
+from calib.qdq import Int8Config
+from edge.errors import EdgeError
+from edge.precision import Fp16Config, convert_to_fp16, quantize_file
+
+TEST_IMAGES = 300  # the full 10,000: benchmarks/precision.py
+CALIBRATION = 64
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """The reference model exported with a dynamic batch (float32), and its fp16 and int8 variants."""
+    from edge.export import ExportConfig, export
+    from edge.models import create_model, data_config
+
+    folder = tmp_path_factory.mktemp("quantize")
+    model = create_model("fmnist-deit-tiny")
+    fp32 = folder / "ref.onnx"
+    export(model, fp32, source="fmnist-deit-tiny", plan=None, data_config=data_config(model),
+           config=ExportConfig(dynamic_batch=True, verify=False))
+    fp16 = folder / "ref.fp16.onnx"
+    int8 = folder / "ref.int8.onnx"
+    reports = {"fp16": quantize_file(fp32, fp16, "fp16"),
+               "int8": quantize_file(fp32, int8, "int8", int8=Int8Config(
+                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache")))}
+    return {"fp32": fp32, "fp16": fp16, "int8": int8, "reports": reports, "folder": folder}
+
+
+def value_types(model):
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    return types
+
+
+def test_fp16_casts_only_at_island_boundaries(graphs):
+    model = onnx.load(str(graphs["fp16"]))
+    types = value_types(model)
+    FLOAT, HALF = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    producers = {o: n for n in model.graph.node for o in n.output}
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    for node in model.graph.node:
+        if node.op_type in ("LayerNormalization", "Softmax", "Gemm"):  # islands: norms, softmax, the head
+            assert all(types[i] == FLOAT for i in node.input if i), node.name
+        if node.op_type == "MatMul":
+            assert all(types[i] == HALF for i in node.input), node.name
+        if node.op_type == "Cast":
+            assert {types[node.input[0]], types[node.output[0]]} == {FLOAT, HALF}, node.name  # crosses a boundary
+            assert producers.get(node.input[0]) is None or producers[node.input[0]].op_type != "Cast"  # no chains
+    assert types[model.graph.input[0].name] == FLOAT and types[model.graph.output[0].name] == FLOAT
+    # 12 blocks x (norm1, softmax, norm2) in and out + the input + the final island (norm -> head): 74 Casts
+    assert ops["Cast"] == 74 == graphs["reports"]["fp16"]["casts"]
+    weights = {t.name: t.data_type for t in model.graph.initializer}
+    matmul_weights = [n.input[1] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    assert len(matmul_weights) == 48 and all(weights[w] == HALF for w in matmul_weights)  # stored fp16, no Cast
+    assert {p.key: p.value for p in model.metadata_props}["edge.precision"] == "float16"
+
+
+def test_int8_graph_follows_tensorrt_qdq_rules(graphs):
+    model = onnx.load(str(graphs["int8"]))
+    assert qdq_violations(model) == []
+    inits = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    for node in qdq:  # symmetric int8 only
+        zero_point = inits[node.input[2]]
+        assert zero_point.data_type == onnx.TensorProto.INT8 and not np.any(numpy_helper.to_array(zero_point))
+    readers = collections.Counter(r.op_type for r in model.graph.node for i in r.input
+                                  if i in producers and producers[i].op_type == "DequantizeLinear")
+    assert set(readers) == {"MatMul", "Gemm", "Conv", "Add"}
+    for node in model.graph.node:
+        dq_inputs = [i for i in node.input if i in producers and producers[i].op_type == "DequantizeLinear"]
+        if node.op_type in ("MatMul", "Gemm", "Conv"):
+            assert len(dq_inputs) == 2, node.name  # both operands quantized (activation and weight / activation)
+        if node.op_type in ("LayerNormalization", "Softmax"):
+            assert not dq_inputs, node.name
+        if node.op_type == "MatMul" and node.input[1] in producers:
+            dq = producers[node.input[1]]
+            if dq.input[0] in inits:  # a weight: per output channel
+                scale = numpy_helper.to_array(inits[dq.input[1]])
+                assert scale.size == numpy_helper.to_array(inits[dq.input[0]]).shape[1] > 1
+    residual = [n for n in model.graph.node if n.op_type == "Add" and any(
+        i in producers and producers[i].op_type == "DequantizeLinear" for i in n.input)]
+    assert len(residual) == 24  # 2 residual Adds per block, skip input only
+    assert all(sum(i in producers and producers[i].op_type == "DequantizeLinear" for i in n.input) == 1
+               for n in residual)
+    assert graphs["reports"]["int8"]["quantized_nodes"] == {"MatMul": 72, "Gemm": 1, "Conv": 1, "Add": 24}
+
+
+def test_structure_check_catches_a_broken_graph(graphs):
+    model = onnx.load(str(graphs["int8"]))
+    zero_point = next(t for t in model.graph.initializer if t.name.endswith("_zero_point"))
+    zero_point.CopyFrom(numpy_helper.from_array(np.ones_like(numpy_helper.to_array(zero_point)), zero_point.name))
+    ln = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in
+              {t.name for t in model.graph.initializer})
+    ln.input[0] = dq.output[0]
+    problems = qdq_violations(model)
+    assert any("non-zero zero point" in p for p in problems)
+    assert any("read by LayerNormalization" in p for p in problems)
+
+
+def accuracy(path, images, labels, spec):
+    from edge.data import ArrayPreprocess
+    from edge.verify import ort_session
+
+    session = ort_session(str(path), threads=2)
+    x = ArrayPreprocess(spec)(images).numpy()
+    logits = np.concatenate([session.run(None, {"input": x[i:i + 250]})[0] for i in range(0, len(x), 250)])
+    return float((logits.argmax(-1) == labels.numpy()).mean())
+
+
+def test_accuracy_on_fmnist_mini(graphs):
+    from calib.data import input_spec_of
+    from edge.data import load_dataset
+
+    data = load_dataset("fmnist-mini", "test")
+    images, labels = data.images[:TEST_IMAGES], data.labels[:TEST_IMAGES]
+    spec = input_spec_of(onnx.load(str(graphs["fp32"]), load_external_data=False), "ref")
+    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8")}
+    assert acc["fp32"] > 0.8
+    assert abs(acc["fp16"] - acc["fp32"]) <= 1 / TEST_IMAGES + 1e-9  # one image (acceptance: 0.2 pt, full split)
+    assert acc["fp32"] - acc["int8"] <= 6 / TEST_IMAGES + 1e-9       # acceptance: 1.0 pt on the full split
+    assert graphs["reports"]["int8"]["check"]["top1_agreement"] >= 0.95
+
+
+def test_calibration_is_cached_and_deterministic(graphs, tmp_path):
+    config = Int8Config(data="fmnist-mini", samples=CALIBRATION, cache_dir=str(graphs["folder"] / "cache"))
+    report = quantize_file(graphs["fp32"], tmp_path / "again.onnx", "int8", int8=config)
+    assert report["calibration"]["cache_hit"] is True
+    assert (tmp_path / "again.onnx").read_bytes() == graphs["int8"].read_bytes()
+
+
+def test_bad_input_writes_nothing(graphs, tmp_path):
+    out = tmp_path / "out.onnx"
+    with pytest.raises(EdgeError, match="does not exist"):
+        quantize_file(tmp_path / "missing.onnx", out, "fp16")
+    with pytest.raises(EdgeError, match="already int8"):
+        quantize_file(graphs["int8"], out, "int8")
+    with pytest.raises(EdgeError, match="calibration method"):
+        quantize_file(graphs["fp32"], out, "int8", int8=Int8Config(method="kl"))
+    with pytest.raises(EdgeError, match="--precision"):
+        quantize_file(graphs["fp32"], out, "int4")
+    assert not out.exists()
+
+
+def test_fp16_block_list_is_configurable():
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Gelu", ["x"], ["g"], name="gelu", domain=""),
+             helper.make_node("Relu", ["g"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    converted, report = convert_to_fp16(model, Fp16Config(block_list=("Gelu",), keep_head_fp32=False))
+    assert report.fp32_nodes == ["gelu"] and report.casts == 2  # into Relu's fp16 island, and back for the output
+    x = torch.randn(2, 3).numpy()
+    from edge.verify import ort_session
+
+    y = ort_session(converted.SerializeToString()).run(None, {"x": x})[0]
+    assert y.dtype == np.float32 and np.allclose(y, np.maximum(0.5 * x * (1 + np.vectorize(__import__("math").erf)(
+        x / np.sqrt(2))), 0), atol=2e-3)
