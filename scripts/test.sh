@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export EDGE_NO_PROGRESS=1
+bash scripts/mypy.sh  # the TensorRT-facing modules against tensorrt-stubs (mypy.ini; a few seconds)
 exec .venv/bin/python -m pytest "$@"
