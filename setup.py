@@ -36,7 +36,7 @@ setup(
         "device": ["tensorrt>=10.3", "cuda-python>=12.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3"],
         # peers the graph cleaner is compared with (benchmarks/peers.py)
-        "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4"],
+        "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4", "onnxconverter-common>=1.14"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "mypy>=1.10", "tensorrt-stubs", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},
