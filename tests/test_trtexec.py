@@ -112,3 +112,31 @@ def test_command_matches_the_build_config():
     dynamic = trtexec_command("m.onnx", "m.engine", BuildConfig(min_batch=1, opt_batch=8, max_batch=32))
     filled = shape_arguments(dynamic, [-1, 1, 28, 28])
     assert "--minShapes=input:1x1x28x28" in filled and "--maxShapes=input:32x1x28x28" in filled
+
+
+def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph(tmp_path, capsys, monkeypatch):
+    """trtexec --stronglyTyped takes the precision from the file: the fp16 variant is written and named."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge.build import trtexec as trtexec_module
+    from edge.cli import main
+
+    monkeypatch.setattr(trtexec_module, "find_trtexec", lambda: None)  # as on a host without TensorRT
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["pixels", "w"], ["logits"])], "g",
+                              [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])], [w])
+    source = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(source))
+    engine = tmp_path / "m.engine"
+    assert main(["build", str(source), "--precision", "fp16", "--batch", "1", "--trtexec", "--out", str(engine),
+                 "--json"]) == 0
+    argv = json.loads(capsys.readouterr().out)["command"]
+    fp16 = tmp_path / "m.float16.onnx"
+    assert f"--onnx={fp16}" in argv and "--stronglyTyped" in argv
+    assert "--shapes=pixels:1x8" in argv  # the graph's own input name
+    converted = onnx.load(str(fp16))
+    assert TensorProto.FLOAT16 in {t.data_type for t in converted.graph.initializer}
+    assert not engine.exists()

@@ -30,7 +30,7 @@ def find_trtexec() -> str | None:
 
 
 def trtexec_command(onnx_path: str, engine_path: str, config: BuildConfig, binary: str = "trtexec",
-                    benchmark: bool = True) -> list[str]:
+                    benchmark: bool = True, input_name: str = "input") -> list[str]:
     """trtexec's argv for the same build (and a benchmark run with the maintainers' flags)."""
     argv = [binary, f"--onnx={onnx_path}", f"--saveEngine={engine_path}",
             f"--memPoolSize=workspace:{config.workspace_mib}M",
@@ -46,10 +46,11 @@ def trtexec_command(onnx_path: str, engine_path: str, config: BuildConfig, binar
         argv.append(f"--timingCacheFile={config.timing_cache}")
     argv += [f"--staticPlugins={p}" for p in config.plugins]
     if config.min_batch is not None:
-        argv += [f"--minShapes=input:{config.min_batch}x...", f"--optShapes=input:{config.opt_batch}x...",
-                 f"--maxShapes=input:{config.max_batch}x..."]
+        argv += [f"--minShapes={input_name}:{config.min_batch}x...",
+                 f"--optShapes={input_name}:{config.opt_batch}x...",
+                 f"--maxShapes={input_name}:{config.max_batch}x..."]
     elif config.batch is not None:
-        argv.append(f"--shapes=input:{config.batch}x...")
+        argv.append(f"--shapes={input_name}:{config.batch}x...")
     if benchmark:
         stem = str(Path(engine_path).with_suffix(""))
         argv += [*BENCHMARK_FLAGS, f"--exportTimes={stem}.times.json", f"--exportProfile={stem}.profile.json",

@@ -74,14 +74,22 @@ def _trtexec(args, config) -> int:
     import sys
     from pathlib import Path
 
-    import onnx
-
+    from edge.build.builder import select_onnx
     from edge.build.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
+    from edge.export import write_atomic
 
     binary = find_trtexec()
-    argv = trtexec_command(args.model, args.out, config, binary or "trtexec")
-    graph = onnx.load(args.model, load_external_data=False)
-    dims = [d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim]
+    # trtexec --stronglyTyped takes the precision from the ONNX: the variant the builder would parse
+    # (e.g. the fp16 conversion of a float32 export) is written beside the engine and passed instead.
+    graph, variant, conversion = select_onnx(Path(args.model), config, config.strongly_typed)
+    onnx_path = args.model
+    if conversion.get("conversion"):
+        onnx_path = str(Path(args.out).with_suffix(f".{variant}.onnx"))
+        write_atomic(graph.SerializeToString(), Path(onnx_path))
+        print(f"wrote {onnx_path} ({conversion['conversion']}) for trtexec", file=sys.stderr)
+    first = graph.graph.input[0]
+    argv = trtexec_command(onnx_path, args.out, config, binary or "trtexec", input_name=first.name)
+    dims = [d.dim_value for d in first.type.tensor_type.shape.dim]
     argv = shape_arguments(argv, dims)
     if binary is None:
         emit({"trtexec": None, "command": argv}, args.json,
