@@ -64,7 +64,7 @@ class TrainConfig:
     command: list[str] = field(default_factory=list)
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
+def atomic_torch_save(obj, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
@@ -76,7 +76,7 @@ def _atomic_torch_save(obj, path: Path) -> None:
         raise
 
 
-def _atomic_write_text(text: str, path: Path) -> None:
+def atomic_write_text(text: str, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -97,23 +97,50 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
-def _training_set(config: TrainConfig) -> LabeledImages:
-    data = load_dataset(config.data, "train")
+def training_set(spec: str, samples: int | None, seed: int) -> LabeledImages:
+    """The train split of ``spec`` in memory; a seeded class-balanced subset of ``samples`` if given."""
+    data = load_dataset(spec, "train")
     if not isinstance(data, LabeledImages):
         data = data.to_memory()
-    if config.train_samples:
+    if samples:
         from edge.data.sampler import balanced_indices
 
-        data = data.subset(balanced_indices(data.labels, config.train_samples, config.seed, data.num_classes))
+        data = data.subset(balanced_indices(data.labels, samples, seed, data.num_classes))
     return data
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases, norms, tokens and position embeddings (as timm/DeiT)."""
+def training_batch(data: LabeledImages, step: int, batch_size: int, seed: int,
+                   augment: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(epoch, uint8 images, labels)`` of global step ``step``: the seeded epoch order and augmentation."""
+    steps_per_epoch = math.ceil(len(data) / batch_size)
+    epoch, offset = divmod(step, steps_per_epoch)
+    order = epoch_order(len(data), seed, epoch)
+    start = offset * batch_size
+    idx = order[start:start + batch_size]
+    images = data.images[idx]
+    if augment:
+        images = random_shift_flip(images, torch.Generator().manual_seed(seed * 1_000_003 + step))
+    return epoch, images, data.labels[idx]
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Trainable parameters; no weight decay on biases, norms, tokens and position embeddings (as timm/DeiT)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         (no_decay if p.ndim <= 1 or name in ("cls_token", "pos_embed", "reg_token") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def load_checkpoint(path: Path, recipe: dict, defaults: dict) -> dict:
+    """The checkpoint at ``path`` if its recipe equals ``recipe`` (absent keys compare as ``defaults``)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    changed = sorted(k for k in recipe if state["recipe"].get(k, defaults.get(k)) != recipe[k])
+    if changed:
+        raise EdgeError(f"{path} was written by a different recipe (differs in {', '.join(changed)})",
+                        fix="use the same options to resume, another --out, or --no-resume to start over")
+    return state
 
 
 def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
@@ -132,13 +159,13 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     model = create_model(spec, pretrained_weights=False, weights=config.init_weights).to(device)
     input_spec = InputSpec.from_data_config(data_config(model))
     preprocess = ArrayPreprocess(input_spec)
-    train_set = _training_set(config)
+    train_set = training_set(config.data, config.train_samples, config.seed)
     eval_set = load_dataset(config.eval_data or config.data, "test")
 
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     last_step = min(total_steps, config.max_steps or total_steps)
-    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
 
     # What must match for a checkpoint to be continued; max_steps may grow (extend a shortened run).
     recipe = {k: v for k, v in asdict(config).items() if k not in ("command", "checkpoint_every", "threads",
@@ -146,19 +173,15 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
     if resume and checkpoint_path.is_file():
-        state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-        defaults = asdict(TrainConfig())  # fields added in later versions compare as their defaults
-        changed = sorted(k for k in recipe if state["recipe"].get(k, defaults.get(k)) != recipe[k])
-        if changed:
-            raise EdgeError(f"{checkpoint_path} was written by a different recipe (differs in {', '.join(changed)})",
-                            fix="use the same options to resume, another --out, or --no-resume to start over")
+        # fields added in later versions compare as their defaults
+        state = load_checkpoint(checkpoint_path, recipe, asdict(TrainConfig()))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, history, elapsed = int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
         log(f"resuming {checkpoint_path} at step {step}/{last_step}")
 
     def save_checkpoint() -> None:
-        _atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+        atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
 
     log(f"train {config.model} on {train_set.name} ({len(train_set)} images): {last_step} steps "
@@ -167,14 +190,8 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     started = time.perf_counter() - elapsed
     with bar(total=last_step, initial=step, desc="train", unit="step") as progress:
         while step < last_step:
-            epoch, offset = divmod(step, steps_per_epoch)
-            order = epoch_order(len(train_set), config.seed, epoch)
-            start = offset * config.batch_size
-            idx = order[start:start + config.batch_size]
-            images = train_set.images[idx]
-            if config.augment:
-                images = random_shift_flip(images, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
-            x, y = preprocess(images).to(device), train_set.labels[idx].to(device)
+            epoch, images, labels = training_batch(train_set, step, config.batch_size, config.seed, config.augment)
+            x, y = preprocess(images).to(device), labels.to(device)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, total_steps, config)
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
@@ -233,5 +250,5 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
                       "weights": config.save_dtype, "eval": "float32"},
         "edge": __version__,
     }
-    _atomic_write_text(json.dumps(card, indent=2) + "\n", out / "card.json")
+    atomic_write_text(json.dumps(card, indent=2) + "\n", out / "card.json")
     return card
