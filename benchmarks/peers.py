@@ -43,6 +43,7 @@ from edge.export import ExportConfig, export
 from edge.graph import clean_graph
 from edge.models import create_model, data_config
 from edge.profile import OrtBackend, latency_stats
+from edge.profile.contention import CpuContention
 from edge.progress import log
 from edge.runtime import hardware
 from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
@@ -254,9 +255,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started, load_before = time.perf_counter(), os.getloadavg()
     rows = []
-    for case in cases:
-        with tempfile.TemporaryDirectory(prefix="edge-peers-") as tmp:
-            rows.append(measure_case(case, args, Path(tmp)))
+    with CpuContention() as contention:  # other processes' CPU share over the whole run
+        for case in cases:
+            with tempfile.TemporaryDirectory(prefix="edge-peers-") as tmp:
+                rows.append(measure_case(case, args, Path(tmp)))
     record = {
         "models": rows,
         "settings": {"threads": args.threads, "warmup": args.warmup, "rounds": args.rounds,
@@ -266,6 +268,7 @@ def main() -> None:
                      "zero_biases_filled": not args.zero_biases, "latency_measured": not args.no_latency},
         "versions": versions(), "hardware": hardware(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "contention": contention.result(),
         "seconds": round(time.perf_counter() - started, 1),
         "command": "python benchmarks/peers.py" + (f" --models {' '.join(repr(m) for m in args.models)}"
                                                    if args.models else "")
@@ -302,9 +305,13 @@ def markdown(r: dict) -> str:
         "actually runs after its own fusions (ORT_ENABLE_EXTENDED).",
         "",
     ]
-    if r["load_average"]["before"][0] > 0.5 * hw["cpu_count"] and s["latency_measured"]:
-        lines += [f"**Warning: the machine was busy (load average {r['load_average']['before'][0]:.2f} on "
-                  f"{hw['cpu_count']} CPUs); these latencies are not valid figures.**", ""]
+    other = r["contention"]["other_cpu_share"]
+    if other is not None:
+        lines += [f"Other processes used {100 * other:.1f} % of the {hw['cpu_count']} CPUs during the run "
+                  "(/proc/stat busy time minus this process's own CPU time).", ""]
+    if r["contention"]["busy"] and s["latency_measured"]:
+        lines += [f"**Warning: the machine was busy (other processes: {100 * other:.1f} % of the CPUs); these "
+                  "latencies are not valid figures.**", ""]
     if s["zero_biases_filled"]:
         lines += ["timm models have random weights; biases timm initialises to zero were given seeded N(0, 0.02) "
                   "values (pretrained checkpoints have non-zero biases; zero ones would be removed as no-ops).", ""]

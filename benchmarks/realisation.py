@@ -44,6 +44,7 @@ from edge.compress.compressor import costs  # noqa: E402
 from edge.export import ExportConfig, export  # noqa: E402
 from edge.graph.clean import clean_file  # noqa: E402
 from edge.models import create_model, data_config  # noqa: E402
+from edge.profile.contention import CpuContention  # noqa: E402
 from edge.progress import log  # noqa: E402
 from edge.runtime import hardware  # noqa: E402
 
@@ -131,7 +132,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started, load_before = time.perf_counter(), os.getloadavg()
     variants = build_variants(args)
-    with tempfile.TemporaryDirectory(prefix="edge-realisation-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edge-realisation-") as tmp, CpuContention() as contention:
         batches = [measure_batch(variants, b, args, Path(tmp)) for b in args.batches]
     defaults = {a.dest: a.default for a in parser._actions}
     record = {
@@ -144,6 +145,7 @@ def main() -> None:
                      "provider": "CPUExecutionProvider", "flops": "edge.compress.cost.measured_flops, batch 1"},
         "versions": versions(), "hardware": hardware(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "contention": contention.result(),
         "seconds": round(time.perf_counter() - started, 1),
         "command": "python benchmarks/realisation.py" + "".join(
             f" --{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
@@ -168,7 +170,10 @@ def markdown(r: dict) -> str:
         f"{cal['seed']}); every graph exported (opset 17, static batch) and cleaned by `edge clean`'s passes.",
         "",
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} logical CPUs), load average before/after "
-        f"{load['before'][0]:.2f} / {load['after'][0]:.2f}. ONNX Runtime {v['onnxruntime']} (CPU, "
+        f"{load['before'][0]:.2f} / {load['after'][0]:.2f} (its own threads included); other processes used "
+        f"{100 * r['contention']['other_cpu_share']:.1f} % of the CPUs while timing"
+        + (" (**busy: not clean figures**)" if r["contention"]["busy"] else "")
+        + f". ONNX Runtime {v['onnxruntime']} (CPU, "
         f"{s['ort_optimization']}), {s['threads']} intra-op threads, fp32. Latency: {s['warmup']} warm-up calls per "
         f"graph, then {s['rounds']} rounds x {s['iterations_per_round']} timed calls of each graph "
         f"({s['timed_iterations']} per graph), interleaved with the order rotating each round. FLOPs: "

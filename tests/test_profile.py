@@ -70,3 +70,52 @@ def test_profile_cli_ort_and_torch(tmp_path, capsys):
 def test_profile_backend_mismatch_is_explained(tmp_path, capsys):
     assert main(["profile", TINY, "--backend", "ort"]) == 2
     assert "export it first" in capsys.readouterr().err
+
+
+def test_cpu_contention_tells_own_work_from_other_work():
+    """A spinning child process is other work; spinning in this process is our own."""
+    import subprocess
+    import sys
+    import time
+
+    from edge.profile.contention import CpuContention
+
+    with CpuContention() as own:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+    mine = own.result()
+    assert mine["own_cpu_share"] > 0.1 and mine["seconds"] >= 1.0
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 2.5\n"
+                                "while time.monotonic() < end: pass"])
+    try:
+        time.sleep(0.3)
+        with CpuContention() as other:
+            time.sleep(1.5)
+    finally:
+        spinner.wait()
+    theirs = other.result()
+    assert theirs["own_cpu_share"] < 0.05
+    assert theirs["other_cpu_share"] > 0.2 and theirs["busy"] is True  # the child held a core for the whole block
+
+
+def test_profile_records_contention():
+    from edge.profile import ProfileConfig, profile
+
+    class Sleeper:
+        name = "sleeper"
+
+        def describe(self):
+            return {"backend": "sleeper", "device": "cpu", "precision": "none", "batch": 1, "threads": 1}
+
+        def weight_bytes(self):
+            return 0
+
+        def infer(self):
+            pass
+
+        def close(self):
+            pass
+
+    result = profile(Sleeper(), ProfileConfig(warmup=1, iterations=5))
+    assert set(result["contention"]) >= {"other_cpu_share", "own_cpu_share", "busy", "cpus"}

@@ -80,7 +80,7 @@ def variant_entry(run) -> dict:
         "latency": latency["latency"],
         "profile": {k: latency.get(k) for k in ("backend", "device", "precision", "batch", "threads", "onnxruntime",
                                             "warmup", "weight_bytes", "peak_rss_mb", "clock", "model",
-                                            "load_average_1min")},
+                                            "contention")},
         "compression": None if compress is None else {k: compress[k] for k in ("calibration", "fit", "planner",
                                                                                 "seconds")},
         "artifact": f"variants/{run.variant.name}/model" if compress is not None else None,
@@ -151,11 +151,9 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
 def conditions(report: dict) -> list[str]:
     first = report["variants"][0]
     p, hw, rec = first["profile"], report["hardware"], report["recipe"]
-    loads = [v["profile"]["load_average_1min"] for v in report["variants"]
-             if v["profile"].get("load_average_1min") is not None]
-    # The pipeline's own threads (the evaluation just before, then the profile) count in the load
-    # average; other work is what stands above them.
-    busy = bool(loads) and max(loads) - (p.get("threads") or 1) > 0.5 * (hw["cpu_count"] or 1)
+    shares = [v["profile"]["contention"]["other_cpu_share"] for v in report["variants"]
+              if (v["profile"].get("contention") or {}).get("other_cpu_share") is not None]
+    busy = any((v["profile"].get("contention") or {}).get("busy") for v in report["variants"])
     lines = [
         f"Model `{rec['model']}`; data `{report['data']['used']}`"
         + (f" (fallback: {report['data']['fallback_notice']})" if report["data"]["fallback_notice"] else "") + ".",
@@ -164,9 +162,8 @@ def conditions(report: dict) -> list[str]:
         f"Latency: {p['backend']} {report['versions'].get('onnxruntime')} on the {p['device']}, {p['precision']}, "
         f"batch {p['batch']}, {p['threads']} intra-op threads, {p['warmup']['iterations']} warm-up + "
         f"{first['latency']['iterations']} timed iterations of the cleaned static-batch graph; {p['clock']}"
-        + (f"; 1-minute load average while profiling (its own {p['threads']} threads included): "
-           f"{min(loads):.2f} to {max(loads):.2f} on {hw['cpu_count']} CPUs"
-           if loads else "")
+        + (f"; other processes used {100 * min(shares):.1f} to {100 * max(shares):.1f} % of the {hw['cpu_count']} "
+           "CPUs while timing" if shares else "")
         + (" (other work competed for the cores: these latencies are not clean figures)." if busy else "."),
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} CPUs), Python {hw['python']}, torch {hw['torch']}, "
         f"edge {report['edge']}.",

@@ -347,12 +347,11 @@ class VariantRun:
             from edge.profile import OrtBackend, ProfileConfig, profile
 
             backend = OrtBackend(self.folder / graph, threads=recipe.threads, seed=recipe.seed)
-            load = os.getloadavg()[0]  # other work on the machine competes for the cores
             try:
                 result = profile(backend, ProfileConfig(recipe.profile.warmup, recipe.profile.iterations))
             finally:
                 backend.close()
-            return {**result, "model": graph, "load_average_1min": round(max(load, os.getloadavg()[0]), 2)}
+            return {**result, "model": graph}  # result["contention"]: other processes' CPU share while timing
 
         return self._step("profile", inputs, work)
 

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from edge import __version__
 from edge.profile.backends import Backend, OrtBackend, TorchBackend
+from edge.profile.contention import CpuContention
 from edge.profile.stats import latency_stats, trtexec_summary
 from edge.runtime import hardware
 
-__all__ = ["Backend", "OrtBackend", "ProfileConfig", "TorchBackend", "latency_stats", "profile", "trtexec_summary"]
+__all__ = ["Backend", "CpuContention", "OrtBackend", "ProfileConfig", "TorchBackend", "latency_stats", "profile",
+           "trtexec_summary"]
 
 
 @dataclass
@@ -30,10 +32,12 @@ def profile(backend: Backend, config: ProfileConfig | None = None) -> dict:
     warmup_seconds = time.perf_counter() - start
     latencies = []
     started = time.perf_counter()
-    while len(latencies) < config.iterations or (config.duration and time.perf_counter() - started < config.duration):
-        t0 = time.perf_counter()
-        backend.infer()
-        latencies.append((time.perf_counter() - t0) * 1000.0)
+    with CpuContention() as contention:
+        while len(latencies) < config.iterations or (config.duration and
+                                                     time.perf_counter() - started < config.duration):
+            t0 = time.perf_counter()
+            backend.infer()
+            latencies.append((time.perf_counter() - t0) * 1000.0)
     seconds = time.perf_counter() - started
     info = backend.describe()
     return {
@@ -44,6 +48,7 @@ def profile(backend: Backend, config: ProfileConfig | None = None) -> dict:
         "weight_bytes": backend.weight_bytes(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "clock": "time.perf_counter (host, synchronous calls)",
+        "contention": contention.result(),  # other processes' share of the CPUs while timing
         "hardware": hardware(),
         "edge": __version__,
     }

@@ -44,4 +44,13 @@ def trtexec_summary(result: dict) -> str:
         f"Warm-up: {result['warmup']['iterations']} iterations ({result['warmup']['seconds']:.2f} s); "
         f"measured: {s['iterations']} iterations ({result['seconds']:.2f} s)",
         f"Weights: {result['weight_bytes'] / 1e6:.2f} MB | peak RSS: {result['peak_rss_mb']:.0f} MB",
+        *_contention_line(result.get("contention")),
     ])
+
+
+def _contention_line(contention: dict | None) -> list[str]:
+    if not contention or contention.get("other_cpu_share") is None:
+        return []
+    share = contention["other_cpu_share"]
+    verdict = "busy: other work competed, not a clean figure" if contention["busy"] else "quiet"
+    return [f"Other processes: {100 * share:.1f} % of {contention['cpus']} CPUs while timing ({verdict})"]
