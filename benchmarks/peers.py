@@ -211,9 +211,16 @@ def measure_case(case: Case, args, work: Path) -> dict:
                                       iterations=args.iterations)
         for name, stats in latency.items():
             graphs[name]["latency"] = stats
-        best = min(latency[n]["median_ms"] for n in CLEANERS)
+        best_name = min(CLEANERS, key=lambda n: latency[n]["median_ms"])
+        best = latency[best_name]["median_ms"]
+        verdict["best_cleaner"] = best_name
         verdict["latency_vs_best_cleaner"] = latency["edge"]["median_ms"] / best - 1.0
         verdict["latency_within_2pct"] = latency["edge"]["median_ms"] <= 1.02 * best
+        # paired per round: the rounds see the same machine state, so their ratio is less noisy than
+        # the ratio of medians pooled over the whole run
+        ratios = np.array(latency["edge"]["round_medians_ms"]) / np.array(latency[best_name]["round_medians_ms"])
+        verdict["per_round_vs_best"] = {"median": float(np.median(ratios) - 1.0),
+                                        "quartiles": [float(np.quantile(ratios, q) - 1.0) for q in (0.25, 0.75)]}
         log(f"{case.name}: median ms raw/edge/onnxslim/onnxsim = "
             + "/".join(f"{latency[n]['median_ms']:.3f}" for n in ("raw", *CLEANERS)))
     return {"model": case.name, **info, "input_shape": dims, "graphs": graphs, "verdict": verdict,
@@ -325,15 +332,23 @@ def markdown(r: dict) -> str:
                       else "not measured | | ")
             lines.append(f"| {m['model'] if name == 'raw' else ''} | {name} | {g['nodes']} ({g['constant_nodes']}) | "
                          f"{sum(g['ort_ops'].values())} | {g['max_abs_vs_raw']:.1e} | {g['checker']} | {timing} |")
-    lines += ["", "## Verdict", "", "| model | edge nodes <= onnxslim | <= best peer | edge median vs best cleaner |",
-              "|---|---|---|---|"]
+    lines += ["", "## Verdict", "",
+              "`edge median vs best cleaner`: edge's median over all timed calls against the fastest of the "
+              "three cleaners' medians. `per round`: the same ratio from each round's medians (the rounds are "
+              "interleaved, so each pair saw the same machine state): median and quartiles over rounds.", "",
+              "| model | edge nodes <= onnxslim | <= best peer | fastest cleaner | edge median vs best cleaner | "
+              "per round: median [quartiles] |", "|---|---|---|---|---|---|"]
     for m in r["models"]:
         d = m["verdict"]
         timing = (f"{100 * d['latency_vs_best_cleaner']:+.1f} % "
                   f"({'within' if d['latency_within_2pct'] else '**outside**'} 2 %)"
                   if "latency_vs_best_cleaner" in d else "not measured")
+        paired = d.get("per_round_vs_best")
+        per_round = (f"{100 * paired['median']:+.1f} % [{100 * paired['quartiles'][0]:+.1f}, "
+                     f"{100 * paired['quartiles'][1]:+.1f}]" if paired else "")
         lines.append(f"| {m['model']} | {'yes' if d['nodes_le_onnxslim'] else '**no**'} | "
-                     f"{'yes' if d['nodes_le_best_peer'] else '**no**'} | {timing} |")
+                     f"{'yes' if d['nodes_le_best_peer'] else '**no**'} | {d.get('best_cleaner', '')} | {timing} | "
+                     f"{per_round} |")
     lines += ["", "## Op types where the graphs differ (raw/edge/onnxslim/onnxsim)", ""]
     for m in r["models"]:
         for key, label in (("ops", "as written"), ("ort_ops", "as ONNX Runtime runs them")):
