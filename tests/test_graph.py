@@ -15,6 +15,7 @@ from edge.graph.passes import (
     fold_constants,
     fold_linear_chains,
     fold_scalar_scales,
+    linear_to_gemm,
     merge_reshapes,
     remove_noops,
 )
@@ -176,6 +177,103 @@ def test_erf_gelu_is_left_for_the_runtime_to_fuse(tmp_path, half_first):
     assert [n.op_type for n in onnx.load(str(tmp_path / "ort.onnx")).graph.node].count("Gelu") == 1
 
 
+def _linear_layer(before, after, bias=True, shape=(2, 12), scale=None):
+    """x -> Reshape to (2, 3, 4) | Relu -> MatMul(W 4x6) [-> Add b] [-> Mul scale] -> Reshape to (2, 3, 2, 3) | Relu."""
+    rng = np.random.default_rng(1)
+    inits = {"w": rng.standard_normal((4, 6)).astype(np.float32), "b": rng.standard_normal(6).astype(np.float32),
+             "s": np.array([2, 3, 4], np.int64), "t": np.array([2, 3, 2, 3], np.int64)}
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["a"]) if before == "Reshape" else
+             helper.make_node("Relu", ["x"], ["a"]), helper.make_node("MatMul", ["a", "w"], ["m"])]
+    last = "m"
+    if bias:
+        nodes.append(helper.make_node("Add", ["b", "m"], ["m_b"]))
+        last = "m_b"
+    if scale is not None:
+        inits["gamma"] = scale
+        nodes.append(helper.make_node("Mul", [last, "gamma"], ["m_s"]))
+        last = "m_s"
+    nodes.append(helper.make_node("Reshape", [last, "t"], ["y"]) if after == "Reshape" else
+                 helper.make_node("Relu", [last], ["y"]))
+    return make_model(nodes, inits, shape=shape, out_shape=(2, 3, 2, 3) if after == "Reshape" else (2, 3, 6))
+
+
+def _clean_and_compare(model, passes):
+    x = np.random.default_rng(2).standard_normal([d.dim_value or 2 for d in
+                                                  model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    cleaned, report = clean_graph(model, passes=passes)
+    onnx.checker.check_model(cleaned, full_check=True)
+    np.testing.assert_allclose(run_ort(ort_session(cleaned.SerializeToString()), x),
+                               run_ort(ort_session(model.SerializeToString()), x), rtol=1e-5, atol=1e-5)
+    assert report.nodes_after <= report.nodes_before
+    return [n.op_type for n in cleaned.graph.node], report
+
+
+@pytest.mark.parametrize("before,after,expect", [
+    ("Reshape", "Reshape", ["Reshape", "Gemm", "Reshape"]),  # both new Reshapes merge: 4 nodes -> 3
+    ("Relu", "Reshape", ["Relu", "Reshape", "Gemm", "Reshape"]),  # qkv projection: 4 -> 4
+    ("Reshape", "Relu", ["Reshape", "Gemm", "Reshape", "Relu"])])  # output projection: 4 -> 4
+def test_linear_layer_next_to_a_reshape_becomes_gemm(before, after, expect):
+    model = _linear_layer(before, after, shape=(2, 12) if before == "Reshape" else (2, 3, 4))
+    ops, _ = _clean_and_compare(model, (linear_to_gemm, merge_reshapes))
+    assert ops == expect
+
+
+def test_mlp_runs_on_rows_between_one_pair_of_reshapes():
+    """fc1 -> erf GELU -> fc2 on [2, 3, 4]: Reshape -> Gemm -> GELU -> Gemm -> Reshape (2 Adds pay for 2 Reshapes)."""
+    rng = np.random.default_rng(5)
+    inits = {"w1": rng.standard_normal((4, 8)).astype(np.float32), "b1": rng.standard_normal(8).astype(np.float32),
+             "w2": rng.standard_normal((8, 4)).astype(np.float32), "b2": rng.standard_normal(4).astype(np.float32),
+             "sqrt2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32)}
+    gelu = ["Div", "Erf", "Add", "Mul", "Mul"]
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]),
+                        helper.make_node("MatMul", ["r", "w1"], ["m"]), helper.make_node("Add", ["m", "b1"], ["h"]),
+                        helper.make_node("Div", ["h", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                        helper.make_node("Add", ["e", "one"], ["f"]), helper.make_node("Mul", ["h", "f"], ["g0"]),
+                        helper.make_node("Mul", ["g0", "half"], ["g"]),
+                        helper.make_node("MatMul", ["g", "w2"], ["n"]), helper.make_node("Add", ["n", "b2"], ["o"]),
+                        helper.make_node("Relu", ["o"], ["y"])], inits)
+    ops, report = _clean_and_compare(model, DEFAULT_PASSES)
+    assert ops == ["Relu", "Reshape", "Gemm", *gelu, "Gemm", "Reshape", "Relu"]
+    assert report.nodes_after == report.nodes_before
+
+
+@pytest.mark.parametrize("case", ["no reshape", "no bias, one reshape", "dynamic batch", "scale after"])
+def test_linear_layers_left_alone(case):
+    if case == "no reshape":  # the runtime fuses MatMul + Add itself
+        model = _linear_layer("Relu", "Relu", shape=(2, 3, 4))
+    elif case == "no bias, one reshape":  # Reshape -> Gemm -> Reshape would be one node more
+        model = _linear_layer("Relu", "Reshape", bias=False, shape=(2, 3, 4))
+    elif case == "dynamic batch":
+        model = _linear_layer("Relu", "Reshape", shape=("batch", 3, 4))
+    else:  # a constant scale next to the layer belongs to fold-channel-scales first
+        model = _linear_layer("Reshape", "Reshape", scale=np.full(6, 0.5, np.float32))
+    ops, report = _clean_and_compare(model, (linear_to_gemm, merge_reshapes))
+    assert "Gemm" not in ops and report.nodes_after == report.nodes_before
+    assert report.passes["linear-to-gemm"].changes == 0
+
+
+@pytest.mark.parametrize("case", ["layer scale", "linear chain"])
+def test_linear_to_gemm_waits_for_the_folding_passes(case):
+    """With all passes, whatever the order: fold the scale / chain into one linear map first, then Gemm."""
+    if case == "layer scale":
+        scale = np.random.default_rng(4).uniform(0.5, 2.0, 6).astype(np.float32)
+        model = _linear_layer("Reshape", "Reshape", scale=scale)
+    else:
+        rng = np.random.default_rng(3)
+        inits = {"w1": rng.standard_normal((4, 5)).astype(np.float32), "b1": rng.standard_normal(5).astype(np.float32),
+                 "w2": rng.standard_normal((5, 6)).astype(np.float32), "b2": rng.standard_normal(6).astype(np.float32),
+                 "s": np.array([2, 3, 4], np.int64), "t": np.array([2, 3, 2, 3], np.int64)}
+        model = make_model([helper.make_node("Reshape", ["x", "s"], ["a"]),
+                            helper.make_node("MatMul", ["a", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["i"]),
+                            helper.make_node("MatMul", ["i", "w2"], ["j"]), helper.make_node("Add", ["j", "b2"], ["k"]),
+                            helper.make_node("Reshape", ["k", "t"], ["y"])],
+                           inits, shape=(2, 12), out_shape=(2, 3, 2, 3))
+    for passes in (DEFAULT_PASSES, DEFAULT_PASSES[::-1]):
+        ops, _ = _clean_and_compare(model, passes)
+        assert ops == ["Reshape", "Gemm", "Reshape"]
+
+
 class CorruptingPass:
     """A deliberately wrong pass: it negates every MatMul weight (the manager must catch it)."""
 
@@ -248,7 +346,8 @@ def test_each_approximated_span_is_one_matmul(tmp_path, reference_weights, plan,
                  "--data", "fmnist-mini", "--samples", "100", "--out", str(art)]) == 0
     _, clean = _export_clean(tmp_path, str(art))
     ops = collections.Counter(n.op_type for n in clean.graph.node)
-    assert ops["MatMul"] == matmuls  # 6 per kept block + 1 per span (adjacent spans fold into one)
+    # linear maps (MatMul or Gemm): 6 per kept block + 1 per span (adjacent spans fold into one) + the head
+    assert ops["MatMul"] + ops["Gemm"] == matmuls + 1
 
 
 def test_clean_rejects_bad_input(tmp_path, capsys):

@@ -10,11 +10,11 @@ EXAMPLES = """  edge clean runs/ref.onnx --out runs/ref.clean.onnx
 
 def register(subparsers) -> None:
     parser = add_command(subparsers, "clean", "clean an ONNX graph with onnx-graphsurgeon passes, then verify it",
-                         "Passes (one per file): fold-constants, remove-noops, cancel-transposes, merge-reshapes,\n"
-                         "fold-linear-chains, fold-scalar-scales, fold-channel-scales; run to a fixed point, each\n"
-                         "change checked in ONNX Runtime against the input graph. The output is written only if\n"
-                         "onnx.checker passes and its outputs match the input graph (max abs <= 1e-4,\n"
-                         "relative L2 <= 1e-5).", EXAMPLES)
+                         "Passes (one per file): fold-constants, remove-noops, cancel-transposes, linear-to-gemm,\n"
+                         "merge-reshapes, fold-linear-chains, fold-scalar-scales, fold-channel-scales; run to a\n"
+                         "fixed point, each change checked in ONNX Runtime against the input graph. The output\n"
+                         "is written only if onnx.checker passes and its outputs match the input graph\n"
+                         "(max abs <= 1e-4, relative L2 <= 1e-5).", EXAMPLES)
     parser.add_argument("model", help="an ONNX file (e.g. from edge export)")
     parser.add_argument("--out", required=True, help="the cleaned ONNX file")
     parser.add_argument("--skip-pass", action="append", default=[], help="leave out a pass (repeatable)")

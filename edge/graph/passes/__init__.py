@@ -6,11 +6,13 @@ from edge.graph.passes import (
     fold_constants,
     fold_linear_chains,
     fold_scalar_scales,
+    linear_to_gemm,
     merge_reshapes,
     remove_noops,
 )
 
-DEFAULT_PASSES = (fold_constants, remove_noops, cancel_transposes, merge_reshapes, fold_linear_chains,
-                  fold_scalar_scales, fold_channel_scales)
+# linear-to-gemm writes Reshapes that merge-reshapes, next, folds into their neighbours.
+DEFAULT_PASSES = (fold_constants, remove_noops, cancel_transposes, linear_to_gemm, merge_reshapes,
+                  fold_linear_chains, fold_scalar_scales, fold_channel_scales)
 
 __all__ = ["DEFAULT_PASSES"]
