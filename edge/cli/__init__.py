@@ -8,10 +8,11 @@ import sys
 from edge import __version__
 from edge.cli import analyze, build, clean, compress, export, info, models, pipeline, profile, quantize, train, verify
 from edge.cli import eval as eval_cmd
+from edge.cli import finetune as finetune_cmd
 from edge.errors import EdgeError
 
-COMMANDS = (info, models, train, eval_cmd, analyze, compress, export, clean, verify, quantize, build, profile,
-            pipeline)
+COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, export, clean, verify, quantize, build,
+            profile, pipeline)
 
 
 def build_parser() -> argparse.ArgumentParser:

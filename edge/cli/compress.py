@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
 
 EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's output (no training)
@@ -17,7 +19,10 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
 
   # attention of the 6 blocks with the most input-invariant maps -> 3x3 depthwise conv over V
   edge compress fmnist-deit-tiny --plan dwconv:auto=6:init=lsq:k=3 --out runs/dw6
-  edge compress fmnist-deit-tiny --plan "linear:9-10,dwconv:blocks=2+5+7:variant=ensembled" --out runs/mixed"""
+  edge compress fmnist-deit-tiny --plan "linear:9-10,dwconv:blocks=2+5+7:variant=ensembled" --out runs/mixed
+
+  # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
+  edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-ft"""
 
 PLAN_HELP = ("steps METHOD:S-E[:key=value] separated by commas; S-E replaces blocks S+1..E (S=-1: from the "
              "embedding). Methods: identity, linear, affine, skip, mlp, resmlp; auto-linear:K, auto-affine:K. "
@@ -38,6 +43,11 @@ def register(subparsers) -> None:
     add_calibration_options(parser)
     parser.add_argument("--holdout", type=float, default=0.2, help="share of samples the planner scores on")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
+    parser.add_argument("--finetune-epochs", type=int, default=0,
+                        help="then distil the source model into the compressed one for N epochs of --data "
+                             "(`edge finetune`'s default recipe; resumable)")
+    parser.add_argument("--finetune-train", choices=["all", "replaced"], default="all",
+                        help="which parameters the fine-tune trains")
     parser.set_defaults(run=run)
 
 
@@ -51,9 +61,26 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    import sys
+def _finetune(model, manifest: dict, args) -> dict:
+    """Save the training-free artifact beside --out (temporarily), distil into --out; the tuned manifest."""
+    import tempfile
+    from pathlib import Path
 
+    from edge.compress import save_artifact
+    from edge.compress.artifact import read_manifest
+    from edge.compress.finetune import FinetuneConfig, finetune
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = FinetuneConfig(data=args.data, epochs=args.finetune_epochs, train=args.finetune_train, seed=args.seed,
+                            threads=args.threads, command=["edge", *sys.argv[1:]])
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.untuned.", dir=out.parent) as tmp:
+        finetune(save_artifact(model, Path(tmp) / "artifact", manifest), out, config,
+                 student_name=f"{args.model} --plan {args.plan} (training-free, not kept)")
+    return read_manifest(out)
+
+
+def run(args) -> int:
     from edge.compress import CompressConfig, compress, save_artifact
     from edge.models import create_model
     from edge.runtime import set_threads
@@ -66,11 +93,18 @@ def run(args) -> int:
     model, manifest = compress(model, source, config)
     if manifest["planner"]:
         print(_table(manifest["planner"]), file=sys.stderr)
-    save_artifact(model, args.out, manifest)
+    if args.finetune_epochs:
+        manifest = _finetune(model, manifest, args)
+    else:
+        save_artifact(model, args.out, manifest)
     b, a = manifest["before"], manifest["after"]
     human = (f"plan {manifest['plan']}\nparams {b['params']:,} -> {a['params']:,} "
              f"({100 * (1 - a['params'] / b['params']):.1f}% fewer)\n"
              f"FLOPs  {b['flops']:,} -> {a['flops']:,} ({100 * (1 - a['flops'] / b['flops']):.1f}% fewer)\n"
              f"wrote {args.out}")
+    if manifest.get("finetune"):
+        tuned = manifest["finetune"][-1]
+        human += (f"\nfine-tuned {tuned['steps']} steps: {tuned['eval']['data']} accuracy "
+                  f"{tuned['eval_before']['accuracy']:.4f} -> {tuned['eval']['accuracy']:.4f}")
     emit({**manifest, "out": args.out}, args.json, human)
     return 0

@@ -51,10 +51,13 @@ def span_records(model: nn.Module) -> list[dict]:
     return records
 
 
-def save_artifact(model: nn.Module, out: str | Path, manifest: dict) -> Path:
-    """Write ``out/`` atomically: manifest (plus the span structure) and the full state dict."""
+def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple[str, ...] = ()) -> Path:
+    """Write ``out/`` atomically: manifest (plus the span structure) and the full state dict.
+
+    Files of an existing ``out/`` named in ``keep`` (a fine-tuning checkpoint) move into the new folder.
+    """
     out = Path(out)
-    if out.exists() and not is_artifact(out) and any(out.iterdir()):
+    if out.exists() and not is_artifact(out) and any(p.name not in keep for p in out.iterdir()):
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -67,6 +70,9 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict) -> Path:
                          metadata={"format": FORMAT})
         (tmp / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
         os.chmod(tmp, 0o755)
+        for name in keep:
+            if (out / name).is_file():
+                os.replace(out / name, tmp / name)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -1,0 +1,94 @@
+"""``edge finetune``: distil the source model into a compressed artifact (KL on logits, AdamW, resumable)."""
+
+from __future__ import annotations
+
+import sys
+
+from edge.cli.common import add_command, emit
+
+EXAMPLES = """  # one epoch of distillation from fmnist-deit-tiny into its 6-block dwconv compression
+  edge compress fmnist-deit-tiny --plan dwconv:auto=6:init=lsq --out runs/dw6
+  edge finetune runs/dw6 --data fmnist --epochs 1 --out runs/dw6-ft
+
+  # only the replaced modules train; hard labels mixed in; a feature loss on the pre-logits
+  edge finetune runs/dw6 --train replaced --alpha 0.2 --feature-weight 1.0 --out runs/dw6-ft-replaced
+
+  # a shortened run of the same schedule; run the same command again to continue it
+  edge finetune runs/dw6 --epochs 1 --max-steps 100 --out runs/dw6-ft
+  edge finetune runs/dw6 --epochs 1 --out runs/dw6-ft"""
+
+
+def add_finetune_options(parser) -> None:
+    """The recipe options beyond data, epochs and seed."""
+    from edge.compress.finetune import TRAINABLE, FinetuneConfig
+
+    d = FinetuneConfig()
+    parser.add_argument("--steps", type=int, help="schedule length in steps (default: epochs x steps per epoch)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps of the schedule")
+    parser.add_argument("--train-samples", type=int, help="distil on a seeded class-balanced subset")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    parser.add_argument("--min-lr", type=float, default=d.min_lr, help="end of the cosine decay")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="softmax temperature T")
+    parser.add_argument("--alpha", type=float, default=d.alpha, help="weight of the hard-label cross-entropy")
+    parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
+                        help="weight of the MSE between the pre-logit features of student and teacher")
+    parser.add_argument("--train", choices=TRAINABLE, default=d.train,
+                        help="which parameters learn: all, or only the modules the compression put in")
+    parser.add_argument("--no-augment", dest="augment", action="store_false",
+                        help="turn off shift/flip")
+    parser.add_argument("--eval-samples", type=int, help="held-out images (seeded, class-balanced subset of "
+                                                           "the test split; default: all)")
+    parser.add_argument("--teacher", help="model to distil from (default: the artifact's source model)")
+    parser.add_argument("--teacher-weights", help="weights of the teacher (default: the artifact's source weights)")
+    parser.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default=d.amp,
+                        help="mixed precision; auto = bf16 where the CPU/GPU runs it natively")
+    parser.add_argument("--device", default=d.device, help="auto, cpu or cuda[:N]")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps")
+
+
+def finetune_config(args, **fixed):
+    """A :class:`FinetuneConfig` from the parsed options that name its fields (plus ``fixed``)."""
+    from dataclasses import fields
+
+    from edge.compress.finetune import FinetuneConfig
+
+    values = {f.name: getattr(args, f.name) for f in fields(FinetuneConfig) if hasattr(args, f.name)}
+    return FinetuneConfig(**{**values, **fixed})
+
+
+def register(subparsers) -> None:
+    from edge.compress.finetune import FinetuneConfig
+
+    d = FinetuneConfig()
+    parser = add_command(subparsers, "finetune", "fine-tune a compressed model by distillation from its source model",
+                         "KL divergence between the softened logits of the source model (the teacher) and the\n"
+                         "compressed model, optionally mixed with hard-label cross-entropy and a feature MSE;\n"
+                         "AdamW, warm-up then cosine decay; GPU if present. OUT is an artifact like ARTIFACT\n"
+                         "whose edge-model.json records the recipe, the teacher and the held-out accuracy\n"
+                         "before and after; OUT/checkpoint.pt lets the same command continue a stopped run.",
+                         EXAMPLES)
+    parser.add_argument("artifact", help="a folder written by `edge compress`")
+    parser.add_argument("--out", required=True, help="output folder (an artifact, written atomically)")
+    parser.add_argument("--data", default=d.data, help="fmnist, fmnist-mini, or a folder (its train split)")
+    parser.add_argument("--eval-data", help="data set whose test split is held out (default: --data)")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    add_finetune_options(parser)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from edge.compress.finetune import finetune
+
+    config = finetune_config(args, command=["edge", *sys.argv[1:]])
+    record = finetune(args.artifact, args.out, config, resume=args.resume)
+    before, after = record["eval_before"], record["eval"]
+    emit({**record, "out": args.out}, args.json,
+         f"{after['data']} accuracy {before['accuracy']:.4f} -> {after['accuracy']:.4f} after {record['steps']} "
+         f"steps ({record['epochs']:g} epochs, {record['wall_time_s'] / 60:.1f} min)\nwrote {args.out}")
+    return 0

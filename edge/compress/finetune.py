@@ -1,0 +1,360 @@
+"""Fine-tune a compressed model by knowledge distillation from the model it was compressed from.
+
+The teacher is the artifact's source model (its manifest names the model, weights and input
+size; the bundled reference model rebuilds from its name). Each step feeds the same seeded,
+augmented batch to both models and minimises (Hinton et al.)
+
+    L = (1 - alpha) * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
+        + alpha * CE(z_s, y) + beta * MSE(f_s, f_t)
+
+with ``z`` the logits, ``f`` the pre-logit features (after pooling and ``fc_norm``), AdamW,
+linear warm-up then cosine decay (the schedule of ``edge train``). ``train=all`` trains every
+parameter of the student; ``train=replaced`` only the modules the compression put in
+(``DepthwiseAttention``, ``ApproximatedSpan``). Measured on a tiny run (tests' 2-block ViT,
+dwconv:blocks=0+1, 40 steps): see :data:`TRAINABLE`.
+
+Determinism and resuming follow ``edge train``: epoch ``e`` visits the training set in the
+order ``randperm(N, seed=(seed, e))``, step ``s`` draws its augmentation from ``(seed, s)``,
+and ``OUT/checkpoint.pt`` (model, optimizer, step, recipe) is continued by the same command;
+a checkpoint of another recipe, student or teacher is refused. The result is an artifact like
+the one it started from (same plan and modules, restorable by :func:`load_artifact`), whose
+manifest gains a ``finetune`` record: recipe, teacher, held-out accuracy before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge import __version__
+from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
+from edge.compress.block_approx import ApproximatedSpan
+from edge.compress.dwconv import DepthwiseAttention
+from edge.data import load_dataset
+from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.sampler import balanced_indices
+from edge.errors import EdgeError
+from edge.evaluate import evaluate
+from edge.models import create_model, data_config, parse_model_spec
+from edge.progress import bar, log
+from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
+from edge.train import (
+    atomic_torch_save,
+    learning_rate,
+    load_checkpoint,
+    param_groups,
+    training_batch,
+    training_set,
+)
+
+CHECKPOINT = "checkpoint.pt"
+TRAINABLE = ("all", "replaced")
+REPLACED_TYPES = (DepthwiseAttention, ApproximatedSpan)
+# Not part of the recipe a checkpoint must match: where/how fast it runs, when it saves, where it stops.
+RUN_ONLY = ("command", "checkpoint_every", "threads", "device", "eval_every_epoch", "max_steps")
+
+
+@dataclass
+class FinetuneConfig:
+    """The distillation recipe. ``None`` fields mean "default", resolved in :func:`finetune`."""
+
+    data: str = "fmnist"
+    epochs: int = 1
+    steps: int | None = None              # schedule length in steps (default: epochs x steps per epoch)
+    max_steps: int | None = None          # stop early (a shortened run of the same schedule)
+    train_samples: int | None = None      # train on a seeded class-balanced subset
+    batch_size: int = 128
+    lr: float = 1e-4
+    min_lr: float = 1e-6
+    weight_decay: float = 0.05
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    temperature: float = 2.0
+    alpha: float = 0.0                    # weight of the hard-label cross-entropy (1 - alpha on the KL)
+    feature_weight: float = 0.0           # weight of the MSE between pre-logit features
+    train: str = "all"                    # all | replaced
+    augment: bool = True                  # random shift of up to 2 px and horizontal flip (both models)
+    seed: int = 0
+    eval_data: str | None = None          # held-out set: the test split of this (default: ``data``)
+    eval_samples: int | None = None       # seeded class-balanced subset of it (default: all)
+    eval_every_epoch: bool = True
+    teacher: str | None = None            # default: the artifact's source model
+    teacher_weights: str | None = None
+    amp: str = "auto"                     # auto | bf16 | fp16 | off
+    device: str = "auto"                  # auto | cpu | cuda[:N]
+    threads: int | None = None
+    checkpoint_every: int = 100
+    command: list[str] = field(default_factory=list)
+
+
+def check_config(config: FinetuneConfig) -> None:
+    """Refuse option values outside their range before anything is loaded or written."""
+    problems = [
+        (config.train not in TRAINABLE, "train", config.train, f"one of {', '.join(TRAINABLE)}"),
+        (config.temperature <= 0, "temperature", config.temperature, "> 0"),
+        (not 0 <= config.alpha <= 1, "alpha", config.alpha, "between 0 and 1"),
+        (config.feature_weight < 0, "feature-weight", config.feature_weight, ">= 0"),
+        (config.epochs < 1, "epochs", config.epochs, ">= 1"),
+        (config.steps is not None and config.steps < 1, "steps", config.steps, ">= 1"),
+        (config.max_steps is not None and config.max_steps < 0, "max-steps", config.max_steps, ">= 0"),
+        (config.batch_size < 1, "batch-size", config.batch_size, ">= 1"),
+        (config.lr <= 0, "lr", config.lr, "> 0"),
+        (config.amp not in ("auto", "bf16", "fp16", "off"), "amp", config.amp, "auto, bf16, fp16 or off"),
+        (config.checkpoint_every < 1, "checkpoint-every", config.checkpoint_every, ">= 1"),
+    ]
+    for bad, name, value, expected in problems:
+        if bad:
+            raise EdgeError(f"--{name} {value} is not a valid fine-tuning option", expected=expected,
+                            fix=f"pass --{name} with a value {expected}")
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                      labels: torch.Tensor | None = None, *, temperature: float = 1.0, alpha: float = 0.0,
+                      student_features: torch.Tensor | None = None, teacher_features: torch.Tensor | None = None,
+                      feature_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of the module docstring, in float32; returns ``(loss, parts)`` with ``parts["kl"]`` etc.
+
+    The KL is ``sum p_t (log p_t - log p_s)`` per sample, averaged over the batch and scaled by
+    ``T^2`` (so its gradient keeps its size across temperatures); it is exactly 0 where the
+    two models give the same logits.
+    """
+    t = float(temperature)
+    log_student = F.log_softmax(student_logits.float() / t, dim=-1)
+    log_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    kl = F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * (t * t)
+    parts = {"kl": kl.detach()}
+    loss = (1.0 - alpha) * kl
+    if alpha:
+        ce = F.cross_entropy(student_logits.float(), labels)
+        loss = loss + alpha * ce
+        parts["ce"] = ce.detach()
+    if feature_weight:
+        mse = F.mse_loss(student_features.float(), teacher_features.float())
+        loss = loss + feature_weight * mse
+        parts["feature_mse"] = mse.detach()
+    return loss, parts
+
+
+def logits_and_features(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor,
+                                                                                       torch.Tensor | None]:
+    """The logits, and with ``features`` also the pre-logit features timm's head reads."""
+    if not features:
+        return model(x), None
+    pre_logits = model.forward_head(model.forward_features(x), pre_logits=True)
+    return model.head(pre_logits), pre_logits
+
+
+def select_trainable(model: nn.Module, which: str) -> int:
+    """Set ``requires_grad`` for ``train=all|replaced``; returns the number of trainable parameters."""
+    if which not in TRAINABLE:
+        raise EdgeError(f"--train {which}", expected=f"one of {', '.join(TRAINABLE)}")
+    for p in model.parameters():
+        p.requires_grad_(which == "all")
+    if which == "replaced":
+        for module in model.modules():
+            if isinstance(module, REPLACED_TYPES):
+                for p in module.parameters():
+                    p.requires_grad_(True)
+    count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if not count:
+        raise EdgeError("the compressed model has no parameters to train with --train replaced",
+                        found="its replaced modules have no parameters (identity or skip spans)",
+                        fix="use --train all")
+    return count
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def teacher_reference(manifest: dict, config: FinetuneConfig) -> dict:
+    """How to build the teacher: ``--teacher``/``--teacher-weights``, else the artifact's source model."""
+    source = manifest.get("source", {})
+    if config.teacher:
+        reference = {"model": config.teacher, "weights": config.teacher_weights, "img_size": None}
+    else:
+        reference = {"model": source.get("model"), "weights": config.teacher_weights or source.get("weights"),
+                     "img_size": source.get("img_size")}
+    spec = reference["model"]
+    if not spec:
+        raise EdgeError("the artifact's manifest names no source model to distil from",
+                        fix="pass --teacher MODEL (and --teacher-weights)")
+    if reference["weights"] is None and not (Path(spec).exists() and is_artifact(spec)) \
+            and parse_model_spec(spec).bundled is None:
+        raise EdgeError(f"the teacher {spec} has no weights (it would be randomly initialised)",
+                        expected="a bundled model, an artifact, or a timm architecture with --teacher-weights",
+                        fix="pass --teacher-weights with the weights the artifact was compressed from")
+    return reference
+
+
+def build_teacher(reference: dict) -> nn.Module:
+    teacher = create_model(reference["model"], weights=reference["weights"], img_size=reference["img_size"])
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher.eval()
+
+
+def held_out_set(config: FinetuneConfig):
+    """The held-out images the fine-tune scores on: the test split of ``eval_data``, seeded subset if asked."""
+    data = load_dataset(config.eval_data or config.data, "test")
+    if config.eval_samples and config.eval_samples < len(data):
+        indices = balanced_indices(data.labels, config.eval_samples, config.seed, data.num_classes)
+        data = data.subset(indices, f"{data.name}:eval{config.eval_samples}@{config.seed}")
+    return data
+
+
+def _accuracy(model: nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
+    result = evaluate(model, data, spec, device=device, show_progress=False)
+    return {"data": result["data"], "samples": result["samples"], "accuracy": result["accuracy"],
+            "loss": result["loss"]}
+
+
+def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, resume: bool = True,
+             student_name: str | None = None) -> dict:
+    """Distil the artifact's source model into the compressed model; write the result as an artifact at ``out``.
+
+    Returns the ``finetune`` record added to the manifest. With ``resume`` (default) an existing
+    ``out/checkpoint.pt`` of the same recipe, student and teacher is continued. ``student_name``
+    replaces the artifact's path in the record (for a temporary artifact).
+    """
+    check_config(config)
+    artifact, out = Path(artifact), Path(out)
+    if not is_artifact(artifact):
+        raise EdgeError(f"{artifact} is not a compressed model", expected="a folder written by `edge compress` "
+                        "(with edge-model.json)", fix="run `edge compress MODEL --plan ... --out FOLDER` first")
+    folder = artifact.parent if artifact.is_file() else artifact
+    if out.resolve() == folder.resolve():
+        raise EdgeError(f"--out {out} is the artifact being fine-tuned", fix="write the result to another folder")
+    if out.exists() and not out.is_dir():
+        raise EdgeError(f"--out {out} is a file", fix="choose a new folder")
+    if out.exists() and not is_artifact(out) and any(p.name != CHECKPOINT for p in out.iterdir()):
+        raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
+
+    threads = set_threads(config.threads)
+    device = resolve_device(config.device)
+    amp_dtype = resolve_amp(config.amp, device)
+    student, manifest = load_artifact(folder)
+    reference = teacher_reference(manifest, config)
+    teacher = build_teacher(reference).to(device)
+    student = student.to(device)
+    trainable = select_trainable(student, config.train)
+    spec = InputSpec.from_data_config(data_config(student))
+    preprocess = ArrayPreprocess(spec)
+    train_set = training_set(config.data, config.train_samples, config.seed)
+    held_out = held_out_set(config)
+
+    steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
+    total_steps = config.steps or steps_per_epoch * config.epochs
+    last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
+    optimizer = torch.optim.AdamW(param_groups(student, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
+    teacher_sha = source_state_sha256(teacher)
+    recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
+              "student_sha256": _file_sha256(folder / WEIGHTS), "teacher_sha256": teacher_sha}
+
+    step, history, elapsed = 0, [], 0.0
+    checkpoint_path = out / CHECKPOINT
+    if resume and checkpoint_path.is_file():
+        state = load_checkpoint(checkpoint_path, recipe, asdict(FinetuneConfig()))
+        student.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history, elapsed = int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
+        log(f"resuming {checkpoint_path} at step {step}/{last_step}")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        history.append({"epoch": 0, "step": 0, **_accuracy(student, held_out, spec, device)})
+
+    def save_checkpoint() -> None:
+        atomic_torch_save({"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                           "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
+
+    log(f"finetune {folder} ({manifest.get('plan')}) from {reference['model']} on {train_set.name} "
+        f"({len(train_set)} images): {last_step} steps ({steps_per_epoch}/epoch), train={config.train} "
+        f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}")
+    features = bool(config.feature_weight)
+    student.train()
+    started = time.perf_counter() - elapsed
+    with bar(total=last_step, initial=step, desc="finetune", unit="step") as progress:
+        while step < last_step:
+            epoch, images, labels = training_batch(train_set, step, config.batch_size, config.seed, config.augment)
+            x, y = preprocess(images).to(device), labels.to(device)
+            lr = learning_rate(step, total_steps, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                with torch.no_grad():
+                    teacher_logits, teacher_features = logits_and_features(teacher, x, features)
+                student_logits, student_features = logits_and_features(student, x, features)
+            loss, parts = distillation_loss(student_logits, teacher_logits, y, temperature=config.temperature,
+                                            alpha=config.alpha, student_features=student_features,
+                                            teacher_features=teacher_features, feature_weight=config.feature_weight)
+            if not torch.isfinite(loss):
+                raise EdgeError(f"fine-tuning diverged at step {step}: loss is {float(loss)}",
+                                fix="lower --lr or use --amp off")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip:
+                torch.nn.utils.clip_grad_norm_([p for p in student.parameters() if p.requires_grad],
+                                               config.grad_clip)
+            optimizer.step()
+            step += 1
+            elapsed = time.perf_counter() - started
+            postfix = {"epoch": epoch, "loss": f"{loss.item():.4f}", "kl": f"{parts['kl'].item():.4f}",
+                       "lr": f"{lr:.2e}"}
+            epoch_done = step % steps_per_epoch == 0
+            if epoch_done and config.eval_every_epoch and step < last_step:
+                result = _accuracy(student, held_out, spec, device)
+                student.train()
+                history.append({"epoch": epoch + 1, "step": step, "train_loss": loss.item(), **result,
+                                "elapsed_s": round(elapsed, 1)})
+                postfix["acc"] = f"{result['accuracy']:.4f}"
+                log(f"epoch {epoch + 1} step {step}: loss {loss.item():.4f} {held_out.name} accuracy "
+                    f"{result['accuracy']:.4f} ({elapsed / 60:.1f} min)")
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+            if step % config.checkpoint_every == 0 or epoch_done or step == last_step:
+                save_checkpoint()
+
+    student.eval()
+    final = _accuracy(student, held_out, spec, device)
+    before = history[0]
+    log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} after {step} steps")
+    record = {
+        "recipe": {**recipe, "max_steps": config.max_steps},
+        "teacher": {**reference, "sha256": teacher_sha},
+        "student": {"artifact": student_name or str(folder), "plan": manifest.get("plan"),
+                    "sha256": recipe["student_sha256"]},
+        "trainable_params": trainable,
+        "steps": step,
+        "schedule_steps": total_steps,
+        "epochs": round(step / steps_per_epoch, 4),
+        "train_data": train_set.name,
+        "train_samples": len(train_set),
+        "eval_before": {k: before[k] for k in ("data", "samples", "accuracy", "loss")},
+        "eval": final,
+        "history": history,
+        "command": config.command or [sys.argv[0], *sys.argv[1:]],
+        "wall_time_s": round(elapsed, 1),
+        "hardware": hardware(device),
+        "precision": {"train_amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "float32",
+                      "weights": "float32", "eval": "float32"},
+        "edge": __version__,
+    }
+    stages = [*manifest.get("finetune", []), record]
+    save_artifact(student.cpu(), out, {**manifest, "finetune": stages}, keep=(CHECKPOINT,))
+    return record
+
+
+__all__ = ["FinetuneConfig", "check_config", "distillation_loss", "finetune", "held_out_set", "select_trainable"]
