@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--amp", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--checkpoint-every", type=int, default=25, help="fine-tune steps between checkpoints")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "dwconv_ablation",
                         help="compressed and fine-tuned artifacts (resumable)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dwconv_ablation.json")
@@ -90,9 +91,9 @@ def main() -> None:
     tune = FinetuneConfig(data=args.data, epochs=args.epochs, max_steps=args.max_steps,
                           train_samples=args.train_samples, eval_samples=args.eval_samples,
                           batch_size=args.batch_size, lr=args.lr, train=args.train, amp=args.amp,
-                          device=args.device, threads=args.threads)
+                          device=args.device, threads=args.threads, checkpoint_every=args.checkpoint_every)
     settings = {"model": args.model, "compress": compress_config,
-                "finetune": {k: v for k, v in asdict(tune).items() if k not in ("command", "threads", "device")}}
+                "finetune": {k: v for k, v in asdict(tune).items() if k not in ("command", "threads", "device", "checkpoint_every")}}
 
     held_out = held_out_set(tune)
     base = create_model(args.model)
@@ -110,7 +111,7 @@ def main() -> None:
         start = time.perf_counter()
         folder = args.work / _slug(plan)
         manifest = _compressed(args.model, plan, CompressConfig(plan=plan, **compress_config), folder / "compressed")
-        record = finetune(folder / "compressed", folder / "finetuned",
+        record = finetune(folder / "compressed", folder / f"finetuned-{args.train}",
                           FinetuneConfig(**{**asdict(tune), "command": [sys.executable, *sys.argv]}))
         before, after = record["eval_before"]["accuracy"], record["eval"]["accuracy"]
         rows.append({"plan": plan, "resolved": manifest["plan"], "accuracy_before": before, "accuracy_after": after,

@@ -203,3 +203,16 @@ def test_cli_finetune_json_and_exit_codes(artifact, tmp_path, capsys):
     assert main([*args[:-2], "--lr", "1e-2", "--out", str(out)]) == 2
     assert "different recipe" in capsys.readouterr().err
     assert main(["finetune", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_cli_compress_then_finetune_in_one_command(teacher_weights, tmp_path, capsys):
+    out = tmp_path / "dw2-ft"
+    code = main(["compress", TINY, "--weights", str(teacher_weights), "--plan", PLAN, "--data", "fmnist-mini",
+                 "--samples", "24", "--threads", "1", "--finetune-epochs", "1", "--out", str(out), "--json"])
+    assert code == 0
+    manifest = json.loads(capsys.readouterr().out)
+    stage = manifest["finetune"][-1]
+    assert stage["steps"] == 8 and stage["train_samples"] == 1000  # one epoch of fmnist-mini's train split
+    assert stage["student"]["plan"] == PLAN and "not kept" in stage["student"]["artifact"]
+    assert load_artifact(out)[1]["finetune"] == manifest["finetune"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dw2-ft"]  # the training-free artifact is gone
