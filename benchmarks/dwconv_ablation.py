@@ -92,8 +92,9 @@ def main() -> None:
                           train_samples=args.train_samples, eval_samples=args.eval_samples,
                           batch_size=args.batch_size, lr=args.lr, train=args.train, amp=args.amp,
                           device=args.device, threads=args.threads, checkpoint_every=args.checkpoint_every)
+    run_only = ("command", "threads", "device", "checkpoint_every")
     settings = {"model": args.model, "compress": compress_config,
-                "finetune": {k: v for k, v in asdict(tune).items() if k not in ("command", "threads", "device", "checkpoint_every")}}
+                "finetune": {k: v for k, v in asdict(tune).items() if k not in run_only}}
 
     held_out = held_out_set(tune)
     base = create_model(args.model)
