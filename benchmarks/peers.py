@@ -13,7 +13,9 @@ largest difference from the raw graph in ONNX Runtime on seeded random inputs.
 Latency: ONNX Runtime (CPU, all graph optimisations, fixed intra-op threads), all graphs of one
 model measured side by side in the same process, interleaved: after a warm-up of each, every
 round runs ``--iterations`` timed calls of each graph, the order rotating each round, so drift
-(thermal, other load) hits all graphs alike. Median, p90 and CV per graph.
+(thermal, other load) hits all graphs alike. Median, p90 and CV per graph. An A/A control,
+``edge-copy`` (a byte-identical copy of our graph, its session created at another point), is
+timed with them: its difference from ``edge`` is the resolution of the comparison.
 
 timm initialises every bias to zero, which would let any cleaner delete the bias Adds as
 no-ops; pretrained checkpoints have non-zero biases. So the random-weight timm models get
@@ -207,8 +209,12 @@ def measure_case(case: Case, args, work: Path) -> dict:
     log(f"{case.name}: nodes raw/edge/onnxslim/onnxsim = "
         + "/".join(str(graphs[n]["nodes"]) for n in ("raw", *CLEANERS)))
     if not args.no_latency:
-        latency = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
-                                      iterations=args.iterations)
+        paths["edge-copy"] = work / "edge-copy.onnx"
+        paths["edge-copy"].write_bytes(paths["edge"].read_bytes())
+        order = ["edge-copy", "onnxsim", "raw", "onnxslim", "edge"]  # sessions created in this order
+        latency = measure_interleaved({n: paths[n] for n in order}, threads=args.threads, warmup=args.warmup,
+                                      rounds=args.rounds, iterations=args.iterations)
+        graphs["edge-copy"] = {"copy_of": "edge"}
         for name, stats in latency.items():
             graphs[name]["latency"] = stats
         best_name = min(CLEANERS, key=lambda n: latency[n]["median_ms"])
@@ -221,6 +227,7 @@ def measure_case(case: Case, args, work: Path) -> dict:
         ratios = np.array(latency["edge"]["round_medians_ms"]) / np.array(latency[best_name]["round_medians_ms"])
         verdict["per_round_vs_best"] = {"median": float(np.median(ratios) - 1.0),
                                         "quartiles": [float(np.quantile(ratios, q) - 1.0) for q in (0.25, 0.75)]}
+        verdict["aa_control"] = latency["edge-copy"]["median_ms"] / latency["edge"]["median_ms"] - 1.0
         log(f"{case.name}: median ms raw/edge/onnxslim/onnxsim = "
             + "/".join(f"{latency[n]['median_ms']:.3f}" for n in ("raw", *CLEANERS)))
     return {"model": case.name, **info, "input_shape": dims, "graphs": graphs, "verdict": verdict,
@@ -336,19 +343,22 @@ def markdown(r: dict) -> str:
               "`edge median vs best cleaner`: edge's median over all timed calls against the fastest of the "
               "three cleaners' medians. `per round`: the same ratio from each round's medians (the rounds are "
               "interleaved, so each pair saw the same machine state): median and quartiles over rounds.", "",
+              "`A/A`: the byte-identical copy of our graph against our graph, timed the same way: differences "
+              "of that size are the benchmark's resolution, not the graphs'.", "",
               "| model | edge nodes <= onnxslim | <= best peer | fastest cleaner | edge median vs best cleaner | "
-              "per round: median [quartiles] |", "|---|---|---|---|---|---|"]
+              "per round: median [quartiles] | A/A |", "|---|---|---|---|---|---|---|"]
     for m in r["models"]:
         d = m["verdict"]
         timing = (f"{100 * d['latency_vs_best_cleaner']:+.1f} % "
                   f"({'within' if d['latency_within_2pct'] else '**outside**'} 2 %)"
                   if "latency_vs_best_cleaner" in d else "not measured")
         paired = d.get("per_round_vs_best")
+        aa = f"{100 * d['aa_control']:+.1f} %" if "aa_control" in d else ""
         per_round = (f"{100 * paired['median']:+.1f} % [{100 * paired['quartiles'][0]:+.1f}, "
                      f"{100 * paired['quartiles'][1]:+.1f}]" if paired else "")
         lines.append(f"| {m['model']} | {'yes' if d['nodes_le_onnxslim'] else '**no**'} | "
                      f"{'yes' if d['nodes_le_best_peer'] else '**no**'} | {d.get('best_cleaner', '')} | {timing} | "
-                     f"{per_round} |")
+                     f"{per_round} | {aa} |")
     lines += ["", "## Op types where the graphs differ (raw/edge/onnxslim/onnxsim)", ""]
     for m in r["models"]:
         for key, label in (("ops", "as written"), ("ort_ops", "as ONNX Runtime runs them")):
