@@ -153,31 +153,39 @@ def describe_graph(proto: onnx.ModelProto, reference: np.ndarray, probe: np.ndar
 
 
 def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, rounds: int, iterations: int,
-                        batch: int | None = None) -> dict[str, dict]:
+                        batch: int | None = None, sessions: int = 1) -> dict[str, dict]:
     """Latency of several graphs side by side: warm-up each, then rounds of ``iterations`` calls of each graph.
 
-    The order of the graphs rotates every round. Returns name -> latency statistics (ms).
+    The order of the graphs rotates every round. With ``sessions`` > 1 the ONNX Runtime sessions are
+    created afresh that many times, the creation order rotated each time (an A/A control showed that
+    the order sessions are created in can move one graph's latency by several per cent); the rounds
+    are split evenly between the session sets. Returns name -> latency statistics (ms).
     """
-    backends = {name: OrtBackend(path, batch=batch, threads=threads) for name, path in paths.items()}
-    names = list(backends)
-    for backend in backends.values():
-        for _ in range(warmup):
-            backend.infer()
+    names = list(paths)
     latencies: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            backend = backends[name]
-            for _ in range(iterations):
-                t0 = time.perf_counter()
+    round_medians: dict[str, list[float]] = {name: [] for name in names}
+    per_set = max(1, rounds // sessions)
+    batches: dict[str, int] = {}
+    for s in range(sessions):
+        created = names[s % len(names):] + names[:s % len(names)]
+        backends = {name: OrtBackend(paths[name], batch=batch, threads=threads) for name in created}
+        batches.update({name: b.batch for name, b in backends.items()})
+        for backend in backends.values():
+            for _ in range(warmup):
                 backend.infer()
-                latencies[name].append((time.perf_counter() - t0) * 1000.0)
-    result = {name: {**latency_stats(latencies[name], backends[name].batch), "batch": backends[name].batch,
-                     "round_medians_ms": [float(np.median(latencies[name][r * iterations:(r + 1) * iterations]))
-                                          for r in range(rounds)]}
-              for name in names}
-    for backend in backends.values():
-        backend.close()
-    return result
+        for r in range(per_set):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                backend, start = backends[name], len(latencies[name])
+                for _ in range(iterations):
+                    t0 = time.perf_counter()
+                    backend.infer()
+                    latencies[name].append((time.perf_counter() - t0) * 1000.0)
+                round_medians[name].append(float(np.median(latencies[name][start:])))
+        for backend in backends.values():
+            backend.close()
+    return {name: {**latency_stats(latencies[name], batches[name]), "batch": batches[name],
+                   "round_medians_ms": round_medians[name], "session_sets": sessions}
+            for name in names}
 
 
 def measure_case(case: Case, args, work: Path) -> dict:
@@ -213,7 +221,7 @@ def measure_case(case: Case, args, work: Path) -> dict:
         paths["edge-copy"].write_bytes(paths["edge"].read_bytes())
         order = ["edge-copy", "onnxsim", "raw", "onnxslim", "edge"]  # sessions created in this order
         latency = measure_interleaved({n: paths[n] for n in order}, threads=args.threads, warmup=args.warmup,
-                                      rounds=args.rounds, iterations=args.iterations)
+                                      rounds=args.rounds, iterations=args.iterations, sessions=args.sessions)
         graphs["edge-copy"] = {"copy_of": "edge"}
         for name, stats in latency.items():
             graphs[name]["latency"] = stats
@@ -253,6 +261,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (fixed, recorded)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed calls of each graph before timing")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
+    parser.add_argument("--sessions", type=int, default=5,
+                        help="session sets, created afresh in rotated order (rounds are split between them)")
     parser.add_argument("--iterations", type=int, default=20, help="timed calls of each graph per round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default="fmnist-mini", help="calibration data of the approximated models")
@@ -277,7 +287,8 @@ def main() -> None:
         "models": rows,
         "settings": {"threads": args.threads, "warmup": args.warmup, "rounds": args.rounds,
                      "iterations_per_round": args.iterations, "timed_iterations": args.rounds * args.iterations,
-                     "order": "interleaved, rotating each round", "seed": args.seed,
+                     "order": "interleaved, rotating each round", "session_sets": args.sessions,
+                     "creation_order": "rotated between session sets", "seed": args.seed,
                      "ort_optimization": "ORT_ENABLE_ALL", "provider": "CPUExecutionProvider",
                      "zero_biases_filled": not args.zero_biases, "latency_measured": not args.no_latency},
         "versions": versions(), "hardware": hardware(),
@@ -311,7 +322,8 @@ def markdown(r: dict) -> str:
         "",
         (f"Latency: {s['warmup']} warm-up calls per graph, then {s['rounds']} rounds x {s['iterations_per_round']} "
          f"timed calls of each graph ({s['timed_iterations']} per graph), interleaved with the order rotating each "
-         "round; median, p90 and coefficient of variation (CV) in ms per inference."
+         f"round, in {s.get('session_sets', 1)} session set(s) created afresh in rotated order; median, p90 and "
+         "coefficient of variation (CV) in ms per inference."
          if s["latency_measured"] else "**Latency not measured in this run** (`--no-latency`): node counts, "
          "equivalence and ONNX Runtime's optimised graphs only.")
         + " All four graphs of a model come from one raw export. `max abs` is the largest output difference from "

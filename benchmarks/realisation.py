@@ -90,6 +90,7 @@ def measure_batch(variants: dict, batch: int, args, work: Path) -> dict:
     for name, (model, plan, _) in variants.items():
         paths[name], graphs[name] = export_clean(model, name, plan, batch, work, args.model)
     latency = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
+                                  sessions=args.sessions,
                                   iterations=args.iterations)
     flops_o = variants["original"][2]["flops"]
     lat_o = latency["original"]
@@ -125,6 +126,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (fixed, recorded)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--sessions", type=int, default=5,
+                        help="session sets, created afresh in rotated order (rounds are split between them)")
     parser.add_argument("--iterations", type=int, default=20, help="timed calls of each graph per round")
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/realisation.json"))
     parser.add_argument("--md-out", default=str(ROOT / "docs/results/realisation.md"))
@@ -141,7 +144,8 @@ def main() -> None:
         "batches": batches,
         "settings": {"threads": args.threads, "warmup": args.warmup, "rounds": args.rounds,
                      "iterations_per_round": args.iterations, "timed_iterations": args.rounds * args.iterations,
-                     "order": "interleaved, rotating each round", "ort_optimization": "ORT_ENABLE_ALL",
+                     "order": "interleaved, rotating each round", "session_sets": args.sessions,
+                     "creation_order": "rotated between session sets", "ort_optimization": "ORT_ENABLE_ALL",
                      "provider": "CPUExecutionProvider", "flops": "edge.compress.cost.measured_flops, batch 1"},
         "versions": versions(), "hardware": hardware(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
@@ -176,7 +180,8 @@ def markdown(r: dict) -> str:
         + f". ONNX Runtime {v['onnxruntime']} (CPU, "
         f"{s['ort_optimization']}), {s['threads']} intra-op threads, fp32. Latency: {s['warmup']} warm-up calls per "
         f"graph, then {s['rounds']} rounds x {s['iterations_per_round']} timed calls of each graph "
-        f"({s['timed_iterations']} per graph), interleaved with the order rotating each round. FLOPs: "
+        f"({s['timed_iterations']} per graph), interleaved with the order rotating each round, in "
+        f"{s.get('session_sets', 1)} session set(s) created afresh in rotated order. FLOPs: "
         f"{s['flops']}.",
         "",
         f"realisation = (1 - latency_c / latency_o) / (1 - FLOPs_c / FLOPs_o) on medians; target >= {r['target']}. "
