@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from pathlib import Path
 
 import torch
+from _results import write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.analysis.collect import block_outputs, collect_block_moments
 from edge.compress import CompressConfig, compress
@@ -148,11 +148,7 @@ def main() -> None:
         "command": "python benchmarks/block_approximation.py"
         + ("" if args.data == "fmnist" else f" --data {args.data}"),
     }
-    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(record, indent=1) + "\n")
-    Path(args.md_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.md_out).write_text(markdown(record))
-    log(f"wrote {args.json_out} and {args.md_out}")
+    write_results(record, args.json_out, args.md_out, markdown)
 
 
 def markdown(r: dict) -> str:

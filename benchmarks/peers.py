@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import json
 import os
 import tempfile
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from _results import write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.compress import CompressConfig, compress
 from edge.export import ExportConfig, export
@@ -301,11 +301,7 @@ def main() -> None:
                   if getattr(args, k) != parser.get_default(k))
         + (" --no-latency" if args.no_latency else "") + (" --zero-biases" if args.zero_biases else ""),
     }
-    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(record, indent=1) + "\n")
-    Path(args.md_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.md_out).write_text(markdown(record))
-    log(f"wrote {args.json_out} and {args.md_out}")
+    write_results(record, args.json_out, args.md_out, markdown)
 
 
 def markdown(r: dict) -> str:

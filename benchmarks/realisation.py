@@ -25,7 +25,6 @@ Writes benchmarks/results/realisation.json and docs/results/realisation.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results  # noqa: E402
 from peers import measure_interleaved, versions  # noqa: E402
 
 from edge.compress import CompressConfig, compress  # noqa: E402
@@ -155,11 +155,7 @@ def main() -> None:
             f" --{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items() if k not in ("json_out", "md_out") and v != defaults[k]),
     }
-    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(record, indent=1) + "\n")
-    Path(args.md_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.md_out).write_text(markdown(record))
-    log(f"wrote {args.json_out} and {args.md_out}")
+    write_results(record, args.json_out, args.md_out, markdown)
 
 
 def markdown(r: dict) -> str:
