@@ -143,6 +143,15 @@ def load_checkpoint(path: Path, recipe: dict, defaults: dict) -> dict:
     return state
 
 
+def resume_from(path: Path, recipe: dict, defaults: dict, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> tuple[int, list, float]:
+    """Load a checkpoint of the same recipe into ``model`` and ``optimizer``: (step, history, elapsed)."""
+    state = load_checkpoint(path, recipe, defaults)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
+
+
 def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     """Train ``config.model`` on ``config.data``; write weights, checkpoint and model card to ``out``.
 
@@ -174,10 +183,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     checkpoint_path = out / CHECKPOINT
     if resume and checkpoint_path.is_file():
         # fields added in later versions compare as their defaults
-        state = load_checkpoint(checkpoint_path, recipe, asdict(TrainConfig()))
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, history, elapsed = int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
+        step, history, elapsed = resume_from(checkpoint_path, recipe, asdict(TrainConfig()), model, optimizer)
         log(f"resuming {checkpoint_path} at step {step}/{last_step}")
 
     def save_checkpoint() -> None:

@@ -53,8 +53,8 @@ from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
 from edge.train import (
     atomic_torch_save,
     learning_rate,
-    load_checkpoint,
     param_groups,
+    resume_from,
     training_batch,
     training_set,
 )
@@ -270,10 +270,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
     if resume and checkpoint_path.is_file():
-        state = load_checkpoint(checkpoint_path, recipe, asdict(FinetuneConfig()))
-        student.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, history, elapsed = int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
+        step, history, elapsed = resume_from(checkpoint_path, recipe, asdict(FinetuneConfig()), student, optimizer)
         log(f"resuming {checkpoint_path} at step {step}/{last_step}")
     else:
         out.mkdir(parents=True, exist_ok=True)
