@@ -29,9 +29,11 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import functools
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,7 @@ from edge.export import ExportConfig, export
 from edge.graph import clean_graph
 from edge.models import create_model, data_config
 from edge.profile import OrtBackend, latency_stats
+from edge.profile.backends import Backend
 from edge.profile.contention import CpuContention
 from edge.progress import log
 from edge.runtime import hardware
@@ -152,23 +155,23 @@ def describe_graph(proto: onnx.ModelProto, reference: np.ndarray, probe: np.ndar
             "within_tolerance": diff.passed, "ops": dict(sorted(ops.items())), "ort_ops": ort_optimized_ops(proto)}
 
 
-def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, rounds: int, iterations: int,
-                        batch: int | None = None, sessions: int = 1) -> dict[str, dict]:
-    """Latency of several graphs side by side: warm-up each, then rounds of ``iterations`` calls of each graph.
+def interleave(factories: dict[str, Callable[[], Backend]], *, warmup: int, rounds: int, iterations: int,
+               sessions: int = 1) -> dict[str, dict]:
+    """Latency of several backends side by side: warm-up each, then rounds of ``iterations`` calls of each.
 
-    The order of the graphs rotates every round. With ``sessions`` > 1 the ONNX Runtime sessions are
-    created afresh that many times, the creation order rotated each time (an A/A control showed that
-    the order sessions are created in can move one graph's latency by several per cent); the rounds
-    are split evenly between the session sets. Returns name -> latency statistics (ms).
+    The order rotates every round. With ``sessions`` > 1 the backends are created afresh that many
+    times, the creation order rotated each time (an A/A control showed that the order ONNX Runtime
+    sessions are created in can move one graph's latency by several per cent); the rounds are split
+    evenly between the sets. Returns name -> latency statistics (ms) with each round's median.
     """
-    names = list(paths)
+    names = list(factories)
     latencies: dict[str, list[float]] = {name: [] for name in names}
     round_medians: dict[str, list[float]] = {name: [] for name in names}
     per_set = max(1, rounds // sessions)
     batches: dict[str, int] = {}
     for s in range(sessions):
         created = names[s % len(names):] + names[:s % len(names)]
-        backends = {name: OrtBackend(paths[name], batch=batch, threads=threads) for name in created}
+        backends = {name: factories[name]() for name in created}
         batches.update({name: b.batch for name, b in backends.items()})
         for backend in backends.values():
             for _ in range(warmup):
@@ -186,6 +189,14 @@ def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, ro
     return {name: {**latency_stats(latencies[name], batches[name]), "batch": batches[name],
                    "round_medians_ms": round_medians[name], "session_sets": sessions}
             for name in names}
+
+
+def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, rounds: int, iterations: int,
+                        batch: int | None = None, sessions: int = 1) -> dict[str, dict]:
+    """:func:`interleave` over ONNX Runtime sessions of the graphs at ``paths``."""
+    factories = {name: functools.partial(OrtBackend, path, batch=batch, threads=threads)
+                 for name, path in paths.items()}
+    return interleave(factories, warmup=warmup, rounds=rounds, iterations=iterations, sessions=sessions)
 
 
 def measure_case(case: Case, args, work: Path) -> dict:

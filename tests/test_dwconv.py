@@ -267,6 +267,29 @@ def _count_in_block(graph, op, block):
     return sum(1 for n in graph.node if n.op_type == op and f"blocks.{block}/attn" in n.name)
 
 
+def _assert_channels_last_layout(graph, convs):
+    """Each depthwise Conv reads a [B, rows, cols, C] -> NCHW Transpose and writes through its inverse.
+
+    That 4-D NHWC<->NCHW pair is the pattern runtimes fold into the convolution's own layout
+    change (ONNX Runtime's ReorderInput/ReorderOutput with channels_last; TensorRT's reformatting),
+    where a 3-D [B, N, C] -> [B, C, N] Transpose plus Reshape stays a separate copy.
+    """
+    producer = {out: n for n in graph.node for out in n.output}
+    consumers = collections.defaultdict(list)
+    for n in graph.node:
+        for name in n.input:
+            consumers[name].append(n)
+
+    def perm(node):
+        return list(next(a.ints for a in node.attribute if a.name == "perm"))
+
+    for conv in convs:
+        before = producer[conv.input[0]]
+        (after,) = consumers[conv.output[0]]
+        assert (before.op_type, perm(before)) == ("Transpose", [0, 3, 1, 2]), conv.name
+        assert (after.op_type, perm(after)) == ("Transpose", [0, 2, 3, 1]), conv.name
+
+
 @pytest.mark.parametrize("plan", ["dwconv:blocks=0+1+2+3:prefix=mean", "dwconv:blocks=0+1+2+3:prefix=attend",
                                   "dwconv:blocks=0+1+2+3:prefix=pool", "dwconv:blocks=1+2:variant=ensembled"])
 def test_export_is_linear_dwconv_linear_and_verified(tmp_path, plan):
@@ -280,6 +303,7 @@ def test_export_is_linear_dwconv_linear_and_verified(tmp_path, plan):
     width = model.blocks[replaced[0]].attn.conv_width
     assert len(convs) == len(replaced)
     assert all(next(a.i for a in n.attribute if a.name == "group") == width for n in convs)
+    _assert_channels_last_layout(graph, convs)
     for block in replaced:
         assert 1 <= _count_in_block(graph, "Transpose", block) <= 2   # found by name: the count is real
         slices = 2 if "attend" in plan else 1   # attend: the prefix rows (its queries) and the patch rows of V

@@ -13,6 +13,13 @@ k x k neighbourhood (zero padding), instead of ``softmax(q k^T) v``:
   per head, shared by its channels), for comparison; the V bias seen through the zero-padded
   kernel is a constant map, so it equals ``unensembled`` with per-head-shared kernels exactly.
 
+Layout: V ``[B, rows*cols, C]`` is reshaped to ``[B, rows, cols, C]`` and permuted to NCHW for the
+convolution, and back the same way (NCHW -> NHWC, then reshape). That 4-D NHWC<->NCHW pair is what
+runtimes fold into the convolution's own layout change (ONNX Runtime turns it into
+ReorderInput/ReorderOutput with ``channels_last``; TensorRT into the conv's reformat), so the
+replaced block runs with no separate Transpose; a 3-D ``[B, N, C] -> [B, C, N]`` Transpose plus
+Reshape would stay a copy of its own on each side.
+
 Heads not listed in ``conv_heads`` keep their attention (scattered selection); the output
 projection's input columns are permuted once, at build time, so that the kept heads come first.
 
@@ -128,20 +135,20 @@ class DepthwiseAttention(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------
     def _grid_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``[B, rows*cols, C]`` -> ``[B, C, rows, cols]`` (one Transpose)."""
+        """``[B, rows*cols, C]`` -> ``[B, C, rows, cols]``: a Reshape to ``[B, rows, cols, C]``, then one NHWC->NCHW Transpose."""
         rows, cols = self.grid
         if tokens.shape[1] != rows * cols:
             raise EdgeError(f"DepthwiseAttention got {tokens.shape[1]} patch tokens",
                             expected=f"{rows}x{cols} = {rows * cols} (the grid it was built for)",
                             fix="run the model at the input size it was compressed for")
-        return tokens.transpose(1, 2).reshape(-1, tokens.shape[2], rows, cols)
+        return tokens.reshape(-1, rows, cols, tokens.shape[2]).permute(0, 3, 1, 2)
 
     def _spatial(self, x_patch: torch.Tensor, v_patch: torch.Tensor | None) -> torch.Tensor:
         if self.variant == "full":
             out = self.conv(self._grid_tokens(x_patch)) + self.bias_map
         else:
             out = self.conv(self._grid_tokens(self.value(x_patch) if v_patch is None else v_patch))
-        return out.flatten(2).transpose(1, 2)
+        return out.permute(0, 2, 3, 1).flatten(1, 2)
 
     @property
     def _values_of_all_tokens(self) -> bool:
