@@ -116,7 +116,9 @@ def main() -> None:
         start = time.perf_counter()
         folder = args.work / _slug(plan)
         manifest = _compressed(args.model, plan, CompressConfig(plan=plan, **compress_config), folder / "compressed")
-        record = finetune(folder / "compressed", folder / f"finetuned-{args.train}",
+        schedule = f"{args.steps}steps" if args.steps else f"{args.epochs}epoch"
+        stop = f"-stop{args.max_steps}" if args.max_steps else ""
+        record = finetune(folder / "compressed", folder / f"finetuned-{args.train}-{schedule}{stop}",
                           FinetuneConfig(**{**asdict(tune), "command": [sys.executable, *sys.argv]}))
         before, after = record["eval_before"]["accuracy"], record["eval"]["accuracy"]
         rows.append({"plan": plan, "resolved": manifest["plan"], "accuracy_before": before, "accuracy_after": after,
