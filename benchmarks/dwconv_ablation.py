@@ -24,6 +24,7 @@ Writes benchmarks/results/dwconv_ablation.json.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -116,9 +117,8 @@ def main() -> None:
         start = time.perf_counter()
         folder = args.work / _slug(plan)
         manifest = _compressed(args.model, plan, CompressConfig(plan=plan, **compress_config), folder / "compressed")
-        schedule = f"{args.steps}steps" if args.steps else f"{args.epochs}epoch"
-        stop = f"-stop{args.max_steps}" if args.max_steps else ""
-        record = finetune(folder / "compressed", folder / f"finetuned-{args.train}-{schedule}{stop}",
+        recipe = hashlib.sha256(json.dumps(settings["finetune"], sort_keys=True).encode()).hexdigest()[:10]
+        record = finetune(folder / "compressed", folder / f"finetuned-{recipe}",
                           FinetuneConfig(**{**asdict(tune), "command": [sys.executable, *sys.argv]}))
         before, after = record["eval_before"]["accuracy"], record["eval"]["accuracy"]
         rows.append({"plan": plan, "resolved": manifest["plan"], "accuracy_before": before, "accuracy_after": after,
