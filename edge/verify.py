@@ -46,6 +46,9 @@ def ort_session(model_bytes_or_path, threads: int | None = None):
     if threads:
         options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # errors only: ORT's optimiser warns about fusions it skips ("UnsqueezeElimination cannot
+    # remove node ..."), which are neither errors nor anything a user of edge can act on
+    options.log_severity_level = 3
     return ort.InferenceSession(model_bytes_or_path, options, providers=["CPUExecutionProvider"])
 
 
