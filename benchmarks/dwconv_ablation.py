@@ -44,8 +44,8 @@ from edge.progress import log
 from edge.runtime import hardware, resolve_device, set_threads
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = [f"dwconv:auto={k}:init={init}:order={order}" for k in (3, 6) for order in ("lowest", "highest")
-         for init in ("gaussian", "mean", "lsq")]
+PLANS = [f"dwconv:auto={k}:init={init}" + ("" if order == "lowest" else f":order={order}") for k in (6, 3)
+         for order in ("lowest", "highest") for init in ("lsq", "gaussian", "mean")]
 TARGET = {"blocks": 6, "max_epochs": 1, "max_drop_pt": 1.5}
 
 
@@ -109,7 +109,7 @@ def main() -> None:
 
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept = {r["plan"]: r for r in previous.get("rows", []) if previous.get("settings") == settings}
-    rows = []
+    rows = [row for plan, row in kept.items() if plan not in args.plans]   # earlier rows of the same settings stay
     for plan in args.plans:
         if plan in kept:
             rows.append(kept[plan])
@@ -167,14 +167,15 @@ def markdown(r: dict) -> str:
         + (f", stopped after {tune['max_steps']}" if tune["max_steps"] else "")
         + f". Hardware: {hw.get('cpu', hw.get('device'))}, torch {r['torch']}.",
         "",
-        "| blocks | Sigma_b order | init | resolved plan | accuracy before | drop before (pt) | fine-tune steps (epochs) "
+        "| blocks | Sigma_b order | init | prefix | resolved plan | accuracy before | drop before (pt) | fine-tune steps (epochs) "
         "| accuracy after | drop after (pt) | FLOPs vs original |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         options = dict(part.split("=", 1) for part in row["plan"].split(":")[1:])
         lines.append(
             f"| {options.get('auto', '?')}/12 | {options.get('order', 'lowest')} | {options.get('init', 'lsq')} "
+            f"| {options.get('prefix', 'pool')} "
             f"| `{row['resolved']}` | {row['accuracy_before']:.4f} | {row['drop_before_pt']:.2f} "
             f"| {row['finetune_steps']} ({row['finetune_epochs']:.2f}) | {row['accuracy_after']:.4f} "
             f"| {row['drop_after_pt']:.2f} | {row['flops'] / row['flops_before']:.3f} |")
