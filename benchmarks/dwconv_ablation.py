@@ -167,7 +167,8 @@ def markdown(r: dict) -> str:
         + (f", stopped after {tune['max_steps']}" if tune["max_steps"] else "")
         + f". Hardware: {hw.get('cpu', hw.get('device'))}, torch {r['torch']}.",
         "",
-        "| blocks | Sigma_b order | init | prefix | resolved plan | accuracy before | drop before (pt) | fine-tune steps (epochs) "
+        "| blocks | Sigma_b order | init | prefix | resolved plan | accuracy before | drop before (pt) "
+        "| fine-tune steps (epochs) "
         "| accuracy after | drop after (pt) | FLOPs vs original |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]

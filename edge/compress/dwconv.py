@@ -137,7 +137,7 @@ class DepthwiseAttention(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------
     def _grid_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``[B, rows*cols, C]`` -> ``[B, C, rows, cols]``: a Reshape to ``[B, rows, cols, C]``, then one NHWC->NCHW Transpose."""
+        """``[B, rows*cols, C]`` -> ``[B, C, rows, cols]``: Reshape to NHWC, then one NHWC->NCHW Transpose."""
         rows, cols = self.grid
         if tokens.shape[1] != rows * cols:
             raise EdgeError(f"DepthwiseAttention got {tokens.shape[1]} patch tokens",
