@@ -1,12 +1,64 @@
-"""Where every benchmark writes: its JSON record and its markdown table, parents created."""
+"""What every latency benchmark records about its run, and where it writes its JSON and markdown."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from edge.progress import log
+from edge.runtime import hardware
+
+
+def realisation(latency_c: float, latency_o: float, flops_c: float, flops_o: float) -> float:
+    """The share of the FLOP saving that shows up as time: (1 - latency_c/latency_o) / (1 - flops_c/flops_o)."""
+    return (1.0 - latency_c / latency_o) / (1.0 - flops_c / flops_o)
+
+
+def versions() -> dict:
+    import onnx
+    import onnx_graphsurgeon
+    import onnxruntime
+    import onnxsim
+    import onnxslim
+    import torch
+
+    from edge import __version__
+
+    return {"edge": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "onnx_graphsurgeon": onnx_graphsurgeon.__version__, "onnxslim": onnxslim.__version__,
+            "onnxsim": str(onnxsim.__version__), "torch": torch.__version__}
+
+
+def command_line(script: str, args: argparse.Namespace, parser: argparse.ArgumentParser,
+                 skip: tuple[str, ...] = ()) -> str:
+    """``python benchmarks/SCRIPT`` with every option of ``args`` that differs from its default."""
+    parts = ["python", f"benchmarks/{script}"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", *skip):
+            continue
+        value = getattr(args, action.dest)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if value is True:
+            parts.append(flag)
+        else:
+            parts += [flag, *map(str, value if isinstance(value, list | tuple) else [value])]
+    return shlex.join(parts)
+
+
+def provenance(script: str, args: argparse.Namespace, parser: argparse.ArgumentParser, *, started: float,
+               load_before: tuple[float, float, float], skip: tuple[str, ...] = ()) -> dict:
+    """Versions, hardware, load average before/after, wall seconds since ``started`` and the command."""
+    return {"versions": versions(), "hardware": hardware(),
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+            "seconds": round(time.perf_counter() - started, 1),
+            "command": command_line(script, args, parser, skip)}
 
 
 def write_results(record: dict, json_out: str | Path, md_out: str | Path, markdown: Callable[[dict], str]) -> None:

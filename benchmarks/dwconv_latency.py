@@ -47,8 +47,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from _results import write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
-from peers import interleave, measure_interleaved, versions
+from _results import (  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
+    provenance,
+    realisation,
+    write_results,
+)
+from peers import interleave, measure_interleaved
 
 from edge.compress.cost import analytic_flops, measured_flops
 from edge.compress.dwconv_apply import build_dwconv, place_dwconv
@@ -60,7 +64,7 @@ from edge.models import create_model, data_config
 from edge.profile import TorchBackend
 from edge.profile.contention import CpuContention
 from edge.progress import log
-from edge.runtime import hardware, set_threads
+from edge.runtime import set_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.9
@@ -127,15 +131,12 @@ def ort_layout(path: Path, threads: int) -> dict:
             "ops": dict(sorted(ops.items()))}
 
 
-def ratios(t_dw: float, t_orig: float, ideal: float) -> dict:
-    return {"measured_speedup": t_orig / t_dw, "realisation": (1 - t_dw / t_orig) / (1 - 1 / ideal)}
-
-
-def compare(latency: dict, ideal: float) -> dict:
+def compare(latency: dict, flops: dict) -> dict:
     """Speedup and realisation of ``dwconv`` against ``original`` (medians), per round too, plus the A/A."""
     orig, dw = latency["original"], latency["dwconv"]
-    out = ratios(dw["median_ms"], orig["median_ms"], ideal)
-    per_round = [ratios(d, o, ideal)["realisation"]
+    out = {"measured_speedup": orig["median_ms"] / dw["median_ms"],
+           "realisation": realisation(dw["median_ms"], orig["median_ms"], flops["dwconv"], flops["original"])}
+    per_round = [realisation(d, o, flops["dwconv"], flops["original"])
                  for d, o in zip(dw["round_medians_ms"], orig["round_medians_ms"], strict=True)]
     out["realisation_rounds"] = {"median": float(np.median(per_round)), "min": float(np.min(per_round)),
                                  "max": float(np.max(per_round))}
@@ -165,7 +166,7 @@ def measure_size(args, size: int, blocks: tuple[int, ...], work: Path) -> dict:
         latency = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
                                       iterations=args.iterations, sessions=args.sessions)
     row = {"size": size, "tokens": (size // 16) ** 2 + 1, "plan": plan, "flops": flops, "flops_ideal_speedup": ideal,
-           "onnxruntime": {"latency": latency, **compare(latency, ideal), "contention": contention.result()},
+           "onnxruntime": {"latency": latency, **compare(latency, flops), "contention": contention.result()},
            "graphs": graphs}
     ort_row = row["onnxruntime"]
     log(f"  ORT median {latency['original']['median_ms']:.2f} -> {latency['dwconv']['median_ms']:.2f} ms: "
@@ -179,7 +180,7 @@ def measure_size(args, size: int, blocks: tuple[int, ...], work: Path) -> dict:
         with CpuContention() as contention:
             latency = interleave(factories, warmup=args.warmup, rounds=args.rounds, iterations=args.iterations)
         row["torch"] = {"device": str(device), "batch": args.torch_batch, "latency": latency,
-                        **compare(latency, ideal), "contention": contention.result(),
+                        **compare(latency, flops), "contention": contention.result(),
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
         log(f"  torch {device} batch {args.torch_batch}: speedup {row['torch']['measured_speedup']:.3f}, "
             f"realisation {row['torch']['realisation']:.2f}")
@@ -209,7 +210,6 @@ def main() -> None:
     started, load_before = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dwconv-latency.") as tmp:
         rows = [measure_size(args, size, blocks, Path(tmp)) for size in args.sizes]
-    defaults = {a.dest: a.default for a in parser._actions}
     record = {
         "benchmark": "dwconv_latency", "model": args.model, "weights": "random (torch seed 0)",
         "replaced_blocks": list(blocks), "variant": args.variant, "prefix": args.prefix, "target": TARGET,
@@ -219,12 +219,9 @@ def main() -> None:
                      "ort_optimization": "ORT_ENABLE_ALL", "provider": "CPUExecutionProvider", "batch": 1,
                      "graphs": "edge export (opset 17, verified) + edge clean (verified)",
                      "flops": "edge.compress.cost.measured_flops (= analytic count), batch 1"},
-        "rows": rows, "versions": versions(), "hardware": hardware(),
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-        "seconds": round(time.perf_counter() - started, 1),
-        "command": "python benchmarks/dwconv_latency.py" + "".join(
-            f" --{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md_out") and v != defaults[k]),
+        "rows": rows,
+        **provenance("dwconv_latency.py", args, parser, started=started, load_before=load_before,
+                     skip=("out", "md_out")),
     }
     write_results(record, args.out, args.md_out, markdown)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from _results import write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
+from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.compress import CompressConfig, compress
 from edge.export import ExportConfig, export
@@ -50,7 +50,6 @@ from edge.profile import OrtBackend, latency_stats
 from edge.profile.backends import Backend
 from edge.profile.contention import CpuContention
 from edge.progress import log
-from edge.runtime import hardware
 from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,19 +252,6 @@ def measure_case(case: Case, args, work: Path) -> dict:
             "seconds": round(time.perf_counter() - started, 1)}
 
 
-def versions() -> dict:
-    import onnx_graphsurgeon
-    import onnxruntime
-    import onnxsim
-    import onnxslim
-
-    from edge import __version__
-
-    return {"edge": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "onnx_graphsurgeon": onnx_graphsurgeon.__version__, "onnxslim": onnxslim.__version__,
-            "onnxsim": str(onnxsim.__version__), "torch": torch.__version__}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", help=f"subset of: {', '.join(repr(c.name) for c in CASES)}")
@@ -302,15 +288,9 @@ def main() -> None:
                      "creation_order": "rotated between session sets", "seed": args.seed,
                      "ort_optimization": "ORT_ENABLE_ALL", "provider": "CPUExecutionProvider",
                      "zero_biases_filled": not args.zero_biases, "latency_measured": not args.no_latency},
-        "versions": versions(), "hardware": hardware(),
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "contention": contention.result(),
-        "seconds": round(time.perf_counter() - started, 1),
-        "command": "python benchmarks/peers.py" + (f" --models {' '.join(repr(m) for m in args.models)}"
-                                                   if args.models else "")
-        + "".join(f" --{k} {getattr(args, k)}" for k in ("rounds", "iterations", "warmup", "threads")
-                  if getattr(args, k) != parser.get_default(k))
-        + (" --no-latency" if args.no_latency else "") + (" --zero-biases" if args.zero_biases else ""),
+        **provenance("peers.py", args, parser, started=started, load_before=load_before,
+                     skip=("json_out", "md_out")),
     }
     write_results(record, args.json_out, args.md_out, markdown)
 

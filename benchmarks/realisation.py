@@ -36,8 +36,8 @@ import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results  # noqa: E402
-from peers import measure_interleaved, versions  # noqa: E402
+from _results import provenance, realisation, write_results  # noqa: E402
+from peers import measure_interleaved  # noqa: E402
 
 from edge.compress import CompressConfig, compress  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
@@ -46,15 +46,10 @@ from edge.graph.clean import clean_file  # noqa: E402
 from edge.models import create_model, data_config  # noqa: E402
 from edge.profile.contention import CpuContention  # noqa: E402
 from edge.progress import log  # noqa: E402
-from edge.runtime import hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ("linear:6-7", "linear:6-8", "linear:6-9")
 TARGET = 0.8
-
-
-def realisation(latency_c: float, latency_o: float, flops_c: float, flops_o: float) -> float:
-    return (1.0 - latency_c / latency_o) / (1.0 - flops_c / flops_o)
 
 
 def build_variants(args) -> dict[str, tuple[torch.nn.Module, str | None, dict]]:
@@ -137,7 +132,6 @@ def main() -> None:
     variants = build_variants(args)
     with tempfile.TemporaryDirectory(prefix="edge-realisation-") as tmp, CpuContention() as contention:
         batches = [measure_batch(variants, b, args, Path(tmp)) for b in args.batches]
-    defaults = {a.dest: a.default for a in parser._actions}
     record = {
         "model": args.model, "target": TARGET,
         "calibration": next(v[2]["calibration"] for v in variants.values() if "calibration" in v[2]),
@@ -147,13 +141,9 @@ def main() -> None:
                      "order": "interleaved, rotating each round", "session_sets": args.sessions,
                      "creation_order": "rotated between session sets", "ort_optimization": "ORT_ENABLE_ALL",
                      "provider": "CPUExecutionProvider", "flops": "edge.compress.cost.measured_flops, batch 1"},
-        "versions": versions(), "hardware": hardware(),
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "contention": contention.result(),
-        "seconds": round(time.perf_counter() - started, 1),
-        "command": "python benchmarks/realisation.py" + "".join(
-            f" --{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("json_out", "md_out") and v != defaults[k]),
+        **provenance("realisation.py", args, parser, started=started, load_before=load_before,
+                     skip=("json_out", "md_out")),
     }
     write_results(record, args.json_out, args.md_out, markdown)
 
