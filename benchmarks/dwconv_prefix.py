@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
+from _results import provenance  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.compress import CompressConfig, compress
 from edge.data import InputSpec, load_dataset
@@ -25,7 +27,7 @@ from edge.evaluate import evaluate
 from edge.export import write_atomic
 from edge.models import create_model, data_config
 from edge.progress import log
-from edge.runtime import hardware, set_threads
+from edge.runtime import set_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [f"dwconv:auto={k}:prefix={p}" for k in (3, 6) for p in ("mean", "pool", "attend", "drop")] + [
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", default=PLANS)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dwconv_prefix.json")
     args = parser.parse_args()
+    started, load_before = time.perf_counter(), os.getloadavg()
     set_threads(args.threads)
     test = load_dataset(args.data, "test")
     test = test.subset(torch.arange(0, len(test), args.every), f"{test.name}-every-{args.every}")
@@ -62,7 +65,8 @@ def main() -> None:
         log(f"{plan}: {accuracy:.4f} ({manifest['plan']}, FLOPs {manifest['after']['flops']:,})")
     result = {"benchmark": "dwconv_prefix", "model": args.model, "test": test.name, "test_images": len(test),
               "calibration": {"data": args.data, "samples": args.samples, "seed": 0}, "training": "none",
-              "rows": rows, "hardware": hardware(), "torch": torch.__version__}
+              "rows": rows,
+              **provenance("dwconv_prefix.py", args, parser, started=started, load_before=load_before)}
     write_atomic((json.dumps(result, indent=1) + "\n").encode(), args.out)
     log(f"wrote {args.out}")
 
