@@ -64,7 +64,7 @@ class _Payload:
 def test_pickle_with_objects_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "pwned"
     with open(tmp_path / "evil.pt", "wb") as f:
-        pickle.dump({"weight": _Payload(marker)}, f)
+        pickle.dump({"weight": _Payload(marker)}, f, protocol=2)   # torch.save's protocol
     with pytest.raises(EdgeError, match="pickled Python objects"):
         read_state_dict(tmp_path / "evil.pt")
     assert not marker.exists()
