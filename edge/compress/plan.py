@@ -146,7 +146,8 @@ class Plan:
         for step in self.spans:
             if not -1 <= step.start < num_blocks or not 0 <= step.end < num_blocks:
                 raise EdgeError(f"plan step {step} is out of range for a model with {num_blocks} blocks",
-                                expected=f"-1 <= S < E <= {num_blocks - 1} (S = -1: from the embedding output)")
+                                expected=f"-1 <= S < E <= {num_blocks - 1} (S = -1: from the embedding output)",
+                                fix="`edge models MODEL` lists the model's blocks")
             for block in step.blocks:
                 if block in owner:
                     raise EdgeError(f"plan steps {owner[block]} and {step} overlap (both replace block {block})",
@@ -157,25 +158,28 @@ class Plan:
         autos = [s for s in self.steps if isinstance(s, AutoStep)]
         if len(autos) > 1:
             raise EdgeError(f"plan has {len(autos)} auto steps ({', '.join(map(str, autos))})",
-                            expected="at most one auto-METHOD:K step (beside any fixed spans)")
+                            expected="at most one auto-METHOD:K step (beside any fixed spans)",
+                            fix="merge them into one auto step, e.g. auto-linear:3")
         budget = num_blocks - len(owner)
         for step in self.steps:
             if isinstance(step, AutoStep) and step.count > budget:
                 raise EdgeError(f"plan step {step} asks for {step.count} blocks, {budget} are left to replace",
-                                expected=f"K <= {budget}")
+                                expected=f"K <= {budget}", fix=f"ask for at most {budget} blocks")
         return self
 
     def _validate_dwconv(self, num_blocks: int, span_blocks: set[int]) -> None:
         steps = self.dwconv
         if len([s for s in steps if not s.is_resolved]) > 1:
             raise EdgeError(f"plan has {len(steps)} automatic dwconv steps",
-                            expected="at most one dwconv:auto=K or dwconv:heads=auto=K step")
+                            expected="at most one dwconv:auto=K or dwconv:heads=auto=K step",
+                            fix="merge them into one step or list the blocks (dwconv:blocks=2+5+7)")
         seen: dict[int, DWConvStep] = {}
         for step in steps:
             for block in step.touched_blocks:
                 if not 0 <= block < num_blocks:
                     raise EdgeError(f"plan step {step}: block {block} is out of range for a model with "
-                                    f"{num_blocks} blocks", expected=f"block indices 0..{num_blocks - 1}")
+                                    f"{num_blocks} blocks", expected=f"block indices 0..{num_blocks - 1}",
+                                    fix="`edge models MODEL` lists the model's blocks")
                 if block in span_blocks:
                     raise EdgeError(f"plan step {step} replaces the attention of block {block}, which a span "
                                     "removes", fix="leave that block out of one of the two steps")
@@ -187,7 +191,7 @@ class Plan:
         for step in steps:
             if step.auto and not step.scattered and step.auto > free:
                 raise EdgeError(f"plan step {step} asks for {step.auto} blocks, {free} are left",
-                                expected=f"K <= {free}")
+                                expected=f"K <= {free}", fix=f"ask for at most {free} blocks")
 
 
 def _parse_options(parts: list[str], step_text: str, types: dict | None = None) -> dict:
