@@ -53,6 +53,12 @@ def _slug(plan: str) -> str:
     return plan.replace(":", "_").replace("=", "-").replace("+", "-")
 
 
+def fine_tuned_folder(work: Path, plan: str, finetune_settings: dict) -> Path:
+    """Where the row of ``plan`` keeps its fine-tuned artifact: one folder per distillation recipe."""
+    recipe = hashlib.sha256(json.dumps(finetune_settings, sort_keys=True).encode()).hexdigest()[:10]
+    return work / _slug(plan) / f"finetuned-{recipe}"
+
+
 def _compressed(model_name: str, plan: str, config: CompressConfig, folder: Path) -> dict:
     """The training-free artifact of ``plan`` (reused when ``folder`` holds one of the same plan and data)."""
     if is_artifact(folder):
@@ -115,10 +121,9 @@ def main() -> None:
             rows.append(kept[plan])
             continue
         start = time.perf_counter()
-        folder = args.work / _slug(plan)
-        manifest = _compressed(args.model, plan, CompressConfig(plan=plan, **compress_config), folder / "compressed")
-        recipe = hashlib.sha256(json.dumps(settings["finetune"], sort_keys=True).encode()).hexdigest()[:10]
-        record = finetune(folder / "compressed", folder / f"finetuned-{recipe}",
+        compressed = args.work / _slug(plan) / "compressed"
+        manifest = _compressed(args.model, plan, CompressConfig(plan=plan, **compress_config), compressed)
+        record = finetune(compressed, fine_tuned_folder(args.work, plan, settings["finetune"]),
                           FinetuneConfig(**{**asdict(tune), "command": [sys.executable, *sys.argv]}))
         before, after = record["eval_before"]["accuracy"], record["eval"]["accuracy"]
         rows.append({"plan": plan, "resolved": manifest["plan"], "accuracy_before": before, "accuracy_after": after,

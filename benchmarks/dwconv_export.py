@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import json
 import os
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 import onnx
 import torch
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
+from dwconv_ablation import fine_tuned_folder
 
 from edge.compress import is_artifact, load_artifact
 from edge.compress.dwconv import DepthwiseAttention
@@ -46,15 +46,6 @@ from edge.progress import log
 from edge.runtime import set_threads
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _slug(plan: str) -> str:   # the folder names of benchmarks/dwconv_ablation.py
-    return plan.replace(":", "_").replace("=", "-").replace("+", "-")
-
-
-def fine_tuned_folder(work: Path, plan: str, finetune_settings: dict) -> Path:
-    recipe = hashlib.sha256(json.dumps(finetune_settings, sort_keys=True).encode()).hexdigest()[:10]
-    return work / _slug(plan) / f"finetuned-{recipe}"
 
 
 def block_census(graph: onnx.GraphProto, blocks: dict[int, int]) -> dict:
@@ -129,9 +120,9 @@ def main() -> None:
                          f"--work {args.work} (it resumes)")
     set_threads(args.threads)
     dataset = load_dataset(ablation["settings"]["finetune"]["data"], "test")
+    real = dataset.images[:8]   # the verification's real images: the first eight of the test split
     if args.eval_samples:
         dataset = dataset.subset(torch.arange(args.eval_samples))
-    real = load_dataset(ablation["settings"]["finetune"]["data"], "test").images[:8]
     results = []
     for plan in plans:
         log(f"{plan}: export, clean, evaluate ({folders[plan]})")
