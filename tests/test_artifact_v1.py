@@ -1,0 +1,30 @@
+"""Artifacts written by format version 1 (before the method registry) still load, as the same function.
+
+``tests/golden/v1/`` holds two real version-1 artifacts of a tiny model, written by edge 0.1.0
+before issue 12, and the logits they gave then on four seeded inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from edge.compress.artifact import load_artifact
+
+GOLDEN = Path(__file__).parent / "golden" / "v1"
+
+
+@pytest.mark.parametrize("name", ["mixed", "dropped"])
+def test_version_1_artifacts_load_as_the_same_function(name):
+    manifest = json.loads((GOLDEN / name / "edge-model.json").read_text())
+    assert manifest["format_version"] == 1
+    model, loaded = load_artifact(GOLDEN / name)
+    x = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(x)
+    expected = torch.tensor(json.loads((GOLDEN / "logits.json").read_text())[name])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
+    assert loaded["plan"] == manifest["plan"]
