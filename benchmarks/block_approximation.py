@@ -30,7 +30,7 @@ from edge.compress import CompressConfig, compress
 from edge.compress.approximate import apply_spans
 from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.compressor import costs
-from edge.compress.plan import SpanStep
+from edge.compress.block_approx import SpanStep
 from edge.data import ArrayPreprocess, InputSpec, calibration_set, load_dataset
 from edge.evaluate import evaluate
 from edge.models import create_model, data_config

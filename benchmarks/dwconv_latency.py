@@ -79,7 +79,7 @@ def build(arch: str, size: int, blocks: tuple[int, ...] | None, variant: str, pr
         plan = f"dwconv:blocks={'+'.join(map(str, blocks))}:init=gaussian:variant={variant}:prefix={prefix}"
         # prefix=pool reads mean attention rows: 4 images are enough for a graph of the right shape
         images = calibration_set("fmnist-mini", 4) if prefix == "pool" else None
-        steps, modules, _ = build_dwconv(model, parse_plan(plan).dwconv, images,
+        steps, modules, _ = build_dwconv(model, parse_plan(plan).steps_of("dwconv"), images,
                                          InputSpec.from_data_config(data_config(model)))
         place_dwconv(model, modules)
     return model.eval(), plan

@@ -68,7 +68,7 @@ def build_variants(args) -> dict[str, tuple[torch.nn.Module, str | None, dict]]:
 def _spans(plan: str):
     from edge.compress import parse_plan
 
-    return parse_plan(plan).spans
+    return parse_plan(plan).steps_of("block-approximation")
 
 
 def export_clean(model, name: str, plan: str | None, batch: int, work: Path, source: str) -> tuple[Path, dict]:

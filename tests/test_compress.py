@@ -5,7 +5,8 @@ import torch
 
 from edge.analysis.collect import block_outputs
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.block_approx import ApproximatedSpan, original_block_indices
+from edge.compress.block_approx import ApproximatedSpan
+from edge.models.info import original_block_indices
 from edge.compress.cost import analytic_flops, measured_flops
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError

@@ -234,7 +234,9 @@ def test_compress_restores_exactly_and_counts_flops(tmp_path, plan):
     with torch.no_grad():
         torch.testing.assert_close(restored(x), model(x), rtol=0, atol=0)
     record = json.loads((tmp_path / "art" / "edge-model.json").read_text())
-    assert record["dwconv"] and all(r["k"] == 3 for r in record["dwconv"])
+    modules = [m for e in record["steps"] if e["method"] == "dwconv" for m in e["record"]["modules"]]
+    assert record["format_version"] == 2 and modules and all(r["k"] == 3 for r in modules)
+    assert [e["step"] for e in record["steps"]] == manifest["plan"].split(",")
     assert measured_flops(restored, (1, 28, 28)) == analytic_flops(restored)
 
 
@@ -294,7 +296,7 @@ def _assert_channels_last_layout(graph, convs):
                                   "dwconv:blocks=0+1+2+3:prefix=pool", "dwconv:blocks=1+2:variant=ensembled"])
 def test_export_is_linear_dwconv_linear_and_verified(tmp_path, plan):
     model, manifest = run(plan)
-    replaced = parse_plan(manifest["plan"]).dwconv[0].blocks
+    replaced = parse_plan(manifest["plan"]).steps_of("dwconv")[0].blocks
     report = export(model, tmp_path / "m.onnx", source=TINY, plan=manifest["plan"], data_config=data_config(model))
     assert all(r["passed"] for r in report["verification"])
     clean_file(tmp_path / "m.onnx", tmp_path / "c.onnx")   # verifies against the raw graph too
@@ -318,7 +320,7 @@ def test_export_of_a_non_square_grid_with_registers(tmp_path):
     model = non_square(reg_tokens=2)
     spec = InputSpec.from_data_config(data_config(model))
     # the gaussian init with prefix=mean reads no images
-    steps, modules, _ = build_dwconv(model, parse_plan("dwconv:blocks=0+1:init=gaussian:prefix=mean").dwconv, None,
+    steps, modules, _ = build_dwconv(model, parse_plan("dwconv:blocks=0+1:init=gaussian:prefix=mean").steps_of("dwconv"), None,
                                      spec)
     for block, module in modules.items():
         assert module.grid == (7, 5) and module.num_prefix_tokens == 3

@@ -139,7 +139,8 @@ def test_finetuned_artifact_restores_to_identical_outputs_and_records_the_recipe
         assert torch.equal(restored(x), trained(x))
         assert not torch.equal(restored(x), load_artifact(artifact)[0](x))  # it did change
     stage = manifest["finetune"][-1]
-    assert manifest["plan"] == load_artifact(artifact)[1]["plan"] and manifest["dwconv"]
+    assert manifest["plan"] == load_artifact(artifact)[1]["plan"]
+    assert manifest["steps"] == load_artifact(artifact)[1]["steps"] and manifest["steps"][0]["method"] == "dwconv"
     assert stage["teacher"]["model"] == TINY and stage["teacher"]["weights"] == str(teacher_weights)
     assert stage["recipe"]["temperature"] == 2.0 and stage["recipe"]["train"] == "all"
     assert stage["eval"] == record["eval"] and len(stage["history"]) == 2  # before, end of epoch 1

@@ -240,7 +240,7 @@ def test_printed_default_recipe_is_the_default(tmp_path, capsys):
     assert default.variants[0].plan is None
     from edge.compress.plan import parse_plan
 
-    replaced = sorted(sum(len(s.blocks) for s in parse_plan(v.plan).spans) for v in default.variants[1:])
+    replaced = sorted(sum(len(s.blocks) for s in parse_plan(v.plan).steps_of("block-approximation")) for v in default.variants[1:])
     assert replaced == [1, 2, 3]
 
 

@@ -1,22 +1,23 @@
 import pytest
 
-from edge.compress.plan import AutoStep, SpanStep, parse_plan
+from edge.compress.block_approx import AutoStep, SpanStep
+from edge.compress.plan import parse_plan
 from edge.errors import EdgeError
 
 
 def test_parse_and_canonical_form():
     plan = parse_plan(" affine:9-11:ridge=0.0001 , linear:2-3 ")
     assert [str(s) for s in plan.steps] == ["linear:2-3", "affine:9-11:ridge=0.0001"]
-    assert plan.spans[1].blocks == (10, 11) and plan.spans[1].ridge == 1e-4
+    assert plan.steps_of("block-approximation")[1].blocks == (10, 11) and plan.steps_of("block-approximation")[1].ridge == 1e-4
     assert str(parse_plan(str(plan))) == str(plan)
-    assert parse_plan("linear:-1-0").spans[0] == SpanStep("linear", -1, 0)
+    assert parse_plan("linear:-1-0").steps[0] == SpanStep("linear", -1, 0)
     auto = parse_plan("auto-linear:3,skip:0-1")
     assert isinstance(auto.steps[-1], AutoStep) and auto.steps[-1].count == 3 and not auto.is_resolved
 
 
 def test_adjacent_spans_are_not_overlapping():
     plan = parse_plan("linear:8-9,linear:9-10").validate(12)
-    assert [s.blocks for s in plan.spans] == [(9,), (10,)]
+    assert [s.blocks for s in plan.steps] == [(9,), (10,)]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -49,23 +50,23 @@ def test_unknown_method_suggests_close_name():
 
 
 def test_dwconv_steps_parse_to_canonical_form():
-    from edge.compress.plan import DWConvStep
+    from edge.compress.dwconv import DWConvStep
 
     plan = parse_plan("dwconv:auto=6:init=lsq:k=3:variant=ensembled, linear:9-10")
-    step = plan.dwconv[0]
+    step = plan.steps_of("dwconv")[0]
     assert isinstance(step, DWConvStep) and step.auto == 6 and not step.scattered and not plan.is_resolved
     assert str(plan) == "linear:9-10,dwconv:auto=6:init=lsq:k=3:variant=ensembled"
     assert str(parse_plan(str(plan))) == str(plan)
-    blocks = parse_plan("dwconv:blocks=7+2+5").dwconv[0]
+    blocks = parse_plan("dwconv:blocks=7+2+5").steps_of("dwconv")[0]
     assert blocks.blocks == (2, 5, 7) and str(blocks) == "dwconv:blocks=2+5+7" and blocks.is_resolved
     assert blocks.option("k") == 3 and blocks.option("init") == "lsq" and blocks.option("prefix") == "pool"
-    heads = parse_plan("dwconv:heads=auto=4:order=highest").dwconv[0]
+    heads = parse_plan("dwconv:heads=auto=4:order=highest").steps_of("dwconv")[0]
     assert heads.scattered and heads.auto == 4 and heads.option("order") == "highest"
     assert str(heads) == "dwconv:heads=auto=4:order=highest"
-    explicit = parse_plan("dwconv:heads=5.3+2.0").dwconv[0]
+    explicit = parse_plan("dwconv:heads=5.3+2.0").steps_of("dwconv")[0]
     assert explicit.heads == ((2, 0), (5, 3)) and explicit.touched_blocks == (2, 5)
     # block-approximation plans are unchanged
-    assert parse_plan("linear:2-3").is_resolved and not parse_plan("linear:2-3").dwconv
+    assert parse_plan("linear:2-3").is_resolved and not parse_plan("linear:2-3").steps_of("dwconv")
 
 
 @pytest.mark.parametrize("text,message", [

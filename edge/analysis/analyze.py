@@ -14,9 +14,8 @@ from edge import __version__
 from edge.analysis.collect import BlockMoments, collect_block_moments
 from edge.analysis.heatmap import save_heatmap, save_redundancy_plot
 from edge.analysis.similarity import block_redundancy
-from edge.compress.block_approx import original_block_indices
 from edge.data.preprocess import InputSpec
-from edge.models.info import model_info
+from edge.models.info import model_info, original_block_indices
 from edge.runtime import hardware
 
 

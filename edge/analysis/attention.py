@@ -96,7 +96,7 @@ class AttentionStats:
 
 def attention_modules(model: nn.Module) -> dict[int, nn.Module]:
     """Original block index -> timm ``Attention`` whose softmax map can be captured (``attn_drop`` seam)."""
-    from edge.compress.block_approx import original_block_indices
+    from edge.models.info import original_block_indices
 
     out = {}
     for entry, block in zip(original_block_indices(model.blocks), model.blocks):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
+from edge.cli.common import add_calibration_options, add_command, add_model_options, emit, lazy_help
 
 EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's output (no training)
   edge compress fmnist-deit-tiny --plan linear:9-10 --data fmnist --samples 500 --out runs/ref-linear-9-10
@@ -24,12 +24,10 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
   edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-ft"""
 
-PLAN_HELP = ("steps METHOD:S-E[:key=value] separated by commas; S-E replaces blocks S+1..E (S=-1: from the "
-             "embedding). Methods: identity, linear, affine, skip, mlp, resmlp; auto-linear:K, auto-affine:K. "
-             "Options: ridge=F, prefix=own, steps=N, lr=F. Depthwise convolution in place of attention: "
-             "dwconv:blocks=2+5+7, dwconv:auto=K (lowest Sigma_b), dwconv:heads=auto=K (scattered); options "
-             "init=lsq|mean|gaussian, k=3, variant=unensembled|ensembled|full, prefix=mean|pool|attend|drop, "
-             "order=lowest|highest, ridge=F")
+def _plan_grammar() -> str:
+    from edge.compress.plan import plan_grammar
+
+    return plan_grammar()
 
 
 def register(subparsers) -> None:
@@ -39,7 +37,7 @@ def register(subparsers) -> None:
                          "OUT/model.safetensors the weights. OUT is accepted by eval, analyze and export.",
                          EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--plan", required=True, help=PLAN_HELP)
+    parser.add_argument("--plan", required=True, help=lazy_help(_plan_grammar))
     add_calibration_options(parser)
     parser.add_argument("--holdout", type=float, default=0.2, help="share of samples the planner scores on")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")

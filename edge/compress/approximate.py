@@ -12,8 +12,7 @@ from torch import nn
 
 from edge.analysis.collect import BlockMoments, block_outputs
 from edge.analysis.fit import FittedMap, fit_map, fit_residual
-from edge.compress.block_approx import ApproximatedSpan, replace_spans
-from edge.compress.plan import CLOSED_FORM, TRAINED, SpanStep
+from edge.compress.block_approx import CLOSED_FORM, TRAINED, ApproximatedSpan, SpanStep, replace_spans
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.models.info import model_info
 
@@ -72,9 +71,9 @@ def trained_span(step: SpanStep, model: nn.Module, images, spec: InputSpec, seed
     return module, {"all": {"mse": mse, "r2": 1 - mse / float(y.var(0, unbiased=False).mean())}}
 
 
-def apply_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMoments, images, spec: InputSpec,
-                seed: int = 0) -> dict:
-    """Replace every span of the plan in ``model`` (in place); returns fit statistics per span."""
+def fit_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMoments, images, spec: InputSpec,
+              seed: int = 0) -> tuple[dict[tuple[int, ...], nn.Module], dict]:
+    """The module of every span (by the original blocks it replaces) and fit statistics per span; ``model`` unchanged."""
     info = model_info(model)
     modules, fit_stats = {}, {}
     for step in spans:
@@ -90,5 +89,12 @@ def apply_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMom
             raise ValueError(f"unknown span method {step.method}")
         modules[step.blocks] = module
         fit_stats[str(step)] = stats
+    return modules, fit_stats
+
+
+def apply_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMoments, images, spec: InputSpec,
+                seed: int = 0) -> dict:
+    """Replace every span in ``model`` (in place, after every fit); returns fit statistics per span."""
+    modules, fit_stats = fit_spans(model, spans, moments, images, spec, seed)
     replace_spans(model, modules)
     return fit_stats

@@ -2,13 +2,15 @@
 
 An artifact is a folder:
 
-* ``edge-model.json``  the source model reference, the resolved plan, how each replaced span
-  is built, the calibration set, measured fit statistics, params and FLOPs;
+* ``edge-model.json``  the source model reference, the resolved plan, the calibration set,
+  measured fit statistics, params and FLOPs, and ``steps``: one ``{method, step, options,
+  record}`` per plan step, the record written by the step's method (format version 2; version 1
+  kept one key per method, ``spans``/``dwconv``/``prefix_dropped``, and still loads);
 * ``model.safetensors`` the compressed model's full state dict (float32).
 
 Restoring needs neither the calibration data nor the source weights: the source
-architecture is rebuilt from its name, the plan's modules are put at their seams, and the
-state dict is loaded exactly. Folders are written to a temporary name and renamed, so a
+architecture is rebuilt from its name, each method rebuilds its recorded modules at their seams
+(in the registry's order), and the state dict is loaded exactly. Folders are written to a temporary name and renamed, so a
 failed run never leaves a half-written artifact.
 """
 
@@ -23,9 +25,7 @@ from pathlib import Path
 from torch import nn
 
 from edge import __version__
-from edge.compress.block_approx import ApproximatedSpan, replace_spans
-from edge.compress.dwconv import drop_prefix_tokens
-from edge.compress.dwconv_apply import dwconv_records, restore_dwconv
+from edge.compress.registry import methods
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.models.weights_io import load_weights, read_state_dict, save_safetensors
@@ -33,7 +33,7 @@ from edge.models.weights_io import load_weights, read_state_dict, save_safetenso
 MANIFEST = "edge-model.json"
 WEIGHTS = "model.safetensors"
 FORMAT = "edge-compressed-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -41,21 +41,14 @@ def is_artifact(path: str | Path) -> bool:
     return (path / MANIFEST).is_file() or (path.name == MANIFEST and path.is_file())
 
 
-def span_records(model: nn.Module) -> list[dict]:
-    records = []
-    for module in model.blocks:
-        if isinstance(module, ApproximatedSpan):
-            records.append({"replaced": list(module.replaced), "method": module.method,
-                            "own_prefix_map": module.prefix_map is not None,
-                            "bias": isinstance(module.map, nn.Linear) and module.map.bias is not None})
-    return records
-
-
 def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple[str, ...] = ()) -> Path:
-    """Write ``out/`` atomically: manifest (plus the span structure) and the full state dict.
+    """Write ``out/`` atomically: the manifest of :func:`~edge.compress.compress` (with each step's record)
+    and the full state dict.
 
     Files of an existing ``out/`` named in ``keep`` (a fine-tuning checkpoint) move into the new folder.
     """
+    if "steps" not in manifest:
+        raise ValueError("save_artifact needs a manifest from compress() or load_artifact() (it has no 'steps')")
     out = Path(out)
     if out.exists() and not is_artifact(out) and any(p.name not in keep for p in out.iterdir()):
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
@@ -63,9 +56,8 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "edge": __version__, **manifest,
-                  "spans": span_records(model), "dwconv": dwconv_records(model),
-                  "prefix_dropped": bool(manifest.get("fit", {}).get("dwconv", {}).get("prefix_dropped", False)),
                   "info": model_info(model).as_dict()}
+        record.update(format=FORMAT, format_version=FORMAT_VERSION, edge=__version__)
         save_safetensors({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp / WEIGHTS,
                          metadata={"format": FORMAT})
         (tmp / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
@@ -95,7 +87,34 @@ def read_manifest(path: str | Path) -> dict:
                         expected=f"format {FORMAT} version <= {FORMAT_VERSION}",
                         found=f"{manifest.get('format')} version {manifest.get('format_version')}",
                         fix="re-create it with this version of edge")
+    if manifest["format_version"] < 2:
+        manifest = _upgrade_v1(manifest)
     return manifest
+
+
+def _upgrade_v1(manifest: dict) -> dict:
+    """A format-1 manifest in format-2 form: its per-method keys become ``steps``."""
+    steps = [entry for method in methods() for entry in method.upgrade_v1(manifest)]
+    old = ("spans", "dwconv", "prefix_dropped")
+    return {**{k: v for k, v in manifest.items() if k not in old}, "steps": steps}
+
+
+def restore_steps(model: nn.Module, steps: list[dict], where: str) -> nn.Module:
+    """Rebuild the recorded modules of ``steps`` in ``model`` (weights are loaded afterwards)."""
+    known = {m.name for m in methods()}
+    unknown = sorted({entry["method"] for entry in steps} - known)
+    if unknown:
+        raise EdgeError(f"{where} uses compression method(s) {', '.join(unknown)}, which this edge does not have",
+                        expected=f"methods {', '.join(sorted(known))}",
+                        fix="load it with the edge version (or plugin) that wrote it")
+    records = {m.name: [e["record"] for e in steps if e["method"] == m.name] for m in methods()}
+    for method in methods():
+        if records[method.name]:
+            method.restore_prepare(model, records[method.name])
+    for method in methods():
+        if records[method.name]:
+            method.restore(model, records[method.name])
+    return model
 
 
 def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
@@ -107,16 +126,7 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
     manifest = read_manifest(folder)
     source = manifest["source"]
     model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)
-    if manifest.get("prefix_dropped"):
-        drop_prefix_tokens(model)
-    info = model_info(model)
-    spans = {}
-    for record in manifest["spans"]:
-        replaced = tuple(record["replaced"])
-        spans[replaced] = ApproximatedSpan(record["method"], replaced, info.embed_dim, info.num_prefix_tokens,
-                                           own_prefix_map=record["own_prefix_map"], bias=record["bias"])
-    replace_spans(model, spans)
-    restore_dwconv(model, manifest.get("dwconv", []))
+    restore_steps(model, manifest["steps"], str(folder))
     load_weights(model, read_state_dict(folder / WEIGHTS), str(folder / WEIGHTS))
     model.eval()
     return model, manifest

@@ -9,16 +9,67 @@ output of block S to an approximation of the output of block E:
 * ``skip``: ``y = x`` (the blocks are removed; the papers' baseline);
 * ``mlp`` / ``resmlp``: the papers' trained translators.
 
-The module records which original blocks it replaces, so a compressed model can always be
+The module records which original blocks it replaces (``replaced``), so a compressed model can always be
 described in the original model's block indices.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 
 from edge.analysis.fit import FittedMap
+from edge.compress.cost import linear_flops
+from edge.compress.method import format_options
+from edge.models.info import original_block_indices
+
+CLOSED_FORM = ("identity", "linear", "affine")
+TRAINED = ("mlp", "resmlp")
+SPAN_METHODS = (*CLOSED_FORM, "skip", *TRAINED)
+AUTO_METHODS = ("auto-linear", "auto-affine")
+
+
+@dataclass(frozen=True)
+class SpanStep:
+    """Replace blocks ``start+1 .. end`` by one map (block indices of the original model)."""
+
+    method: str
+    start: int
+    end: int
+    options: dict = field(default_factory=dict, compare=True, hash=False)
+
+    is_resolved = True
+
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        return tuple(range(self.start + 1, self.end + 1))
+
+    @property
+    def ridge(self) -> float:
+        return float(self.options.get("ridge", 0.0))
+
+    @property
+    def prefix(self) -> str:
+        return str(self.options.get("prefix", "shared"))
+
+    def __str__(self) -> str:
+        return f"{self.method}:{self.start}-{self.end}{format_options(self.options)}"
+
+
+@dataclass(frozen=True)
+class AutoStep:
+    """Let the planner choose ``count`` blocks to replace with ``method`` maps."""
+
+    method: str      # linear | affine
+    count: int
+    options: dict = field(default_factory=dict, hash=False)
+
+    is_resolved = False
+
+    def __str__(self) -> str:
+        return f"auto-{self.method}:{self.count}{format_options(self.options)}"
 
 
 class ResMLPTranslator(nn.Module):
@@ -99,23 +150,17 @@ class ApproximatedSpan(nn.Module):
         p = self.num_prefix_tokens
         return torch.cat([self.prefix_map(x[:, :p]), self.map(x[:, p:])], dim=1)
 
+    def flops(self, tokens: int) -> int:
+        """FLOPs of its matrix products for one image of ``tokens`` tokens."""
+        prefix = self.num_prefix_tokens if self.prefix_map is not None else 0
+        total = linear_flops(self.map, tokens - prefix)
+        if self.prefix_map is not None:
+            total += linear_flops(self.prefix_map, prefix)
+        return total
+
     def extra_repr(self) -> str:
         prefix = ", own prefix map" if self.prefix_map is not None else ""
         return f"method={self.method}, replaces blocks {self.replaced[0]}..{self.replaced[-1]}{prefix}"
-
-
-def original_block_indices(blocks: nn.Sequential) -> list[tuple[int, ...]]:
-    """For each entry of a (possibly compressed) ``model.blocks``: the original blocks it stands for."""
-    out, next_index = [], 0
-    for module in blocks:
-        if isinstance(module, ApproximatedSpan):
-            out.append(module.replaced)
-            next_index = module.replaced[-1] + 1
-        else:
-            index = getattr(module, "edge_original_index", next_index)
-            out.append((index,))
-            next_index = index + 1
-    return out
 
 
 def replace_spans(model: nn.Module, spans: dict[tuple[int, ...], nn.Module]) -> nn.Module:

@@ -3,7 +3,8 @@
 ``measured_flops`` runs one forward pass under ``torch.utils.flop_counter.FlopCounterMode``
 (matrix products, convolutions and attention; element-wise work such as LayerNorm, GELU and
 softmax is not counted). ``analytic_flops`` adds up the same operations from the geometry:
-2 FLOPs per multiply-accumulate.
+2 FLOPs per multiply-accumulate. A module a compression method puts at a seam (``blocks[i]``,
+``blocks[i].attn``, ``blocks[i].mlp``) counts its own: ``flops(tokens)`` for one image.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from edge.compress.block_approx import ApproximatedSpan
-from edge.compress.dwconv import DepthwiseAttention
 from edge.models.info import model_info
 
 
@@ -49,8 +48,29 @@ def measured_flops(model: nn.Module, input_size: tuple[int, int, int], batch: in
     return int(counter.get_total_flops())
 
 
-def _linear_flops(module: nn.Module, tokens: int) -> int:
+def linear_flops(module: nn.Module, tokens: int) -> int:
+    """FLOPs of every ``nn.Linear`` inside ``module`` applied to ``tokens`` tokens."""
     return sum(2 * tokens * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def _counts_itself(module) -> bool:
+    return callable(getattr(module, "flops", None))
+
+
+def block_flops(block: nn.Module, tokens: int) -> int:
+    """FLOPs of one entry of ``model.blocks``: a timm block, a block with replaced parts, or a replacement."""
+    if _counts_itself(block):
+        return block.flops(tokens)
+    total = linear_flops(block, tokens)
+    for seam in ("attn", "mlp"):
+        part = getattr(block, seam, None)
+        if _counts_itself(part):  # e.g. its projections see different token counts
+            total += part.flops(tokens) - linear_flops(part, tokens)
+    attn = getattr(block, "attn", None)
+    if attn is not None and hasattr(attn, "num_heads") and not _counts_itself(attn):
+        inner = attn.qkv.out_features // 3
+        total += 2 * 2 * tokens * tokens * inner  # q k^T and attn v
+    return total
 
 
 def analytic_flops(model: nn.Module, batch: int = 1) -> int:
@@ -60,21 +80,7 @@ def analytic_flops(model: nn.Module, batch: int = 1) -> int:
     patch = model.patch_embed.proj
     kh, kw = patch.kernel_size
     total = 2 * info.num_patches * patch.in_channels * kh * kw * patch.out_channels
-    for block in model.blocks:
-        if isinstance(block, ApproximatedSpan):
-            prefix = block.num_prefix_tokens if block.prefix_map is not None else 0
-            total += _linear_flops(block.map, tokens - prefix)
-            if block.prefix_map is not None:
-                total += _linear_flops(block.prefix_map, prefix)
-            continue
-        attn = getattr(block, "attn", None)
-        if isinstance(attn, DepthwiseAttention):  # its projections see different token counts
-            total += _linear_flops(block, tokens) - _linear_flops(attn, tokens) + attn.flops(tokens)
-            continue
-        total += _linear_flops(block, tokens)
-        if attn is not None and hasattr(attn, "num_heads"):
-            inner = attn.qkv.out_features // 3
-            total += 2 * 2 * tokens * tokens * inner  # q k^T and attn v
+    total += sum(block_flops(block, tokens) for block in model.blocks)
     head = getattr(model, "head", None)
     if isinstance(head, nn.Linear):
         total += 2 * head.in_features * head.out_features

@@ -53,14 +53,58 @@ small Softmax per block (FLOPs -5.7 % at 6/12 against -9.9 %) and adds a second 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from edge.compress.method import format_options
 from edge.errors import EdgeError
 
 VARIANTS = ("unensembled", "ensembled", "full")
 PREFIX_MODES = ("mean", "pool", "attend", "drop")
+DWCONV = "dwconv"
+DWCONV_OPTION_TYPES = {"init": str, "k": int, "variant": str, "prefix": str, "order": str, "ridge": float}
+DWCONV_CHOICES = {"init": ("gaussian", "mean", "lsq"), "variant": VARIANTS, "prefix": PREFIX_MODES,
+                  "order": ("lowest", "highest")}
+DWCONV_DEFAULTS = {"init": "lsq", "k": 3, "variant": "unensembled", "prefix": "pool", "order": "lowest",
+                   "ridge": 1e-4}
+
+
+@dataclass(frozen=True)
+class DWConvStep:
+    """Replace attention heads by a depthwise convolution over V (original block indices).
+
+    Exactly one of: ``blocks`` (every head of these blocks), ``heads`` ((block, head) pairs),
+    ``auto`` > 0 (chosen by the Sigma criterion; ``scattered`` picks heads, else blocks).
+    """
+
+    blocks: tuple[int, ...] = ()
+    heads: tuple[tuple[int, int], ...] = ()
+    auto: int = 0
+    scattered: bool = False
+    options: dict = field(default_factory=dict, hash=False)
+
+    def option(self, key: str):
+        """The option's value, or its default (defaults are resolved here only)."""
+        return self.options.get(key, DWCONV_DEFAULTS[key])
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.auto == 0
+
+    @property
+    def touched_blocks(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.blocks) | {b for b, _ in self.heads}))
+
+    def __str__(self) -> str:
+        if self.auto:
+            where = f"heads=auto={self.auto}" if self.scattered else f"auto={self.auto}"
+        elif self.heads:
+            where = "heads=" + "+".join(f"{b}.{h}" for b, h in self.heads)
+        else:
+            where = "blocks=" + "+".join(map(str, self.blocks))
+        return f"{DWCONV}:{where}{format_options(self.options)}"
 
 
 def check_kernel_size(k: int, grid: tuple[int, int], where: str = "k") -> None:

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from edge.analysis.attention import AttentionStats, collect_attention_stats
-from edge.compress.block_approx import original_block_indices
+from edge.models.info import original_block_indices
 from edge.compress.dwconv import (
     DepthwiseAttention,
+    DWConvStep,
     check_attention,
     check_kernel_size,
     depthwise_from_attention,
@@ -23,7 +24,6 @@ from edge.compress.dwconv import (
     head_channels,
 )
 from edge.compress.dwconv_init import KernelFit, gaussian_kernel, mean_attention_kernel
-from edge.compress.plan import DWConvStep
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.models.info import ModelInfo, model_info

@@ -40,8 +40,7 @@ from torch import nn
 
 from edge import __version__
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
-from edge.compress.block_approx import ApproximatedSpan
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.registry import module_types
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
@@ -61,7 +60,6 @@ from edge.train import (
 
 CHECKPOINT = "checkpoint.pt"
 TRAINABLE = ("all", "replaced")
-REPLACED_TYPES = (DepthwiseAttention, ApproximatedSpan)
 # Not part of the recipe a checkpoint must match: where/how fast it runs, when it saves, where it stops.
 RUN_ONLY = ("command", "checkpoint_every", "threads", "device", "eval_every_epoch", "max_steps")
 
@@ -164,7 +162,7 @@ def select_trainable(model: nn.Module, which: str) -> int:
         p.requires_grad_(which == "all")
     if which == "replaced":
         for module in model.modules():
-            if isinstance(module, REPLACED_TYPES):
+            if isinstance(module, module_types()):
                 for p in module.parameters():
                     p.requires_grad_(True)
     count = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -19,7 +19,7 @@ from torch import nn
 from edge.analysis.collect import BlockMoments
 from edge.analysis.similarity import block_redundancy
 from edge.compress.approximate import apply_spans
-from edge.compress.plan import AutoStep, Plan, SpanStep
+from edge.compress.block_approx import AutoStep, SpanStep
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 
 
@@ -76,11 +76,9 @@ def _score(result: dict) -> tuple[float, float]:
     return (result.get("kl", result["feature_rel_error"]), result["feature_rel_error"])
 
 
-def plan_auto(model: nn.Module, plan: Plan, moments: BlockMoments, holdout, spec: InputSpec,
-              seed: int = 0) -> tuple[Plan, list[dict]]:
-    """Resolve the plan's auto step greedily; returns the resolved plan and the candidate table."""
-    auto = next(s for s in plan.steps if isinstance(s, AutoStep))
-    fixed = plan.spans
+def plan_auto(model: nn.Module, auto: AutoStep, fixed: tuple[SpanStep, ...], moments: BlockMoments, holdout,
+              spec: InputSpec, seed: int = 0) -> tuple[tuple[SpanStep, ...], list[dict]]:
+    """Resolve ``auto`` greedily beside the ``fixed`` spans; returns all spans and the candidate table."""
     taken = {b for s in fixed for b in s.blocks}
     reference = reference_outputs(model, holdout, spec)
     redundancy = block_redundancy(moments.view("all")).tolist()
@@ -101,4 +99,4 @@ def plan_auto(model: nn.Module, plan: Plan, moments: BlockMoments, holdout, spec
             row["chosen"] = row is best
         table.extend(candidates)
         chosen.add(best["block"])
-    return Plan(spans_for(chosen, auto.method, auto.options, fixed)), table
+    return spans_for(chosen, auto.method, auto.options, fixed), table

@@ -63,3 +63,22 @@ def model_info(model: nn.Module) -> ModelInfo:
         global_pool=str(model.global_pool),
         params=sum(p.numel() for p in model.parameters()),
     )
+
+
+def original_block_indices(blocks: nn.Sequential) -> list[tuple[int, ...]]:
+    """For each entry of a (possibly compressed) ``model.blocks``: the original blocks it stands for.
+
+    A module that stands for several original blocks names them in ``replaced`` (a compression
+    method's span); a kept block carries ``edge_original_index`` once blocks before it were replaced.
+    """
+    out, next_index = [], 0
+    for module in blocks:
+        replaced = getattr(module, "replaced", None)
+        if replaced is not None:
+            out.append(tuple(replaced))
+            next_index = replaced[-1] + 1
+        else:
+            index = getattr(module, "edge_original_index", next_index)
+            out.append((index,))
+            next_index = index + 1
+    return out

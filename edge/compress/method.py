@@ -1,0 +1,153 @@
+"""What a compression method is: one interface, implemented once per method in ``edge/compress/methods/``.
+
+A method owns plan keywords (``linear``, ``dwconv``, ...), the step objects it parses them into,
+the statistics it measures, the modules it puts at timm's seams (``blocks[i]``,
+``blocks[i].attn``, ``blocks[i].mlp``), a JSON record of each applied step and the restore from
+that record. The compressor, the artifact, the plan grammar, the CLI help and the fine-tuner
+know methods only through this interface and :mod:`edge.compress.registry`.
+
+The compressor applies a plan in four phases, each in the registry's order (``Method.order``):
+
+1. ``prepare``: changes to the whole model before anything is measured (e.g. ``prefix=drop``);
+2. ``build``: resolve automatic steps and fit the replacement modules, all on the model as it is
+   before any replacement; each method sees the blocks that methods before it replace
+   (``BuildContext.removed``) and the plan is re-validated after each;
+3. ``place``: put every built module at its seam;
+4. ``record``: one ``{method, step, options, record}`` entry per step for the artifact.
+
+A module a method introduces counts its own FLOPs: ``flops(tokens) -> int`` for one image of
+``tokens`` tokens (see :func:`edge.compress.cost.analytic_flops`); a module standing in
+``model.blocks`` for several original blocks names them in ``replaced`` (see
+:func:`edge.models.info.original_block_indices`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from torch import nn
+
+from edge.data.preprocess import InputSpec
+from edge.errors import EdgeError
+from edge.models.info import ModelInfo
+
+
+class Step(Protocol):
+    """One parsed plan step. ``str(step)`` is its canonical text; equal text means an equal step."""
+
+    options: dict
+
+    @property
+    def is_resolved(self) -> bool:
+        """False while the step still has an automatic choice to make (``auto=K``)."""
+        ...
+
+
+@dataclass
+class PlanCheck:
+    """What the steps validated so far claim of a model with ``num_blocks`` blocks (original indices)."""
+
+    num_blocks: int
+    removed: dict[int, Step] = field(default_factory=dict)    # whole blocks replaced, and by which step
+    attention: dict[int, Step] = field(default_factory=dict)  # blocks whose attention a step replaces
+
+
+@dataclass
+class BuildContext:
+    """What a method's ``build`` sees: the unmodified model, its data and the blocks others remove."""
+
+    model: nn.Module
+    info: ModelInfo
+    spec: InputSpec
+    calibration: object           # edge.data Dataset of seeded, class-balanced samples
+    samples: int
+    seed: int
+    holdout: float
+    batch_size: int
+    removed: set[int] = field(default_factory=set)            # blocks replaced by methods built earlier
+    prepared: dict[str, dict] = field(default_factory=dict)   # method name -> what its prepare did
+
+
+@dataclass
+class Built:
+    """What ``build`` returns: the resolved steps, the modules to place, statistics for the manifest."""
+
+    steps: tuple
+    modules: object = None                                    # the method's own structure, read by place()
+    fit: dict = field(default_factory=dict)                   # merged into the manifest's ``fit``
+    planner: list[dict] = field(default_factory=list)         # candidate table of an automatic choice
+    removed: set[int] = field(default_factory=set)            # whole blocks these steps replace
+
+
+class Method:
+    """Base of every compression method; a subclass sets the class attributes and overrides the phases."""
+
+    name: ClassVar[str]                              # registry key, recorded in artifacts
+    keywords: ClassVar[tuple[str, ...]]              # plan keywords it parses (``linear``, ``dwconv``)
+    step_types: ClassVar[tuple[type, ...]]           # classes of the steps it parses
+    module_types: ClassVar[tuple[type[nn.Module], ...]] = ()  # modules it puts at timm's seams
+    order: ClassVar[int]                             # place in the application order (lower first)
+    grammar: ClassVar[str]                           # one paragraph of plan grammar for --help
+
+    def parse(self, keyword: str, rest: str, text: str) -> Step:
+        """``text`` is the whole step, ``keyword`` its lower-cased method word, ``rest`` what follows ``:``."""
+        raise NotImplementedError
+
+    def sort_key(self, step: Step) -> tuple:
+        """The canonical order of this method's steps within a plan (stable for equal keys)."""
+        return ()
+
+    def validate(self, steps: tuple, check: PlanCheck) -> None:
+        """Check ``steps`` against the model's block count and what earlier methods claim; claim in ``check``."""
+
+    def prepare(self, model: nn.Module, steps: tuple, plan) -> dict:
+        """Change the whole model before anything is measured; return a JSON record of what was done."""
+        return {}
+
+    def build(self, steps: tuple, context: BuildContext) -> Built:
+        raise NotImplementedError
+
+    def place(self, model: nn.Module, built: Built) -> None:
+        raise NotImplementedError
+
+    def record(self, model: nn.Module, step: Step, prepared: dict) -> dict:
+        """JSON record of what ``step`` put into ``model``, enough for :meth:`restore` without data."""
+        raise NotImplementedError
+
+    def restore_prepare(self, model: nn.Module, records: list[dict]) -> None:
+        """Redo ``prepare`` on a freshly created source model, from this method's step records."""
+
+    def restore(self, model: nn.Module, records: list[dict]) -> None:
+        """Put modules of the recorded shapes at their seams (their weights are loaded afterwards)."""
+        raise NotImplementedError
+
+    def upgrade_v1(self, manifest: dict) -> list[dict]:
+        """Step entries (``{method, step, options, record}``) from a format-1 manifest's own keys."""
+        return []
+
+    def is_applied(self, model: nn.Module) -> bool:
+        return any(isinstance(m, self.module_types) for m in model.modules()) if self.module_types else False
+
+
+def format_options(options: dict) -> str:
+    return "".join(f":{k}={v}" for k, v in sorted(options.items()))
+
+
+def parse_options(parts: list[str], step_text: str, types: dict) -> dict:
+    """``key=value`` parts of a step, each converted by ``types[key]``; unknown keys are refused."""
+    options = {}
+    for part in parts:
+        if "=" not in part:
+            raise EdgeError(f"option {part!r} in plan step {step_text!r} is not key=value",
+                            expected=f"options {', '.join(types)} as :key=value")
+        key, value = part.split("=", 1)
+        if key not in types:
+            raise EdgeError(f"unknown option {key!r} in plan step {step_text!r}",
+                            expected=f"one of {', '.join(types)}")
+        try:
+            options[key] = types[key](value)
+        except ValueError as e:
+            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not a {types[key].__name__}")\
+                from e
+    return options

@@ -1,0 +1,9 @@
+"""The built-in compression methods, one module each; importing this package registers them.
+
+A new method is one module here (its steps, modules and :class:`~edge.compress.method.Method`,
+ending with ``register_method(...)``) plus one import line below, and its tests.
+"""
+
+from edge.compress.methods import block_approximation, dwconv
+
+__all__ = ["block_approximation", "dwconv"]
