@@ -19,7 +19,7 @@ BATCH = 8
 
 def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: int = BATCH):
     """An ``IInt8EntropyCalibrator2`` over ``images`` (float32 NCHW) with a read/write cache at ``cache_file``."""
-    from edge.build.features import load_tensorrt
+    from edge.trt.features import load_tensorrt
 
     load_tensorrt()
     import tensorrt as trt
@@ -27,7 +27,7 @@ def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: i
     if not hasattr(trt, "IInt8EntropyCalibrator2"):
         raise EdgeError(f"TensorRT {trt.__version__} has no IInt8EntropyCalibrator2 (removed in TensorRT 11)",
                         fix="quantize explicitly: edge quantize MODEL.onnx --precision int8 ...")
-    from edge.build.cuda import check, load_cudart
+    from edge.trt.cuda import check, load_cudart
 
     cudart = load_cudart()
 

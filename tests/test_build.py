@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.build import BuildConfig, build_engine, detect_features
-from edge.build.manifest import check_compatible, manifest_path, read_manifest
 from edge.cli import main
 from edge.errors import EdgeError
+from edge.trt import BuildConfig, build_engine, detect_features
+from edge.trt.manifest import check_compatible, manifest_path, read_manifest
 from tests.fake_tensorrt import FAKE_DEVICE, FakeCudart, make_fake_tensorrt
 
 
@@ -72,7 +72,7 @@ def test_without_tensorrt_build_says_how_to_install_and_other_commands_work(tmp_
     err = capsys.readouterr().err
     assert "TensorRT was not found" in err and "JetPack" in err and "x86" in err
     assert not (tmp_path / "m.engine").exists() and not manifest_path(tmp_path / "m.engine").exists()
-    import edge.build  # noqa: F401  - importable without TensorRT
+    import edge.trt  # noqa: F401  - importable without TensorRT
     assert main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tensorrt"] is None
 
@@ -82,7 +82,7 @@ def test_type_stubs_alone_are_not_tensorrt(monkeypatch):
 
     stubs_only = types.ModuleType("tensorrt")  # what `tensorrt-stubs` in site-packages imports as
     monkeypatch.setitem(sys.modules, "tensorrt", stubs_only)
-    from edge.build import load_tensorrt
+    from edge.trt import load_tensorrt
 
     with pytest.raises(EdgeError, match="type stubs only"):
         load_tensorrt()
@@ -213,7 +213,7 @@ def test_failed_build_writes_nothing(tmp_path, fake_trt):
 def test_profile_refuses_an_engine_built_for_another_gpu_or_tensorrt(tmp_path, fake_trt, monkeypatch):
     fake_trt("10.3")
     engine, manifest = build(tmp_path)
-    from edge.build import cuda as cuda_module
+    from edge.trt import cuda as cuda_module
 
     monkeypatch.setattr(cuda_module, "load_cudart", lambda: FakeCudart("NVIDIA H100", 9, 0))
     from edge.profile.tensorrt import TensorRTBackend

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from edge.build import BuildConfig
-from edge.build.trtexec import (
+from edge.errors import EdgeError
+from edge.trt import BuildConfig
+from edge.trt.trtexec import (
     parse_profile,
     parse_summary,
     parse_times,
@@ -17,7 +18,6 @@ from edge.build.trtexec import (
     trtexec_command,
     trtexec_result,
 )
-from edge.errors import EdgeError
 
 STAT = ("min = {0} ms, max = 5.82495 ms, mean = 4.29966 ms, median = 4.29718 ms, percentile(90%) = 4.30725 ms, "
         "percentile(95%) = 4.31128 ms, percentile(99%) = 4.32874 ms")
@@ -120,8 +120,8 @@ def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from edge.build import trtexec as trtexec_module
     from edge.cli import main
+    from edge.trt import trtexec as trtexec_module
 
     monkeypatch.setattr(trtexec_module, "find_trtexec", lambda: None)  # as on a host without TensorRT
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")

@@ -13,7 +13,7 @@ EXAMPLES = """  edge build runs/ref.onnx --out runs/ref.engine                  
 
 
 def register(subparsers) -> None:
-    from edge.build.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS
+    from edge.trt.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS
 
     parser = add_command(
         subparsers, "build", "build a TensorRT engine on this device (writes ENGINE, ENGINE.json, ENGINE.layers.json)",
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
-    from edge.build.builder import BuildConfig, PhaseDisplay, build_engine
+    from edge.trt.builder import BuildConfig, PhaseDisplay, build_engine
 
     config = BuildConfig(precision=args.precision, strongly_typed=args.strongly_typed, workspace_mib=args.workspace,
                          optimization_level=args.opt_level, tiling_optimization_level=args.tiling_level,
@@ -74,8 +74,8 @@ def _trtexec(args, config) -> int:
     import sys
     from pathlib import Path
 
-    from edge.build.builder import select_onnx
-    from edge.build.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
+    from edge.trt.builder import select_onnx
+    from edge.trt.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
     from edge.export import write_atomic
 
     binary = find_trtexec()

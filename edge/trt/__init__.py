@@ -1,12 +1,12 @@
 """TensorRT engines: feature detection, the builder, manifests, trtexec interop.
 
-Nothing here imports TensorRT at module level: ``import edge.build`` works without it, and
+Nothing here imports TensorRT at module level: ``import edge.trt`` works without it, and
 ``build_engine`` says what to install when it is missing.
 """
 
-from edge.build.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS, BuildConfig, build_engine
-from edge.build.features import TensorRTFeatures, detect_features, load_tensorrt
-from edge.build.manifest import check_compatible, read_manifest
+from edge.trt.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS, BuildConfig, build_engine
+from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
+from edge.trt.manifest import check_compatible, read_manifest
 
 __all__ = ["DEFAULT_WORKSPACE_MIB", "PRECISIONS", "BuildConfig", "TensorRTFeatures", "build_engine",
            "check_compatible", "detect_features", "load_tensorrt", "read_manifest"]

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from edge.build.features import TensorRTFeatures, detect_features, load_tensorrt
-from edge.build.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
 from edge.errors import EdgeError
+from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
+from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
 
 if TYPE_CHECKING:
     import tensorrt
@@ -357,7 +357,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     display(f"writing {out}")
     layer_info = _inspect(logger, engine_bytes, features)
     if device is None:
-        from edge.build.cuda import device_identity
+        from edge.trt.cuda import device_identity
 
         device = device_identity()
     write_atomic(engine_bytes, out)

@@ -15,9 +15,9 @@ import shlex
 import shutil
 from pathlib import Path
 
-from edge.build.builder import BuildConfig
 from edge.errors import EdgeError
 from edge.profile.stats import latency_stats
+from edge.trt.builder import BuildConfig
 
 JETPACK_TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
 #: what NVIDIA's maintainers ask benchmark reports to use
