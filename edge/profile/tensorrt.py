@@ -24,6 +24,7 @@ import numpy as np
 
 from edge.errors import EdgeError
 from edge.profile.stats import latency_stats
+from edge.trt.dims import dims_list
 from edge.trt.features import detect_features, load_tensorrt
 from edge.trt.manifest import check_compatible, read_manifest
 
@@ -95,8 +96,6 @@ class TensorRTBackend:
 
     def _bind(self, trt, batch: int | None, seed: int) -> int:
         """Allocate every I/O tensor on the device, fill the inputs, set their addresses."""
-        from edge.trt.builder import dims_list
-
         rng = np.random.default_rng(seed)
         engine_batch = 1
         for i in range(self.engine.num_io_tensors):

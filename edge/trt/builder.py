@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from edge.errors import EdgeError
+from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
 
@@ -152,11 +153,6 @@ def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> 
     raise EdgeError(f"{model_path} is a {have} graph, --precision {config.precision} asked for",
                     expected=f"a {' or '.join(wanted)} graph", fix="build the float32 export, or pass --precision "
                     f"{ {'float16': 'fp16', 'int8': 'int8', 'float32': 'fp32'}.get(have, 'fp32') }")
-
-
-def dims_list(dims: tensorrt.Dims) -> list[int]:
-    """A TensorRT ``Dims`` as a list (the bindings index it; the stubs give it no ``__iter__``)."""
-    return [int(dims[i]) for i in range(len(dims))]
 
 
 def _network_flags(strongly_typed: bool) -> int:
