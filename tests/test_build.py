@@ -140,6 +140,44 @@ def test_legacy_int8_needs_the_calibrator_class(tmp_path, fake_trt):
         build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="fmnist-mini"))
 
 
+class CalibratingCudart(FakeCudart):
+    """FakeCudart plus the buffer the legacy calibrator allocates (nothing is copied: the fake never calibrates)."""
+
+    def cudaMalloc(self, nbytes: int):
+        return 0, 4096
+
+    def cudaFree(self, pointer: int):
+        return (0,)
+
+
+def test_legacy_int8_calibrates_on_the_images_edge_build_supplies(tmp_path, fake_trt, monkeypatch, capsys):
+    """edge build hands calib's seeded sampler to the builder; edge.trt itself never imports calib."""
+    fake_trt("10.3")
+    from edge.trt import cuda as cuda_module
+
+    import calib.data
+
+    monkeypatch.setattr(cuda_module, "load_cudart", lambda: CalibratingCudart())
+    sampled = []
+    sampler = calib.data.calibration_images
+
+    def recording_sampler(*args):
+        sampled.append(sampler(*args))
+        return sampled[-1]
+
+    monkeypatch.setattr(calib.data, "calibration_images", recording_sampler)
+    model, out = tiny_onnx(tmp_path / "m.onnx"), tmp_path / "m.engine"
+    assert main(["build", str(model), "--precision", "int8", "--weakly-typed", "--data", "fmnist-mini",
+                 "--samples", "20", "--out", str(out), "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert len(sampled) == 1 and sampled[0].shape == (20, 1, 4, 4) and sampled[0].dtype == np.float32
+    assert request_of(out)["calibrator"] == "EntropyCalibrator" and request_of(out)["builder_flags"] == ["INT8"]
+    assert manifest["knobs"]["honoured"]["int8_calibrator"] == "IInt8EntropyCalibrator2 (legacy)"
+    with pytest.raises(EdgeError, match="no calibration_images") as e:  # the library call without them
+        build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="fmnist-mini"))
+    assert "calib.data.calibration_images" in str(e.value)
+
+
 def test_strongly_typed_int8_asks_for_the_qdq_graph(tmp_path, fake_trt):
     fake_trt("11.0")
     with pytest.raises(EdgeError, match="Q/DQ graph") as e:

@@ -59,7 +59,8 @@ def run(args) -> int:
     config.check()
     if args.trtexec:
         return _trtexec(args, config)
-    manifest = build_engine(args.model, args.out, config, display=PhaseDisplay(sys.stderr))
+    manifest = build_engine(args.model, args.out, config, display=PhaseDisplay(sys.stderr),
+                            calibration_images=_calibration_images)
     knobs = manifest["knobs"]
     missing = ", ".join(f"{k} ({why})" for k, why in knobs["not_available"].items())
     emit(manifest, args.json, f"wrote {args.out} ({manifest['engine']['bytes'] / 1e6:.1f} MB, {args.precision}, "
@@ -67,6 +68,13 @@ def run(args) -> int:
                               f"manifest {args.out}.json, layers {args.out}.layers.json"
                               + (f"\nnot available in this TensorRT: {missing}" if missing else ""))
     return 0
+
+
+def _calibration_images(model, source: str, data: str, samples: int):
+    """--weakly-typed int8: the seeded, class-balanced images `edge quantize` calibrates on (imported when used)."""
+    from calib.data import calibration_images
+
+    return calibration_images(model, source, data, samples)
 
 
 def _trtexec(args, config) -> int:
