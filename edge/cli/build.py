@@ -82,9 +82,10 @@ def _trtexec(args, config) -> int:
     import sys
     from pathlib import Path
 
-    from edge.trt.builder import select_onnx
-    from edge.trt.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
     from edge.export import write_atomic
+    from edge.profile.trtexec import trtexec_result
+    from edge.trt.builder import select_onnx
+    from edge.trt.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command
 
     binary = find_trtexec()
     # trtexec --stronglyTyped takes the precision from the ONNX: the variant the builder would parse

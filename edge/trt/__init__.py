@@ -1,4 +1,4 @@
-"""TensorRT engines: feature detection, the builder, the legacy INT8 calibrator, manifests, trtexec interop.
+"""TensorRT engines: feature detection, the builder, the legacy INT8 calibrator, manifests, the trtexec command.
 
 Nothing here imports TensorRT at module level: ``import edge.trt`` works without it, and
 ``build_engine`` says what to install when it is missing.
