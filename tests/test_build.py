@@ -152,11 +152,10 @@ class CalibratingCudart(FakeCudart):
 
 def test_legacy_int8_calibrates_on_the_images_edge_build_supplies(tmp_path, fake_trt, monkeypatch, capsys):
     """edge build hands calib's seeded sampler to the builder; edge.trt itself never imports calib."""
-    fake_trt("10.3")
+    import calib.data
     from edge.trt import cuda as cuda_module
 
-    import calib.data
-
+    fake_trt("10.3")
     monkeypatch.setattr(cuda_module, "load_cudart", lambda: CalibratingCudart())
     sampled = []
     sampler = calib.data.calibration_images
