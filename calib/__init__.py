@@ -1,1 +1,1 @@
-"""INT8 for TensorRT: calibration data, explicit (Q/DQ) quantization, the legacy TensorRT calibrator."""
+"""INT8 for TensorRT: calibration data, explicit (Q/DQ) quantization (the legacy calibrator: edge.trt.calibrator)."""

@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.build import BuildConfig, build_engine, detect_features
-from edge.build.manifest import check_compatible, manifest_path, read_manifest
 from edge.cli import main
 from edge.errors import EdgeError
+from edge.trt import BuildConfig, build_engine, detect_features
+from edge.trt.manifest import check_compatible, manifest_path, read_manifest
 from tests.fake_tensorrt import FAKE_DEVICE, FakeCudart, make_fake_tensorrt
 
 
@@ -72,7 +72,7 @@ def test_without_tensorrt_build_says_how_to_install_and_other_commands_work(tmp_
     err = capsys.readouterr().err
     assert "TensorRT was not found" in err and "JetPack" in err and "x86" in err
     assert not (tmp_path / "m.engine").exists() and not manifest_path(tmp_path / "m.engine").exists()
-    import edge.build  # noqa: F401  - importable without TensorRT
+    import edge.trt  # noqa: F401  - importable without TensorRT
     assert main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tensorrt"] is None
 
@@ -82,7 +82,7 @@ def test_type_stubs_alone_are_not_tensorrt(monkeypatch):
 
     stubs_only = types.ModuleType("tensorrt")  # what `tensorrt-stubs` in site-packages imports as
     monkeypatch.setitem(sys.modules, "tensorrt", stubs_only)
-    from edge.build import load_tensorrt
+    from edge.trt import load_tensorrt
 
     with pytest.raises(EdgeError, match="type stubs only"):
         load_tensorrt()
@@ -138,6 +138,43 @@ def test_legacy_int8_needs_the_calibrator_class(tmp_path, fake_trt):
     del trt.IInt8EntropyCalibrator2  # a 10.x build without the deprecated calibrator
     with pytest.raises(EdgeError, match="no INT8 calibrator"):
         build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="fmnist-mini"))
+
+
+class CalibratingCudart(FakeCudart):
+    """FakeCudart plus the buffer the legacy calibrator allocates (nothing is copied: the fake never calibrates)."""
+
+    def cudaMalloc(self, nbytes: int):
+        return 0, 4096
+
+    def cudaFree(self, pointer: int):
+        return (0,)
+
+
+def test_legacy_int8_calibrates_on_the_images_edge_build_supplies(tmp_path, fake_trt, monkeypatch, capsys):
+    """edge build hands calib's seeded sampler to the builder; edge.trt itself never imports calib."""
+    import calib.data
+    from edge.trt import cuda as cuda_module
+
+    fake_trt("10.3")
+    monkeypatch.setattr(cuda_module, "load_cudart", lambda: CalibratingCudart())
+    sampled = []
+    sampler = calib.data.calibration_images
+
+    def recording_sampler(*args):
+        sampled.append(sampler(*args))
+        return sampled[-1]
+
+    monkeypatch.setattr(calib.data, "calibration_images", recording_sampler)
+    model, out = tiny_onnx(tmp_path / "m.onnx"), tmp_path / "m.engine"
+    assert main(["build", str(model), "--precision", "int8", "--weakly-typed", "--data", "fmnist-mini",
+                 "--samples", "20", "--out", str(out), "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert len(sampled) == 1 and sampled[0].shape == (20, 1, 4, 4) and sampled[0].dtype == np.float32
+    assert request_of(out)["calibrator"] == "EntropyCalibrator" and request_of(out)["builder_flags"] == ["INT8"]
+    assert manifest["knobs"]["honoured"]["int8_calibrator"] == "IInt8EntropyCalibrator2 (legacy)"
+    with pytest.raises(EdgeError, match="no calibration_images") as e:  # the library call without them
+        build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="fmnist-mini"))
+    assert "calib.data.calibration_images" in str(e.value)
 
 
 def test_strongly_typed_int8_asks_for_the_qdq_graph(tmp_path, fake_trt):
@@ -213,7 +250,7 @@ def test_failed_build_writes_nothing(tmp_path, fake_trt):
 def test_profile_refuses_an_engine_built_for_another_gpu_or_tensorrt(tmp_path, fake_trt, monkeypatch):
     fake_trt("10.3")
     engine, manifest = build(tmp_path)
-    from edge.build import cuda as cuda_module
+    from edge.trt import cuda as cuda_module
 
     monkeypatch.setattr(cuda_module, "load_cudart", lambda: FakeCudart("NVIDIA H100", 9, 0))
     from edge.profile.tensorrt import TensorRTBackend

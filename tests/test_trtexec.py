@@ -8,16 +8,10 @@ import json
 
 import pytest
 
-from edge.build import BuildConfig
-from edge.build.trtexec import (
-    parse_profile,
-    parse_summary,
-    parse_times,
-    shape_arguments,
-    trtexec_command,
-    trtexec_result,
-)
 from edge.errors import EdgeError
+from edge.profile.trtexec import parse_profile, parse_summary, parse_times, trtexec_result
+from edge.trt import BuildConfig
+from edge.trt.trtexec import shape_arguments, trtexec_command
 
 STAT = ("min = {0} ms, max = 5.82495 ms, mean = 4.29966 ms, median = 4.29718 ms, percentile(90%) = 4.30725 ms, "
         "percentile(95%) = 4.31128 ms, percentile(99%) = 4.32874 ms")
@@ -120,8 +114,8 @@ def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from edge.build import trtexec as trtexec_module
     from edge.cli import main
+    from edge.trt import trtexec as trtexec_module
 
     monkeypatch.setattr(trtexec_module, "find_trtexec", lambda: None)  # as on a host without TensorRT
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")

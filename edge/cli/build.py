@@ -13,7 +13,7 @@ EXAMPLES = """  edge build runs/ref.onnx --out runs/ref.engine                  
 
 
 def register(subparsers) -> None:
-    from edge.build.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS
+    from edge.trt.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS
 
     parser = add_command(
         subparsers, "build", "build a TensorRT engine on this device (writes ENGINE, ENGINE.json, ENGINE.layers.json)",
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
-    from edge.build.builder import BuildConfig, PhaseDisplay, build_engine
+    from edge.trt.builder import BuildConfig, PhaseDisplay, build_engine
 
     config = BuildConfig(precision=args.precision, strongly_typed=args.strongly_typed, workspace_mib=args.workspace,
                          optimization_level=args.opt_level, tiling_optimization_level=args.tiling_level,
@@ -59,7 +59,8 @@ def run(args) -> int:
     config.check()
     if args.trtexec:
         return _trtexec(args, config)
-    manifest = build_engine(args.model, args.out, config, display=PhaseDisplay(sys.stderr))
+    manifest = build_engine(args.model, args.out, config, display=PhaseDisplay(sys.stderr),
+                            calibration_images=_calibration_images)
     knobs = manifest["knobs"]
     missing = ", ".join(f"{k} ({why})" for k, why in knobs["not_available"].items())
     emit(manifest, args.json, f"wrote {args.out} ({manifest['engine']['bytes'] / 1e6:.1f} MB, {args.precision}, "
@@ -69,14 +70,22 @@ def run(args) -> int:
     return 0
 
 
+def _calibration_images(model, source: str, data: str, samples: int):
+    """--weakly-typed int8: the seeded, class-balanced images `edge quantize` calibrates on (imported when used)."""
+    from calib.data import calibration_images
+
+    return calibration_images(model, source, data, samples)
+
+
 def _trtexec(args, config) -> int:
     import subprocess
     import sys
     from pathlib import Path
 
-    from edge.build.builder import select_onnx
-    from edge.build.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
     from edge.export import write_atomic
+    from edge.profile.trtexec import trtexec_result
+    from edge.trt.builder import select_onnx
+    from edge.trt.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command
 
     binary = find_trtexec()
     # trtexec --stronglyTyped takes the precision from the ONNX: the variant the builder would parse

@@ -3,7 +3,7 @@
 * deserialises an engine written by ``edge build`` and refuses it when its manifest names
   another TensorRT version or GPU (engines are not portable);
 * binds every I/O tensor with ``set_tensor_address`` and runs ``execute_async_v3`` on its own
-  CUDA stream (cuda-python: see ``edge.build.cuda`` for why not pycuda);
+  CUDA stream (cuda-python: see ``edge.trt.cuda`` for why not pycuda);
 * each ``infer()`` is one complete inference (enqueue, then synchronise) timed on the GPU with
   CUDA events as well as on the host; ``cuda_graph=True`` captures the enqueue once and replays
   the graph (what trtexec's ``--useCudaGraph`` does);
@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge.build.features import detect_features, load_tensorrt
-from edge.build.manifest import check_compatible, read_manifest
 from edge.errors import EdgeError
 from edge.profile.stats import latency_stats
+from edge.trt.dims import dims_list
+from edge.trt.features import detect_features, load_tensorrt
+from edge.trt.manifest import check_compatible, read_manifest
 
 if TYPE_CHECKING:
     import tensorrt
@@ -63,7 +64,7 @@ class TensorRTBackend:
         load_tensorrt()
         import tensorrt as trt
 
-        from edge.build.cuda import check, device_identity, load_cudart
+        from edge.trt.cuda import check, device_identity, load_cudart
 
         self.path = Path(engine_path)
         if not self.path.is_file():
@@ -95,8 +96,6 @@ class TensorRTBackend:
 
     def _bind(self, trt, batch: int | None, seed: int) -> int:
         """Allocate every I/O tensor on the device, fill the inputs, set their addresses."""
-        from edge.build.builder import dims_list
-
         rng = np.random.default_rng(seed)
         engine_batch = 1
         for i in range(self.engine.num_io_tensors):

@@ -9,6 +9,9 @@ for it (``strongly_typed=False``) and refused with a clear message where the fla
 ``import tensorrt`` happens inside the functions, after :func:`load_tensorrt` has checked it, so
 ``import edge`` never needs TensorRT; mypy checks every call against ``tensorrt-stubs``, and the
 unit tests swap a fake module in as ``sys.modules["tensorrt"]``.
+
+The legacy calibrator calibrates on images the caller supplies (``calibration_images``: ``edge
+build`` passes ``calib.data.calibration_images``), so this package never imports ``calib``.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 
-from edge.build.features import TensorRTFeatures, detect_features, load_tensorrt
-from edge.build.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
 from edge.errors import EdgeError
+from edge.trt.dims import dims_list
+from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
+from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
 
 if TYPE_CHECKING:
     import tensorrt
@@ -35,6 +40,8 @@ PRECISIONS = ("fp32", "fp16", "int8", "best")
 DEFAULT_WORKSPACE_MIB = 2048
 #: the ONNX variant (edge.precision metadata) a strongly typed build of each --precision expects
 ONNX_VARIANT = {"fp32": ("float32",), "fp16": ("float16",), "int8": ("int8",), "best": ("int8", "float16")}
+#: the legacy calibrator's images: (the parsed ONNX, its path, --data, --samples) -> float32 NCHW array
+CalibrationImages = Callable[[onnx.ModelProto, str, str, int], np.ndarray]
 
 
 @dataclass
@@ -152,11 +159,6 @@ def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> 
     raise EdgeError(f"{model_path} is a {have} graph, --precision {config.precision} asked for",
                     expected=f"a {' or '.join(wanted)} graph", fix="build the float32 export, or pass --precision "
                     f"{ {'float16': 'fp16', 'int8': 'int8', 'float32': 'fp32'}.get(have, 'fp32') }")
-
-
-def dims_list(dims: tensorrt.Dims) -> list[int]:
-    """A TensorRT ``Dims`` as a list (the bindings index it; the stubs give it no ``__iter__``)."""
-    return [int(dims[i]) for i in range(len(dims))]
 
 
 def _network_flags(strongly_typed: bool) -> int:
@@ -284,23 +286,32 @@ def _configure(builder_config: tensorrt.IBuilderConfig, config: BuildConfig, fea
     return {"honoured": honoured, "not_available": ignored}
 
 
-def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: onnx.ModelProto, source: str):
+def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: onnx.ModelProto, source: str,
+                       calibration_images: CalibrationImages | None):
     if not features.int8_calibrator:
         raise EdgeError(f"TensorRT {features.version} has no INT8 calibrator (removed in TensorRT 11)",
                         fix="build strongly typed from a Q/DQ graph: edge quantize MODEL.onnx --precision int8 ...")
     if not config.calibration_data:
         raise EdgeError("a weakly typed int8 build calibrates in TensorRT and needs --data",
                         fix="pass --data fmnist --samples 500, or build strongly typed from `edge quantize` output")
-    from calib.data import calibration_images
-    from calib.legacy import make_entropy_calibrator
+    if calibration_images is None:
+        raise EdgeError("a weakly typed int8 build calibrates in TensorRT, and build_engine was given no "
+                        "calibration_images", expected="a function (model, source, data, samples) -> float32 images",
+                        fix="pass calibration_images=calib.data.calibration_images (what `edge build` does)")
+    from edge.trt.calibrator import make_entropy_calibrator
 
     images = calibration_images(model, source, config.calibration_data, config.calibration_samples)
     return make_entropy_calibrator(images, config.calibration_cache or f"{source}.calib.cache")
 
 
 def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | None = None,
-                 display: Callable[[str], None] | None = None, device: dict | None = None) -> dict:
-    """Build, write the engine, its manifest (``OUT.json``) and layer information (``OUT.layers.json``)."""
+                 display: Callable[[str], None] | None = None, device: dict | None = None,
+                 calibration_images: CalibrationImages | None = None) -> dict:
+    """Build, write the engine, its manifest (``OUT.json``) and layer information (``OUT.layers.json``).
+
+    ``calibration_images`` is needed only by a weakly typed int8 build from a float32 graph (the
+    legacy calibrator); ``edge build`` passes ``calib.data.calibration_images``.
+    """
     config = config or BuildConfig()
     config.check()
     load_tensorrt()
@@ -340,7 +351,8 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         builder_config.add_optimization_profile(profile)
     if not strongly_typed and config.precision in ("int8", "best") and variant == "float32":
         # the legacy calibrator: deprecated in 10.1, gone in 11; kept for 10.x users who ask for it
-        builder_config.int8_calibrator = _legacy_calibrator(config, features, model, str(model_path))
+        builder_config.int8_calibrator = _legacy_calibrator(config, features, model, str(model_path),
+                                                            calibration_images)
         knobs["honoured"]["int8_calibrator"] = "IInt8EntropyCalibrator2 (legacy)"
     timing = _load_timing_cache(builder_config, config.timing_cache) if features.timing_cache else {"path": None}
     if features.progress_monitor and isinstance(display, PhaseDisplay):
@@ -357,7 +369,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     display(f"writing {out}")
     layer_info = _inspect(logger, engine_bytes, features)
     if device is None:
-        from edge.build.cuda import device_identity
+        from edge.trt.cuda import device_identity
 
         device = device_identity()
     write_atomic(engine_bytes, out)

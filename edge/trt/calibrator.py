@@ -4,6 +4,9 @@ Deprecated since TensorRT 10.1 and removed in 11: explicit Q/DQ (``calib.qdq``) 
 that works everywhere. This class exists only where the installed TensorRT still has the base
 class; :func:`make_entropy_calibrator` says so clearly otherwise. Batches go to the GPU through
 cuda-python; the calibration cache is read and written so a rebuild skips calibration.
+
+It takes the images as an array: which images and how they are preprocessed is the caller's
+business (``edge build`` passes ``calib.data.calibration_images``), so ``edge.trt`` never imports ``calib``.
 """
 
 from __future__ import annotations
@@ -13,21 +16,20 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgeError
+from edge.trt.features import load_tensorrt
 
 BATCH = 8
 
 
 def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: int = BATCH):
     """An ``IInt8EntropyCalibrator2`` over ``images`` (float32 NCHW) with a read/write cache at ``cache_file``."""
-    from edge.build.features import load_tensorrt
-
     load_tensorrt()
     import tensorrt as trt
 
     if not hasattr(trt, "IInt8EntropyCalibrator2"):
         raise EdgeError(f"TensorRT {trt.__version__} has no IInt8EntropyCalibrator2 (removed in TensorRT 11)",
                         fix="quantize explicitly: edge quantize MODEL.onnx --precision int8 ...")
-    from edge.build.cuda import check, load_cudart
+    from edge.trt.cuda import check, load_cudart
 
     cudart = load_cudart()
 
