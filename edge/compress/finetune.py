@@ -9,8 +9,8 @@ augmented batch to both models and minimises (Hinton et al.)
 
 with ``z`` the logits, ``f`` the pre-logit features (after pooling and ``fc_norm``), AdamW,
 linear warm-up then cosine decay (the schedule of ``edge train``). ``train=all`` trains every
-parameter of the student; ``train=replaced`` only the modules the compression put in
-(``DepthwiseAttention``, ``ApproximatedSpan``); buffers (``prefix=pool`` weights) stay fixed.
+parameter of the student; ``train=replaced`` only the modules the compression put in (the
+registered methods' ``module_types``, e.g. ``DepthwiseAttention``, ``ApproximatedSpan``); buffers (``prefix=pool`` weights) stay fixed.
 ``all`` is the default, measured on a short run: fmnist-deit-tiny, ``dwconv:auto=6:init=lsq``
 (training-free 0.588, original 0.873 on 1000 test images), 60 steps of batch 64 on 3,840
 training images: ``all`` 0.807, ``replaced`` 0.732
