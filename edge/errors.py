@@ -25,3 +25,15 @@ class EdgeError(Exception):
         if fix:
             parts.append(f"fix: {fix}")
         super().__init__("\n  ".join(parts))
+
+    def at(self, where: str, *, default_fix: str | None = None) -> EdgeError:
+        """This error located: ``"{where}: {what}"`` with the same expected, found and fix.
+
+        ``where`` names the place the bad value came from (``recipe r.yaml, key model``, a file);
+        ``default_fix`` is used only when this error has no fix of its own. The new error's
+        ``__cause__`` is this one; raise it ``from`` this one as well, inside the ``except``.
+        """
+        located = EdgeError(f"{where}: {self.what}", expected=self.expected, found=self.found,
+                            fix=self.fix or default_fix)
+        located.__cause__ = self
+        return located
