@@ -1,8 +1,52 @@
-"""EdgeError.at locates an error (a recipe key, a file) and keeps the rest of it."""
+"""Bad input exits 2 with its message; a bug in edge exits 3 and asks for a report; EdgeError.at locates."""
 
 import pytest
 
-from edge.errors import EdgeError
+import edge.cli.models
+from edge.cli import main
+from edge.errors import PLEASE_REPORT, EdgeError, InternalError
+
+
+def _failing_run(error):
+    def run(args):
+        raise error
+
+    return run
+
+
+def test_bad_input_exits_2_with_the_message_only(monkeypatch, capsys):
+    error = EdgeError("model 'x' is unknown", expected="a bundled model", fix="run `edge models`")
+    monkeypatch.setattr(edge.cli.models, "run", _failing_run(error))
+    assert main(["models"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"edge models: error: {error}\n"
+    assert "please report" not in err and "Traceback" not in err
+
+
+def test_internal_error_exits_3_and_asks_for_a_report(monkeypatch, capsys):
+    monkeypatch.setattr(edge.cli.models, "run", _failing_run(InternalError("the plan lost block 3")))
+    assert main(["models"]) == 3
+    err = capsys.readouterr().err
+    assert err == f"edge models: internal error: the plan lost block 3\nedge models: {PLEASE_REPORT}\n"
+    assert "please report" in err
+
+
+def test_an_unexpected_exception_is_a_bug_with_its_traceback(monkeypatch, capsys):
+    monkeypatch.setattr(edge.cli.models, "run", _failing_run(KeyError("blocks")))
+    assert main(["models"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "in run" in err
+    assert err.endswith(f"edge models: internal error: KeyError: 'blocks'\nedge models: {PLEASE_REPORT}\n")
+
+
+def test_interrupt_exits_130(monkeypatch, capsys):
+    monkeypatch.setattr(edge.cli.models, "run", _failing_run(KeyboardInterrupt()))
+    assert main(["models"]) == 130
+    assert capsys.readouterr().err == "edge models: interrupted\n"
+
+
+def test_internal_error_is_not_bad_input():
+    assert not issubclass(InternalError, EdgeError) and InternalError.exit_code == 3 and EdgeError.exit_code == 2
 
 
 @pytest.mark.parametrize("fix,default_fix,expect_fix", [("re-save it", None, "re-save it"),
@@ -27,3 +71,4 @@ def test_a_located_error_raised_from_the_original_chains_it():
             raise e.at("recipe r.yaml, key variants[1].plan") from e
     assert str(caught.value) == "recipe r.yaml, key variants[1].plan: 7 blocks\n  expected: at most 4"
     assert isinstance(caught.value.__cause__, EdgeError) and caught.value.__cause__.what == "7 blocks"
+
