@@ -72,3 +72,17 @@ def test_a_located_error_raised_from_the_original_chains_it():
     assert str(caught.value) == "recipe r.yaml, key variants[1].plan: 7 blocks\n  expected: at most 4"
     assert isinstance(caught.value.__cause__, EdgeError) and caught.value.__cause__.what == "7 blocks"
 
+
+def test_broken_invariants_are_internal_errors(tmp_path):
+    from types import SimpleNamespace
+
+    from edge.analysis.fit import fit_map
+    from edge.pipeline.cache import StepCache
+    from edge.profile import CpuContention
+
+    with pytest.raises(InternalError, match="before its `with` block ran"):
+        CpuContention().result()
+    with pytest.raises(InternalError, match="method 'mlp', which has no closed form"):
+        fit_map(SimpleNamespace(dim=4), 0, 1, "mlp")
+    with pytest.raises(InternalError, match="pipeline step export did not write its output"):
+        StepCache().run(tmp_path, "export", {"x": 1}, lambda: {}, ("missing.onnx",))
