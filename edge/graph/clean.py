@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
 
 from edge.errors import EdgeError
 from edge.export import write_atomic
+from edge.graph.graph_pass import GraphPass
 from edge.graph.manager import clean_graph
-from edge.graph.passes import DEFAULT_PASSES
 from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 MIN_OPSET = 17
@@ -30,7 +31,9 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     return model
 
 
-def clean_file(source: Path, out: Path, passes=DEFAULT_PASSES, tolerance: Tolerance | None = None) -> dict:
+def clean_file(source: Path, out: Path, passes: Sequence[GraphPass] | None = None,
+               tolerance: Tolerance | None = None) -> dict:
+    """Clean ``source`` with ``passes`` (default: every registered pass), verify, write ``out``."""
     import numpy as np
 
     tolerance = tolerance or Tolerance()

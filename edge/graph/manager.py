@@ -16,8 +16,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from edge.errors import EdgeError
-from edge.graph.passes import DEFAULT_PASSES
+from edge.errors import EdgeError, InternalError
+from edge.graph.graph_pass import GraphPass, PassResult
+from edge.graph.passes import PASSES
 from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 
@@ -64,9 +65,18 @@ def count_nodes(model: onnx.ModelProto) -> int:
     return sum(1 for n in model.graph.node if n.op_type != "Constant")
 
 
-def clean_graph(raw: onnx.ModelProto, passes: Sequence = DEFAULT_PASSES, max_rounds: int = 10,
+def _run_pass(graph_pass: GraphPass, graph: gs.Graph) -> PassResult:
+    result = graph_pass(graph)
+    if not isinstance(result, PassResult):
+        raise InternalError(f"graph pass {graph_pass.name!r} returned {type(result).__name__}, not a PassResult")
+    return result
+
+
+def clean_graph(raw: onnx.ModelProto, passes: Sequence[GraphPass] | None = None, max_rounds: int = 10,
                 tolerance: Tolerance | None = None, check: bool = True,
                 log: Callable[[str], None] | None = None) -> tuple[onnx.ModelProto, CleanReport]:
+    """Run ``passes`` (default: every registered pass, in order) to a fixed point."""
+    passes = PASSES.select() if passes is None else tuple(passes)
     tolerance = tolerance or Tolerance()
     report = CleanReport(nodes_before=count_nodes(raw), initializers_before=len(raw.graph.initializer))
     report.passes = {p.name: PassStats() for p in passes}
@@ -80,23 +90,24 @@ def clean_graph(raw: onnx.ModelProto, passes: Sequence = DEFAULT_PASSES, max_rou
             stats = report.passes[p.name]
             before = len([n for n in graph.nodes if n.op != "Constant"])
             start = time.perf_counter()
-            changed = bool(p.run(graph))
+            result = _run_pass(p, graph)
+            graph = result.graph
             graph.cleanup(remove_unused_graph_inputs=False).toposort()
             stats.seconds += time.perf_counter() - start
             stats.runs += 1
-            if not changed:
+            if not result.modified:
                 continue
             stats.changes += 1
             stats.nodes_removed += before - len([n for n in graph.nodes if n.op != "Constant"])
             changed_round = True
             if check:
                 candidate = _export(graph, raw)
-                result = compare_arrays(reference, run_ort(ort_session(candidate.SerializeToString()), probe),
-                                        tolerance, "random")
-                if not result.passed:
+                comparison = compare_arrays(reference, run_ort(ort_session(candidate.SerializeToString()), probe),
+                                            tolerance, "random")
+                if not comparison.passed:
                     raise EdgeError(f"cleaning pass {p.name!r} changed the model's outputs beyond tolerance",
                                     expected=f"max abs <= {tolerance.max_abs}, relative L2 <= {tolerance.rel_l2}",
-                                    found=f"max abs {result.max_abs:.3e}, relative L2 {result.rel_l2:.3e}",
+                                    found=f"max abs {comparison.max_abs:.3e}, relative L2 {comparison.rel_l2:.3e}",
                                     fix=f"nothing was written; rerun with --skip-pass {p.name} and report the bug")
             if log:
                 log(f"round {round_index + 1}: {p.name} changed the graph ({before} -> "
