@@ -351,6 +351,19 @@ def test_a_pass_registered_in_a_test_runs_through_the_manager():
     assert report.passes["drop-double-relu"].nodes_removed == 2 and report.passes["remove-noops"].nodes_removed == 1
 
 
+def test_the_manager_checks_each_pass_requirements_before_running():
+    with pytest.raises(EdgeError, match="the model uses opset 17") as caught:
+        clean_graph(_relu_chain(), passes=(PASSES["remove-noops"], DropDoubleRelu(min_opset=18)))
+    assert "expected: opset >= 18 (pass 'drop-double-relu')" in str(caught.value)
+    assert "--skip-pass drop-double-relu" in str(caught.value)
+    assert clean_graph(_relu_chain(), passes=(DropDoubleRelu(min_opset=17),))[1].passes["drop-double-relu"].changes
+    old = make_model([helper.make_node("Relu", ["x"], ["y"])], {}, opset=13)
+    with pytest.raises(EdgeError, match="old.onnx uses opset 13") as caught:
+        clean_graph(old, passes=(), source="old.onnx")  # the manager's own minimum holds with no pass at all
+    assert str(caught.value) == ("old.onnx uses opset 13\n  expected: opset >= 17 (native LayerNormalization)\n"
+                                 "  fix: re-export with `edge export` (opset 17 by default)")
+
+
 def test_a_pass_that_breaks_the_contract_is_an_internal_error():
     class ReturnsABool:
         name, summary, min_opset = "returns-a-bool", "the pass contract before PassResult", None
