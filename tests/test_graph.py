@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import edge.graph.passes
-from edge.cli import main
+from edge.cli import build_parser, main
 from edge.errors import EdgeError, InternalError
 from edge.graph import DEFAULT_PASSES, PASSES, InPlacePass, PassRegistry, PassResult, clean_graph
 from edge.graph.util import bypass, same_op_pairs
@@ -428,6 +428,27 @@ def test_every_registered_pass_reports_modified_truthfully(name):
 
 def test_every_registered_pass_has_a_case():
     assert set(PASS_CASES) == set(PASSES.names())
+
+
+def _parse_clean(*args):
+    return build_parser().parse_args(["clean", "m.onnx", "--out", "o.onnx", *args])
+
+
+def test_skip_pass_choices_and_help_come_from_the_registry(monkeypatch, capsys):
+    assert _parse_clean(*(a for n in PASSES.names() for a in ("--skip-pass", n))).skip_pass == list(PASSES.names())
+    registry = PassRegistry()
+    registry.register(DropDoubleRelu())
+    monkeypatch.setattr(edge.graph.passes, "PASSES", registry)
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["clean", "--help"])
+    assert caught.value.code == 0
+    assert "\n  drop-double-relu     Relu(Relu(x)) is Relu(x)\nRounds run" in capsys.readouterr().out
+    assert _parse_clean("--skip-pass", "drop-double-relu").skip_pass == ["drop-double-relu"]
+    with pytest.raises(SystemExit) as caught:
+        main(["clean", "m.onnx", "--out", "o.onnx", "--skip-pass", "remove-noops"])
+    assert caught.value.code == 2
+    assert "argument --skip-pass: invalid choice: 'remove-noops' (choose from 'drop-double-relu')" in \
+        capsys.readouterr().err
 
 
 def test_skip_pass_leaves_the_pass_out(tmp_path, capsys):
