@@ -27,11 +27,21 @@ class PassResult:
 
 @runtime_checkable
 class GraphPass(Protocol):
-    """A graph cleaning pass: ``name``, ``summary``, ``min_opset`` and ``pass_(graph) -> PassResult``."""
+    """A graph cleaning pass: ``name``, ``summary``, ``min_opset``, and a call on a graph that
+    returns a :class:`PassResult`.
 
-    name: str
-    summary: str
-    min_opset: int | None
+    The attributes are read-only properties here, so a frozen dataclass, class attributes or
+    properties all satisfy them.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def min_opset(self) -> int | None: ...
 
     def __call__(self, graph: gs.Graph) -> PassResult: ...
 
