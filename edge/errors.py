@@ -1,4 +1,5 @@
-"""One error type for bad input, so every message says what, expected, found and the fix."""
+"""Two error types: EdgeError for bad input (what, expected, found, fix; exit 2) and InternalError
+for a bug in edge itself (exit 3, with a request to report it)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,29 @@ class EdgeError(Exception):
         if fix:
             parts.append(f"fix: {fix}")
         super().__init__("\n  ".join(parts))
+
+    def at(self, where: str, *, default_fix: str | None = None) -> EdgeError:
+        """This error located: ``"{where}: {what}"`` with the same expected, found and fix.
+
+        ``where`` names the place the bad value came from (``recipe r.yaml, key model``, a file);
+        ``default_fix`` is used only when this error has no fix of its own. The new error's
+        ``__cause__`` is this one; raise it ``from`` this one as well, inside the ``except``.
+        """
+        located = EdgeError(f"{where}: {self.what}", expected=self.expected, found=self.found,
+                            fix=self.fix or default_fix)
+        located.__cause__ = self
+        return located
+
+
+class InternalError(Exception):
+    """A bug in edge, not in its input: an invariant of edge's own code does not hold.
+
+    The CLI prints ``edge COMMAND: internal error: MESSAGE`` and :data:`PLEASE_REPORT`, and exits
+    3. Bad input is an :class:`EdgeError` (exit 2), never an InternalError.
+    """
+
+    exit_code = 3
+
+
+PLEASE_REPORT = ("this is a bug in edge, not in your input: "
+                 "please report it with the command you ran and this message")

@@ -7,6 +7,7 @@ import pytest
 from onnx import numpy_helper
 
 from edge.cli import main
+from edge.graph import InPlacePass
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
 
@@ -79,20 +80,18 @@ def test_outputs_of_different_shape(exported, tmp_path, capsys):
     assert "outputs of different shapes" in capsys.readouterr().err
 
 
-class DriftingPass:
+def _drift_first_weight(graph) -> bool:
     """A deliberately wrong cleaning pass: scales the first constant MatMul weight by 1.001."""
+    import onnx_graphsurgeon as gs
 
-    name = "drifting-pass"
+    for node in graph.nodes:
+        if node.op == "MatMul" and isinstance(node.inputs[1], gs.Constant):
+            node.inputs[1] = gs.Constant(node.inputs[1].name + "_drift", node.inputs[1].values * 1.001)
+            return True
+    return False
 
-    @staticmethod
-    def run(graph) -> bool:
-        import onnx_graphsurgeon as gs
 
-        for node in graph.nodes:
-            if node.op == "MatMul" and isinstance(node.inputs[1], gs.Constant):
-                node.inputs[1] = gs.Constant(node.inputs[1].name + "_drift", node.inputs[1].values * 1.001)
-                return True
-        return False
+DRIFTING_PASS = InPlacePass("drifting-pass", "scale the first MatMul weight by 1.001", _drift_first_weight)
 
 
 def test_cleaning_that_drifts_writes_nothing_and_names_the_pass(exported, tmp_path):
@@ -102,6 +101,6 @@ def test_cleaning_that_drifts_writes_nothing_and_names_the_pass(exported, tmp_pa
     _, onnx_path = exported
     out = tmp_path / "drift.clean.onnx"
     with pytest.raises(EdgeError, match="cleaning pass 'drifting-pass' changed the model's outputs") as caught:
-        clean_file(onnx_path, out, passes=(DriftingPass,))
+        clean_file(onnx_path, out, passes=(DRIFTING_PASS,))
     assert "--skip-pass drifting-pass" in str(caught.value)
     assert not out.exists() and list(tmp_path.iterdir()) == []

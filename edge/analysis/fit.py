@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from edge.analysis.moments import PairMoments
-from edge.errors import EdgeError
+from edge.errors import EdgeError, InternalError
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def fit_map(moments: PairMoments, source: int, target: int, method: str, ridge: 
                         f"affine map {source}->{target}")
         bias = moments.mean(target) - moments.mean(source) @ weight
         return FittedMap(weight, bias, method, ridge)
-    raise ValueError(f"no closed form for method {method!r}")
+    raise InternalError(f"fit_map called with method {method!r}, which has no closed form")
 
 
 def fit_residual(moments: PairMoments, source: int, target: int, fitted: FittedMap) -> dict:

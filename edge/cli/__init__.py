@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from edge import __version__
 from edge.cli import analyze, build, clean, compress, export, info, models, pipeline, profile, quantize, train, verify
 from edge.cli import eval as eval_cmd
 from edge.cli import finetune as finetune_cmd
-from edge.errors import EdgeError
+from edge.errors import PLEASE_REPORT, EdgeError, InternalError
 
 COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, export, clean, verify, quantize, build,
             profile, pipeline)
@@ -27,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status: 0 done, 1 a verification that disagrees (edge verify, edge
+    pipeline), 2 bad input (:class:`EdgeError`, argparse), 3 a bug in edge, 130 interrupted.
+
+    A bug is an :class:`InternalError` (a broken invariant, its message says which) or any other
+    exception edge did not raise on purpose: the latter's traceback is printed too, since the
+    report needs it. Both end with a line asking for a report.
+    """
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
@@ -36,6 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edge {args.command}: interrupted", file=sys.stderr)
         return 130
+    except InternalError as e:
+        _report_bug(args.command, str(e))
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001 - not swallowed: printed with its traceback, exit 3
+        traceback.print_exc()
+        _report_bug(args.command, f"{type(e).__name__}: {e}")
+        return InternalError.exit_code
+
+
+def _report_bug(command: str, message: str) -> None:
+    print(f"edge {command}: internal error: {message}", file=sys.stderr)
+    print(f"edge {command}: {PLEASE_REPORT}", file=sys.stderr)
 
 
 if __name__ == "__main__":

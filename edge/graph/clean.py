@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
 
 from edge.errors import EdgeError
 from edge.export import write_atomic
+from edge.graph.graph_pass import GraphPass
 from edge.graph.manager import clean_graph
-from edge.graph.passes import DEFAULT_PASSES
 from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
-
-MIN_OPSET = 17
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:
+    """The model in ``path``; its opset is checked by the pass manager, against the passes that run."""
     if not path.is_file():
         raise EdgeError(f"{path} does not exist", fix="pass an ONNX file written by `edge export`")
     try:
@@ -23,19 +23,17 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - protobuf raises several types
         raise EdgeError(f"{path} is not an ONNX model", found=str(e)[:300],
                         fix="pass an ONNX file written by `edge export`") from e
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < MIN_OPSET:
-        raise EdgeError(f"{path} uses opset {opset}", expected=f"opset >= {MIN_OPSET} (native LayerNormalization)",
-                        fix="re-export with `edge export` (opset 17 by default)")
     return model
 
 
-def clean_file(source: Path, out: Path, passes=DEFAULT_PASSES, tolerance: Tolerance | None = None) -> dict:
+def clean_file(source: Path, out: Path, passes: Sequence[GraphPass] | None = None,
+               tolerance: Tolerance | None = None) -> dict:
+    """Clean ``source`` with ``passes`` (default: every registered pass), verify, write ``out``."""
     import numpy as np
 
     tolerance = tolerance or Tolerance()
     raw = load_onnx(source)
-    cleaned, report = clean_graph(raw, passes, tolerance=tolerance)
+    cleaned, report = clean_graph(raw, passes, tolerance=tolerance, source=str(source))
     try:
         onnx.checker.check_model(cleaned, full_check=True)
     except onnx.checker.ValidationError as e:

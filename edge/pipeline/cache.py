@@ -134,7 +134,9 @@ class StepCache:
         for name in outputs:
             digest = sha256_path(folder / name)
             if digest is None:
-                raise RuntimeError(f"step {step} did not write {folder / name}")
+                from edge.errors import InternalError
+
+                raise InternalError(f"pipeline step {step} did not write its output {folder / name}")
             hashes[name] = digest
         record = {"step": step, "key": key, "edge": __version__, "inputs": inputs, "outputs": hashes,
                   "result": result, "work_seconds": work_seconds, "work_cpu_seconds": work_cpu_seconds}

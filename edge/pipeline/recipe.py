@@ -161,8 +161,8 @@ def _variant(index: int, entry, source: str) -> Variant:
         try:
             plan = str(parse_plan(plan_text))
         except EdgeError as e:
-            raise EdgeError(f"{_where(source, f'{key}.plan')}: {e.what}", expected=e.expected, found=e.found,
-                            fix=e.fix or "see `edge compress --help` for the plan grammar") from e
+            raise e.at(_where(source, f"{key}.plan"),
+                       default_fix="see `edge compress --help` for the plan grammar") from e
     name = entry.get("name")
     if name is None:
         name = "original" if plan is None else re.sub(r"[^A-Za-z0-9._-]+", "-", plan).strip("-.")
@@ -221,8 +221,7 @@ def check_model_name(recipe: Recipe) -> None:
     try:
         parse_model_spec(recipe.model)
     except EdgeError as e:
-        raise EdgeError(f"{_where(recipe.source, 'model')}: {e.what}", expected=e.expected, found=e.found,
-                        fix=e.fix) from e
+        raise e.at(_where(recipe.source, "model")) from e
 
 
 def check_weights(recipe: Recipe) -> None:

@@ -65,8 +65,7 @@ def resolve_data(recipe: Recipe) -> tuple[str, str | None]:
         return recipe.data, None
     except EdgeError as e:
         if not recipe.fallback_data or recipe.fallback_data == recipe.data:
-            raise EdgeError(f"recipe {recipe.source}, key data: {e.what}", expected=e.expected, found=e.found,
-                            fix=e.fix) from e
+            raise e.at(f"recipe {recipe.source}, key data") from e
         load_dataset(recipe.fallback_data, "test")
         return recipe.fallback_data, (f"data {recipe.data!r} is not available ({e.what}); using "
                                       f"{recipe.fallback_data!r} instead, as the recipe's fallback_data says")
@@ -91,9 +90,8 @@ def check_plans(recipe: Recipe, num_blocks: int) -> None:
         try:
             parse_plan(variant.plan).validate(num_blocks)
         except EdgeError as e:
-            fix = e.fix or f"{recipe.model} has {num_blocks} blocks (0..{num_blocks - 1})"
-            raise EdgeError(f"recipe {recipe.source}, key variants[{index}].plan: {e.what}", expected=e.expected,
-                            found=e.found, fix=fix) from e
+            raise e.at(f"recipe {recipe.source}, key variants[{index}].plan",
+                       default_fix=f"{recipe.model} has {num_blocks} blocks (0..{num_blocks - 1})") from e
 
 
 @dataclass

@@ -57,7 +57,9 @@ class CpuContention:
 
     def result(self) -> dict:
         if self._start is None:
-            raise RuntimeError("CpuContention.result() before the block ran")
+            from edge.errors import InternalError
+
+            raise InternalError("CpuContention.result() called before its `with` block ran")
         end = self._end or self._sample()
         (busy0, own0, t0), (busy1, own1, t1) = self._start, end
         seconds, cpus = max(t1 - t0, 1e-9), os.cpu_count() or 1

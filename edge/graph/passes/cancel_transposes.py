@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import bypass, detach, same_op_pairs
-
-name = "cancel-transposes"
 
 
 def run(graph: gs.Graph) -> bool:
@@ -24,3 +23,6 @@ def run(graph: gs.Graph) -> bool:
             second.attrs["perm"] = combined
         changed = True
     return changed
+
+
+PASS = InPlacePass("cancel-transposes", "merge Transpose pairs; drop a pair that cancels", run)

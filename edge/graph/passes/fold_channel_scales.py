@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import bypass, constant_value, erf_gelu_nodes, static_shape, successor
-
-name = "fold-channel-scales"
 
 
 def _weight(node: gs.Node | None) -> np.ndarray | None:
@@ -95,3 +94,6 @@ def run(graph: gs.Graph) -> bool:
         bypass(graph, node, scale[0])
         changed = True
     return changed
+
+
+PASS = InPlacePass("fold-channel-scales", "fold per-channel scales (LayerScale) into the linear map", run)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import infer_shapes
-
-name = "fold-constants"
 
 
 def run(graph: gs.Graph) -> bool:
@@ -18,3 +17,6 @@ def run(graph: gs.Graph) -> bool:
     infer_shapes(graph)
     graph.fold_constants(fold_shapes=True, error_ok=True).cleanup()
     return sum(1 for n in graph.nodes if n.op != "Constant") < before
+
+
+PASS = InPlacePass("fold-constants", "fold constant subgraphs, static Shape arithmetic included", run)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import constant_value, detach, successor
-
-name = "fold-linear-chains"
 
 
 def _weight(node: gs.Node) -> np.ndarray | None:
@@ -87,3 +86,6 @@ def run(graph: gs.Graph) -> bool:
             _fold(graph, *chain)
             changed = True
     return changed
+
+
+PASS = InPlacePass("fold-linear-chains", "consecutive linear maps become one MatMul(+Add)", run)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import bypass, constant_value, erf_gelu_nodes, is_graph_output, successor
-
-name = "fold-scalar-scales"
 
 
 def _scale(node: gs.Node) -> tuple[int, float] | None:
@@ -61,3 +60,6 @@ def run(graph: gs.Graph) -> bool:
             bypass(graph, node, data)
             changed = True
     return changed
+
+
+PASS = InPlacePass("fold-scalar-scales", "fold a Mul/Div by a scalar into the next/previous MatMul", run)

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import constant_value, erf_gelu_nodes, infer_shapes, is_graph_output, static_shape, successor
-
-name = "linear-to-gemm"
 
 _FOLDABLE = ("MatMul", "Gemm", "Mul", "Div", "Add", "Sub")
 
@@ -244,3 +243,6 @@ def run(graph: gs.Graph) -> bool:
     for found in runs:
         _rewrite(graph, found, names)
     return bool(runs)
+
+
+PASS = InPlacePass("linear-to-gemm", "rank >= 3 MatMul(+Add) as Reshape -> Gemm -> Reshape", run)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import constant_value, detach, same_op_pairs
-
-name = "merge-reshapes"
 
 
 def run(graph: gs.Graph) -> bool:
@@ -20,3 +19,6 @@ def run(graph: gs.Graph) -> bool:
         detach(first)
         changed = True
     return changed
+
+
+PASS = InPlacePass("merge-reshapes", "Reshape -> Reshape becomes one Reshape", run)

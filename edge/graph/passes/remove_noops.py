@@ -7,9 +7,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import bypass, constant_value, static_shape
-
-name = "remove-noops"
 
 
 def _neutral(node: gs.Node) -> int | None:
@@ -52,3 +51,6 @@ def run(graph: gs.Graph) -> bool:
             bypass(graph, node, keep)
             changed = changed or not node.outputs  # bypass leaves a graph-output node it cannot rename
     return bool(changed)
+
+
+PASS = InPlacePass("remove-noops", "remove Identity, Dropout, no-op Cast/Reshape, x * 1, x + 0", run)
