@@ -14,6 +14,7 @@ from edge.analysis.collect import BlockMoments, block_outputs
 from edge.analysis.fit import FittedMap, fit_map, fit_residual
 from edge.compress.block_approx import CLOSED_FORM, TRAINED, ApproximatedSpan, SpanStep, replace_spans
 from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.errors import InternalError
 from edge.models.info import model_info
 
 
@@ -86,7 +87,7 @@ def fit_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMomen
         elif step.method in TRAINED:
             module, stats = trained_span(step, model, images, spec, seed)
         else:
-            raise ValueError(f"unknown span method {step.method}")
+            raise InternalError(f"unknown span method {step.method} (plans are validated before fitting)")
         modules[step.blocks] = module
         fit_stats[str(step)] = stats
     return modules, fit_stats

@@ -26,7 +26,7 @@ from torch import nn
 
 from edge import __version__
 from edge.compress.registry import methods
-from edge.errors import EdgeError
+from edge.errors import EdgeError, InternalError
 from edge.models.info import model_info
 from edge.models.weights_io import load_weights, read_state_dict, save_safetensors
 
@@ -48,7 +48,7 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple
     Files of an existing ``out/`` named in ``keep`` (a fine-tuning checkpoint) move into the new folder.
     """
     if "steps" not in manifest:
-        raise ValueError("save_artifact needs a manifest from compress() or load_artifact() (it has no 'steps')")
+        raise InternalError("save_artifact needs a manifest from compress() or load_artifact() (it has no 'steps')")
     out = Path(out)
     if out.exists() and not is_artifact(out) and any(p.name not in keep for p in out.iterdir()):
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")

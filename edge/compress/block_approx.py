@@ -23,6 +23,7 @@ from torch import nn
 from edge.analysis.fit import FittedMap
 from edge.compress.cost import linear_flops
 from edge.compress.method import format_options
+from edge.errors import InternalError
 from edge.models.info import original_block_indices
 
 CLOSED_FORM = ("identity", "linear", "affine")
@@ -183,7 +184,7 @@ def replace_spans(model: nn.Module, spans: dict[tuple[int, ...], nn.Module]) -> 
             covered.extend(entries[position])
             position += 1
         if tuple(covered) != span:
-            raise ValueError(f"span {span} does not line up with the model's current blocks {entries}")
+            raise InternalError(f"span {span} does not line up with the model's current blocks {entries}")
         new_blocks.append(spans[span])
     model.blocks = nn.Sequential(*new_blocks)
     return model

@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from edge.compress.method import format_options
-from edge.errors import EdgeError
+from edge.errors import EdgeError, InternalError
 
 VARIANTS = ("unensembled", "ensembled", "full")
 PREFIX_MODES = ("mean", "pool", "attend", "drop")
@@ -361,7 +361,7 @@ def depthwise_from_attention(attn: nn.Module, *, block: int, conv_heads: tuple[i
     bias = torch.zeros(module.conv_width, dtype=torch.float64) if bias is None else bias.detach().double()
     if getattr(module, "prefix_weights", None) is not None:
         if prefix_weights is None:
-            raise ValueError("prefix=pool needs prefix_weights (the prefix queries' mean attention rows)")
+            raise InternalError("prefix=pool needs prefix_weights (the prefix queries' mean attention rows)")
         module.prefix_weights.copy_(prefix_weights)
     if variant == "full":
         _set_full_conv(module, kernels.double(), bias)
