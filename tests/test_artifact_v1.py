@@ -28,3 +28,24 @@ def test_version_1_artifacts_load_as_the_same_function(name):
     expected = torch.tensor(json.loads((GOLDEN / "logits.json").read_text())[name])
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
     assert loaded["plan"] == manifest["plan"]
+
+
+@pytest.mark.parametrize("damage", ["no steps", "no record", "no source"])
+def test_a_damaged_manifest_is_bad_input_not_a_crash(tmp_path, damage):
+    import shutil
+
+    from edge.errors import EdgeError
+
+    folder = tmp_path / "art"
+    shutil.copytree(GOLDEN / "mixed", folder)
+    _, manifest = load_artifact(folder)   # the format-2 form of the recorded format-1 manifest
+    manifest["format_version"] = 2
+    if damage == "no steps":
+        del manifest["steps"]
+    elif damage == "no record":
+        del manifest["steps"][0]["record"]
+    else:
+        del manifest["source"]
+    (folder / "edge-model.json").write_text(json.dumps(manifest))
+    with pytest.raises(EdgeError, match="does not describe a model edge can rebuild"):
+        load_artifact(folder)

@@ -124,9 +124,14 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
     path = Path(path)
     folder = path.parent if path.name == MANIFEST else path
     manifest = read_manifest(folder)
-    source = manifest["source"]
-    model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)
-    restore_steps(model, manifest["steps"], str(folder))
+    try:
+        source = manifest["source"]
+        model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)
+        restore_steps(model, manifest["steps"], str(folder))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise EdgeError(f"{folder / MANIFEST} does not describe a model edge can rebuild (it was edited or is "
+                        "incomplete)", found=f"{type(e).__name__}: {e}",
+                        fix="re-create the artifact with `edge compress`") from e
     load_weights(model, read_state_dict(folder / WEIGHTS), str(folder / WEIGHTS))
     model.eval()
     return model, manifest
