@@ -38,7 +38,7 @@ from edge.compress.artifact import read_manifest
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set
 from edge.data import InputSpec
 from edge.evaluate import evaluate
-from edge.export import write_atomic
+from edge.fileio import write_atomic, write_json_atomic
 from edge.models import create_model, data_config
 from edge.progress import log
 from edge.runtime import hardware, resolve_device, set_threads
@@ -151,7 +151,7 @@ def _write(args, settings: dict, original: float, held_out, rows: list[dict], de
                          "best_drop_pt": best and best["drop_after_pt"],
                          "met": bool(best and best["drop_after_pt"] <= TARGET["max_drop_pt"])},
               "command": [sys.executable, *sys.argv], "hardware": hardware(device), "torch": torch.__version__}
-    write_atomic((json.dumps(result, indent=1) + "\n").encode(), args.out)
+    write_json_atomic(result, args.out)
     args.md_out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(markdown(result).encode(), args.md_out)
 

@@ -13,7 +13,6 @@ Writes benchmarks/results/dwconv_prefix.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from _results import provenance  # benchmarks/ is on sys.path: run as python ben
 from edge.compress import CompressConfig, compress
 from edge.data import InputSpec, load_dataset
 from edge.evaluate import evaluate
-from edge.export import write_atomic
+from edge.fileio import write_json_atomic
 from edge.models import create_model, data_config
 from edge.progress import log
 from edge.runtime import set_threads
@@ -67,7 +66,7 @@ def main() -> None:
               "calibration": {"data": args.data, "samples": args.samples, "seed": 0}, "training": "none",
               "rows": rows,
               **provenance("dwconv_prefix.py", args, parser, started=started, load_before=load_before)}
-    write_atomic((json.dumps(result, indent=1) + "\n").encode(), args.out)
+    write_json_atomic(result, args.out)
     log(f"wrote {args.out}")
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from torch import nn
 from edge import __version__
 from edge.compress.cost import explicit_attention
 from edge.errors import EdgeError
+from edge.fileio import write_atomic
 from edge.verify import Tolerance, compare_with_torch, ort_session, verification_inputs
 
 DEFAULT_OPSET = 17
@@ -86,23 +85,6 @@ def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str
         "edge.std": json.dumps([float(s) for s in data_config["std"]]),
         "edge.interpolation": str(data_config.get("interpolation", "bilinear")),
     }
-
-
-def write_atomic(data: bytes, out: Path) -> None:
-    """Write ``out`` through a temporary file and a rename: never a half-written file."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    except OSError as e:
-        raise EdgeError(f"cannot write {out}", found=str(e), fix="choose a writable --out path") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, data_config: dict,

@@ -320,7 +320,7 @@ def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 6
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
                   int8=None, check_data: str = "fmnist-mini", progress=None) -> dict:
     """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first."""
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
 
     if precision not in PRECISIONS:
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")

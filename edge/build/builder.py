@@ -231,7 +231,7 @@ def _load_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> dic
 def _save_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> int:
     if path is None:
         return 0
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
 
     data = bytes(config.get_timing_cache().serialize())
     write_atomic(data, Path(path))
@@ -307,7 +307,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     import tensorrt as trt
 
     from edge import __version__
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
 
     display = display or PhaseDisplay()
     model_path, out = Path(model_path), Path(out)

@@ -76,7 +76,7 @@ def _trtexec(args, config) -> int:
 
     from edge.build.builder import select_onnx
     from edge.build.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command, trtexec_result
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
 
     binary = find_trtexec()
     # trtexec --stronglyTyped takes the precision from the ONNX: the variant the builder would parse

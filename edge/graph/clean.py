@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 
 from edge.errors import EdgeError
-from edge.export import write_atomic
+from edge.fileio import write_atomic
 from edge.graph.manager import clean_graph
 from edge.graph.passes import DEFAULT_PASSES
 from edge.verify import Tolerance, compare_arrays, ort_session, run_ort

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge import __version__
-from edge.export import write_atomic
+from edge.fileio import sha256_file, write_atomic
 
 MARKER_SUFFIX = ".done.json"
 
@@ -35,14 +35,6 @@ def versions() -> dict:
         except importlib.metadata.PackageNotFoundError:
             record[name] = None
     return record
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def sha256_path(path: Path) -> str | None:

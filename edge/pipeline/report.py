@@ -7,12 +7,11 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 from edge import __version__
-from edge.export import write_atomic
+from edge.fileio import write_atomic, write_json_atomic
 from edge.pipeline.cache import versions
 from edge.pipeline.recipe import VARIANT_STEPS
 from edge.pipeline.run import DEPLOYED
@@ -291,4 +290,4 @@ def write_reports(out: Path, report: dict) -> None:
     """report.json, report.md and report.html, each written atomically."""
     write_atomic(html_report(report, out).encode(), out / "report.html")
     write_atomic(markdown(report).encode(), out / "report.md")
-    write_atomic((json.dumps(report, indent=1) + "\n").encode(), out / "report.json")
+    write_json_atomic(report, out / "report.json")

@@ -21,8 +21,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,7 +29,8 @@ from pathlib import Path
 from torch import nn
 
 from edge.errors import EdgeError
-from edge.pipeline.cache import StepCache, StepRecord, sha256_file
+from edge.fileio import atomic_folder, sha256_file
+from edge.pipeline.cache import StepCache, StepRecord
 from edge.pipeline.recipe import STEPS, Recipe, Variant
 from edge.progress import log
 
@@ -170,13 +169,8 @@ def run_analysis(ctx: Context) -> StepRecord | None:
         from edge.data import calibration_set
 
         calibration = calibration_set(ctx.data, settings.samples, ctx.recipe.seed)
-        tmp = Path(tempfile.mkdtemp(prefix=".analysis.", dir=ctx.out))
-        try:
-            result = analyze(ctx.model, ctx.recipe.model, calibration, ctx.input_spec, tmp / "analysis")
-            shutil.rmtree(ctx.out / "analysis", ignore_errors=True)
-            os.replace(tmp / "analysis", ctx.out / "analysis")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_folder(ctx.out / "analysis") as folder:
+            result = analyze(ctx.model, ctx.recipe.model, calibration, ctx.input_spec, folder)
         br = result["block_redundancy"]
         return {"samples": result["samples"], "data": result["data"], "num_blocks": result["num_blocks"],
                 "block_redundancy": br, "most_redundant_block": max(range(len(br)), key=br.__getitem__),
