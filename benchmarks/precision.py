@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 def accuracy(path: Path, threads: int) -> dict:
     from calib.data import input_spec_of
     from edge.data import ArrayPreprocess, load_dataset
-    from edge.verify import ort_session
+    from edge.compare import ort_session
 
     data = load_dataset("fmnist", "test")
     spec = input_spec_of(onnx.load(str(path), load_external_data=False), str(path))

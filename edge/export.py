@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from edge import __version__
+from edge.compare import Tolerance, compare_with_torch, ort_session, verification_inputs
 from edge.compress.cost import explicit_attention
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.verify import Tolerance, compare_with_torch, ort_session, verification_inputs
 
 DEFAULT_OPSET = 17
 INPUT_NAME = "input"

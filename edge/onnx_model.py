@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import torch
 
+from edge.compare import ort_session
 from edge.errors import EdgeError
 
 
@@ -16,8 +17,6 @@ class OnnxClassifier:
     """Call with a float batch ``[N, C, H, W]``; returns logits as a tensor. Static batches are chunked/padded."""
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
-        from edge.verify import ort_session
-
         self.path = Path(path)
         if not self.path.is_file():
             raise EdgeError(f"{self.path} does not exist", expected="an ONNX file", fix="check the path")

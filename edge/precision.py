@@ -298,7 +298,7 @@ PRECISIONS = ("fp16", "int8")
 def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray) -> dict:
     """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
     from calib.data import graph_batch
-    from edge.verify import ort_session
+    from edge.compare import ort_session
 
     name = reference.graph.input[0].name
     batch = graph_batch(reference) or len(inputs)

@@ -7,6 +7,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.cli import main
+from edge.compare import ort_session, run_ort
 from edge.errors import EdgeError
 from edge.graph import DEFAULT_PASSES, clean_graph
 from edge.graph.passes import (
@@ -19,7 +20,6 @@ from edge.graph.passes import (
     merge_reshapes,
     remove_noops,
 )
-from edge.verify import ort_session, run_ort
 
 RNG = np.random.default_rng(0)
 

@@ -288,7 +288,7 @@ def test_default_recipe_end_to_end(tmp_path):
 
 def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, monkeypatch, capsys):
     import edge.verify
-    from edge.verify import Tolerance
+    from edge.compare import Tolerance
 
     real_verify_pair = edge.verify.verify_pair
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import onnx
 
+from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.graph.manager import clean_graph
 from edge.graph.passes import DEFAULT_PASSES
-from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 MIN_OPSET = 17
 

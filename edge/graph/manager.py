@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
 from edge.errors import EdgeError
 from edge.graph.passes import DEFAULT_PASSES
-from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 
 @dataclass

@@ -36,7 +36,7 @@ class OrtBackend:
         import onnx
         import onnxruntime as ort
 
-        from edge.verify import ort_session
+        from edge.compare import ort_session
 
         self.path = Path(path)
         self.session = ort_session(str(self.path), threads)
