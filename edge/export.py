@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import io
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,11 @@ import onnx
 import torch
 from torch import nn
 
-from edge import __version__
 from edge.compare import Tolerance, compare_with_torch, ort_session, verification_inputs
 from edge.compress.cost import explicit_attention
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
+from edge.onnx_metadata import graph_metadata, with_metadata
 
 DEFAULT_OPSET = 17
 INPUT_NAME = "input"
@@ -62,29 +61,6 @@ def export_bytes(model: nn.Module, input_size: tuple[int, int, int], config: Exp
                           input_names=[INPUT_NAME], output_names=[out], dynamic_axes=dynamic,
                           do_constant_folding=True)
     return buffer.getvalue()
-
-
-def with_metadata(model_bytes: bytes, metadata: dict[str, str]) -> onnx.ModelProto:
-    proto = onnx.load_from_string(model_bytes)
-    del proto.metadata_props[:]
-    for key, value in sorted(metadata.items()):
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    proto.producer_name, proto.producer_version = "edge", __version__
-    return proto
-
-
-def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str, str]:
-    c, h, w = data_config["input_size"]
-    return {
-        "edge.version": __version__,
-        "edge.source_model": source,
-        "edge.plan": plan or "",
-        "edge.input_size": json.dumps([int(c), int(h), int(w)]),
-        "edge.mean": json.dumps([float(m) for m in data_config["mean"]]),
-        "edge.std": json.dumps([float(s) for s in data_config["std"]]),
-        "edge.interpolation": str(data_config.get("interpolation", "bilinear")),
-    }
 
 
 def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, data_config: dict,

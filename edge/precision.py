@@ -34,6 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
+from edge.onnx_metadata import FP32_OPS, set_precision_metadata, source_precision
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -267,15 +268,6 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
     return model, report
 
 
-def set_precision_metadata(model: onnx.ModelProto, precision: str, **extra: str) -> None:
-    entries = {p.key: p.value for p in model.metadata_props}
-    entries["edge.precision"] = precision
-    entries.update(extra)
-    del model.metadata_props[:]
-    for key, value in sorted(entries.items()):
-        model.metadata_props.add(key=key, value=value)
-
-
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     path = Path(path)
     if not path.is_file():
@@ -285,11 +277,6 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
         raise EdgeError(f"{path} is not a readable ONNX model", found=str(e)[:300],
                         fix="pass a file written by `edge export`") from e
-
-
-def source_precision(model: onnx.ModelProto) -> str:
-    meta = {p.key: p.value for p in model.metadata_props}
-    return meta.get("edge.precision", "float32")
 
 
 PRECISIONS = ("fp16", "int8")
@@ -331,7 +318,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
                         fix="convert the float32 export from `edge export` / `edge clean`")
     if precision == "fp16":
         converted, report = convert_to_fp16(model, fp16)
-        set_precision_metadata(converted, "float16", **{"edge.fp32_ops": ",".join(sorted(
+        set_precision_metadata(converted, "float16", **{FP32_OPS: ",".join(sorted(
             (fp16 or Fp16Config()).block_list))})
         result = {"precision": "float16", **report.as_dict()}
     else:

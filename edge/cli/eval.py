@@ -37,12 +37,13 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dataset = load_dataset(args.data, args.split)
     if args.model.endswith(".onnx"):
+        from edge.onnx_metadata import precision_of
         from edge.onnx_model import OnnxClassifier
 
         graph = OnnxClassifier(args.model, threads=args.threads)
         result = {"model": args.model, **evaluate(graph, dataset, InputSpec.from_data_config(graph.data_config()),
                                                   batch_size=args.batch_size),
-                  "precision": graph.metadata.get("edge.precision", "float32"), "backend": "onnxruntime",
+                  "precision": precision_of(graph.metadata), "backend": "onnxruntime",
                   "hardware": hardware()}
         emit(result, args.json, f"{args.model} on {result['data']} (ONNX Runtime): accuracy {result['accuracy']:.4f} "
                                 f"({result['correct']}/{result['samples']})")
