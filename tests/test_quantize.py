@@ -15,7 +15,8 @@ from onnx import numpy_helper
 from calib.placement import qdq_violations
 from calib.qdq import Int8Config
 from edge.errors import EdgeError
-from edge.precision import Fp16Config, convert_to_fp16, quantize_file
+from edge.fp16 import Fp16Config, convert_to_fp16
+from edge.quantize import quantize_file
 
 TEST_IMAGES = 300  # the full 10,000: benchmarks/precision.py
 CALIBRATION = 64

@@ -127,7 +127,9 @@ def parser_errors(parser: tensorrt.OnnxParser, features: TensorRTFeatures) -> li
 
 def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> tuple[onnx.ModelProto, str, dict]:
     """The ONNX the builder parses: for strongly typed builds, the variant of the asked precision."""
-    from edge.precision import convert_to_fp16, load_onnx, set_precision_metadata, source_precision
+    from edge.fp16 import convert_to_fp16
+    from edge.onnx_metadata import set_precision_metadata, source_precision
+    from edge.quantize import load_onnx
 
     model = load_onnx(model_path)
     have = source_precision(model)
