@@ -30,10 +30,11 @@ from edge.compress import CompressConfig, compress
 from edge.compress.approximate import apply_spans
 from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.compressor import costs
+from edge.compress.load import load_model
 from edge.compress.plan import SpanStep
 from edge.data import ArrayPreprocess, InputSpec, calibration_set, load_dataset
 from edge.evaluate import evaluate
-from edge.models import create_model, data_config
+from edge.models import data_config
 from edge.progress import log
 from edge.runtime import hardware, set_threads
 
@@ -84,7 +85,7 @@ def main() -> None:
     threads = set_threads(args.threads)
     started = time.perf_counter()
 
-    model = create_model(args.model)
+    model = load_model(args.model)
     spec = InputSpec.from_data_config(data_config(model))
     test = load_dataset(args.data, "test")
     calibration = calibration_set(args.data, args.samples, args.seed)

@@ -21,10 +21,11 @@ import torch
 from _results import provenance  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.compress import CompressConfig, compress
+from edge.compress.load import load_model
 from edge.data import InputSpec, load_dataset
 from edge.evaluate import evaluate
 from edge.fileio import write_json_atomic
-from edge.models import create_model, data_config
+from edge.models import data_config
 from edge.progress import log
 from edge.runtime import set_threads
 
@@ -49,13 +50,13 @@ def main() -> None:
     set_threads(args.threads)
     test = load_dataset(args.data, "test")
     test = test.subset(torch.arange(0, len(test), args.every), f"{test.name}-every-{args.every}")
-    base = create_model(args.model)
+    base = load_model(args.model)
     spec = InputSpec.from_data_config(data_config(base))
     rows = [{"plan": None, "accuracy": evaluate(base, test, spec, show_progress=False)["accuracy"]}]
     log(f"original: {rows[0]['accuracy']:.4f}")
     for plan in args.plans:
         start = time.perf_counter()
-        model, manifest = compress(create_model(args.model), {"model": args.model},
+        model, manifest = compress(load_model(args.model), {"model": args.model},
                                    CompressConfig(plan=plan, data=args.data, samples=args.samples))
         accuracy = evaluate(model, test, spec, show_progress=False)["accuracy"]
         rows.append({"plan": plan, "resolved": manifest["plan"], "accuracy": accuracy,

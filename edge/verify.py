@@ -1,7 +1,8 @@
 """``edge verify``: do two models or graphs compute the same function (within tolerance)?
 
-A side is a PyTorch model (a model name or a compressed artifact) or an ONNX graph; both are run
-on the same seeded random inputs and real images and compared with :mod:`edge.compare`.
+A side is a PyTorch model (a name or an artifact, see :func:`edge.compress.load.load_model`) or
+an ONNX graph; both are run on the same seeded random inputs and real images and compared with
+:mod:`edge.compare`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def load_side(spec: str, weights: str | None = None, img_size: int | None = None
         except Exception:  # noqa: BLE001 - a foreign graph without edge metadata: shape from the input only
             config = None
         return Side(spec, "onnxruntime", config, lambda x: graph(x).numpy())
-    from edge.models import create_model, data_config
+    from edge.compress.load import load_model
+    from edge.models import data_config
 
-    model = create_model(spec, weights=weights, img_size=img_size).eval()
+    model = load_model(spec, weights=weights, img_size=img_size).eval()
 
     @torch.no_grad()
     def run(x: torch.Tensor) -> np.ndarray:

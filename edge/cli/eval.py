@@ -28,9 +28,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from edge.compress.load import load_model
     from edge.data import InputSpec, load_dataset
     from edge.evaluate import evaluate
-    from edge.models import create_model, data_config
+    from edge.models import data_config
     from edge.runtime import hardware, resolve_device, set_threads
 
     set_threads(args.threads)
@@ -48,7 +49,7 @@ def run(args) -> int:
         emit(result, args.json, f"{args.model} on {result['data']} (ONNX Runtime): accuracy {result['accuracy']:.4f} "
                                 f"({result['correct']}/{result['samples']})")
         return 0
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     spec = InputSpec.from_data_config(data_config(model))
     if args.probe:
         from edge.probe import ProbeConfig, linear_probe

@@ -42,12 +42,13 @@ from edge import __version__
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
 from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.load import load_model
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError
 from edge.evaluate import evaluate
-from edge.models import create_model, data_config, parse_model_spec
+from edge.models import data_config, parse_model_spec
 from edge.progress import bar, log
 from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
 from edge.train import (
@@ -204,7 +205,7 @@ def teacher_reference(manifest: dict, config: FinetuneConfig) -> dict:
 
 
 def build_teacher(reference: dict) -> nn.Module:
-    teacher = create_model(reference["model"], weights=reference["weights"], img_size=reference["img_size"])
+    teacher = load_model(reference["model"], weights=reference["weights"], img_size=reference["img_size"])
     for p in teacher.parameters():
         p.requires_grad_(False)
     return teacher.eval()

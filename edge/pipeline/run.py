@@ -364,7 +364,8 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     import torch
 
     from edge.compress.artifact import source_state_sha256
-    from edge.models import create_model, model_info
+    from edge.compress.load import load_model
+    from edge.models import model_info
     from edge.pipeline.report import build_report, write_reports
     from edge.runtime import set_threads
 
@@ -379,7 +380,7 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     if notice:
         log(f"edge pipeline: {notice}")
     torch.manual_seed(recipe.seed)  # timm architectures without weights: the same random model every run
-    model = create_model(recipe.model, weights=recipe.weights, img_size=recipe.img_size)
+    model = load_model(recipe.model, weights=recipe.weights, img_size=recipe.img_size)
     check_plans(recipe, model_info(model).num_blocks)
     ctx = Context(recipe, out, StepCache(redo), data, model, source_state_sha256(model))
     out.mkdir(parents=True, exist_ok=True)
