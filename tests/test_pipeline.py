@@ -8,7 +8,7 @@ from edge.cli import main
 from edge.errors import EdgeError
 from edge.pipeline import STEPS, load_recipe
 from edge.pipeline.cache import StepCache
-from edge.pipeline.recipe import VARIANT_STEPS
+from edge.pipeline.layout import VARIANT_STEPS
 from edge.pipeline.report import pareto_front, table_rows
 
 from .conftest import needs_fmnist

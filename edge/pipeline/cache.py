@@ -20,21 +20,9 @@ from pathlib import Path
 
 from edge import __version__
 from edge.fileio import sha256_file, write_atomic
+from edge.runtime import versions
 
 MARKER_SUFFIX = ".done.json"
-
-
-def versions() -> dict:
-    """The versions of the packages whose behaviour a step's output depends on (part of every key)."""
-    import importlib.metadata
-
-    record = {"edge": __version__}
-    for name in ("torch", "timm", "onnx", "onnxruntime", "onnx-graphsurgeon", "numpy"):
-        try:
-            record[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            record[name] = None
-    return record
 
 
 def sha256_path(path: Path) -> str | None:

@@ -31,15 +31,11 @@ from torch import nn
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.cache import StepCache, StepRecord
-from edge.pipeline.recipe import STEPS, Recipe, Variant
+from edge.pipeline.layout import ARTIFACT, BATCHED, DEPLOYED, STEPS, VARIANTS, clean_name
+from edge.pipeline.recipe import Recipe, Variant
 from edge.progress import log
 
-DEPLOYED, BATCHED = "model.onnx", "model.batched.onnx"
 VERIFY_BATCH = 8
-
-
-def clean_name(graph: str) -> str:
-    return graph.removesuffix(".onnx") + ".clean.onnx"
 
 
 def data_fingerprint(dataset) -> str:
@@ -74,7 +70,7 @@ def resolve_data(recipe: Recipe) -> tuple[str, str | None]:
 def check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise EdgeError(f"--out {out} is a file", expected="a folder (new, or one written by edge pipeline)")
-    ours = ("variants", "report.json", "analysis.done.json")
+    ours = (VARIANTS, "report.json", "analysis.done.json")
     if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in ours):
         raise EdgeError(f"--out {out} is a folder that edge pipeline did not write",
                         fix="choose a new or empty folder (a previous pipeline folder is reused: cached steps "
@@ -186,13 +182,13 @@ class VariantRun:
     def __init__(self, ctx: Context, variant: Variant) -> None:
         self.ctx = ctx
         self.variant = variant
-        self.folder = ctx.out / "variants" / variant.name
+        self.folder = ctx.out / VARIANTS / variant.name
         self.content_hash = ctx.source_hash
         self.plan = variant.plan
 
     @property
     def artifact(self) -> Path:
-        return self.folder / "model"
+        return self.folder / ARTIFACT
 
     @cached_property
     def model(self) -> nn.Module:
@@ -227,7 +223,7 @@ class VariantRun:
             return {key: manifest[key] for key in ("plan", "requested_plan", "calibration", "fit", "planner",
                                                    "before", "after", "seconds")}
 
-        record = self._step("compress", inputs, work, ("model",))
+        record = self._step("compress", inputs, work, (ARTIFACT,))
         self.plan = record.result["plan"]
         weights = sha256_file(self.artifact / "model.safetensors")
         self.content_hash = hashlib.sha256(f"{weights}\0{self.plan}".encode()).hexdigest()
