@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from edge.analysis.analyze import analyze
+from edge.compress.load import load_model
 from edge.data import InputSpec, calibration_set
-from edge.models import create_model, data_config
+from edge.models import data_config
 from edge.runtime import hardware, set_threads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     threads = set_threads(args.threads)
     start = time.perf_counter()
-    model = create_model(args.model)
+    model = load_model(args.model)
     calibration = calibration_set(args.data, args.samples)
     with tempfile.TemporaryDirectory() as out:
         result = analyze(model, args.model, calibration, InputSpec.from_data_config(data_config(model)), out)

@@ -28,12 +28,12 @@ from _results import write_results  # benchmarks/ is on sys.path: run as python 
 from edge.analysis.collect import block_outputs, collect_block_moments
 from edge.compress import CompressConfig, compress
 from edge.compress.approximate import apply_spans
-from edge.compress.block_approx import ApproximatedSpan
+from edge.compress.block_approx import ApproximatedSpan, SpanStep
 from edge.compress.compressor import costs
-from edge.compress.block_approx import SpanStep
+from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, calibration_set, load_dataset
 from edge.evaluate import evaluate
-from edge.models import create_model, data_config
+from edge.models import data_config
 from edge.progress import log
 from edge.runtime import hardware, set_threads
 
@@ -84,7 +84,7 @@ def main() -> None:
     threads = set_threads(args.threads)
     started = time.perf_counter()
 
-    model = create_model(args.model)
+    model = load_model(args.model)
     spec = InputSpec.from_data_config(data_config(model))
     test = load_dataset(args.data, "test")
     calibration = calibration_set(args.data, args.samples, args.seed)

@@ -36,10 +36,11 @@ import torch
 from edge.compress import CompressConfig, compress, is_artifact, save_artifact
 from edge.compress.artifact import read_manifest
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set
+from edge.compress.load import load_model
 from edge.data import InputSpec
 from edge.evaluate import evaluate
-from edge.export import write_atomic
-from edge.models import create_model, data_config
+from edge.fileio import write_atomic, write_json_atomic
+from edge.models import data_config
 from edge.progress import log
 from edge.runtime import hardware, resolve_device, set_threads
 
@@ -66,7 +67,7 @@ def _compressed(model_name: str, plan: str, config: CompressConfig, folder: Path
         if (manifest.get("requested_plan"), manifest.get("config"), manifest["source"].get("model")) == \
                 (plan, asdict(config), model_name):
             return manifest
-    model, manifest = compress(create_model(model_name), {"model": model_name}, config)
+    model, manifest = compress(load_model(model_name), {"model": model_name}, config)
     save_artifact(model, folder, manifest)
     return manifest
 
@@ -108,7 +109,7 @@ def main() -> None:
                 "finetune": {k: v for k, v in asdict(tune).items() if k not in run_only}}
 
     held_out = held_out_set(tune)
-    base = create_model(args.model)
+    base = load_model(args.model)
     spec = InputSpec.from_data_config(data_config(base))
     original = evaluate(base, held_out, spec, device=device, show_progress=False)["accuracy"]
     log(f"original {args.model}: {original:.4f} on {held_out.name} ({len(held_out)} images)")
@@ -151,7 +152,7 @@ def _write(args, settings: dict, original: float, held_out, rows: list[dict], de
                          "best_drop_pt": best and best["drop_after_pt"],
                          "met": bool(best and best["drop_after_pt"] <= TARGET["max_drop_pt"])},
               "command": [sys.executable, *sys.argv], "hardware": hardware(device), "torch": torch.__version__}
-    write_atomic((json.dumps(result, indent=1) + "\n").encode(), args.out)
+    write_json_atomic(result, args.out)
     args.md_out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(markdown(result).encode(), args.md_out)
 

@@ -13,7 +13,6 @@ Writes benchmarks/results/dwconv_prefix.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -22,10 +21,11 @@ import torch
 from _results import provenance  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.compress import CompressConfig, compress
+from edge.compress.load import load_model
 from edge.data import InputSpec, load_dataset
 from edge.evaluate import evaluate
-from edge.export import write_atomic
-from edge.models import create_model, data_config
+from edge.fileio import write_json_atomic
+from edge.models import data_config
 from edge.progress import log
 from edge.runtime import set_threads
 
@@ -50,13 +50,13 @@ def main() -> None:
     set_threads(args.threads)
     test = load_dataset(args.data, "test")
     test = test.subset(torch.arange(0, len(test), args.every), f"{test.name}-every-{args.every}")
-    base = create_model(args.model)
+    base = load_model(args.model)
     spec = InputSpec.from_data_config(data_config(base))
     rows = [{"plan": None, "accuracy": evaluate(base, test, spec, show_progress=False)["accuracy"]}]
     log(f"original: {rows[0]['accuracy']:.4f}")
     for plan in args.plans:
         start = time.perf_counter()
-        model, manifest = compress(create_model(args.model), {"model": args.model},
+        model, manifest = compress(load_model(args.model), {"model": args.model},
                                    CompressConfig(plan=plan, data=args.data, samples=args.samples))
         accuracy = evaluate(model, test, spec, show_progress=False)["accuracy"]
         rows.append({"plan": plan, "resolved": manifest["plan"], "accuracy": accuracy,
@@ -67,7 +67,7 @@ def main() -> None:
               "calibration": {"data": args.data, "samples": args.samples, "seed": 0}, "training": "none",
               "rows": rows,
               **provenance("dwconv_prefix.py", args, parser, started=started, load_before=load_before)}
-    write_atomic((json.dumps(result, indent=1) + "\n").encode(), args.out)
+    write_json_atomic(result, args.out)
     log(f"wrote {args.out}")
 
 

@@ -42,6 +42,7 @@ import onnx
 import torch
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
+from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
 from edge.compress import CompressConfig, compress
 from edge.export import ExportConfig, export
 from edge.graph import clean_graph
@@ -50,7 +51,6 @@ from edge.profile import OrtBackend, latency_stats
 from edge.profile.backends import Backend
 from edge.profile.contention import CpuContention
 from edge.progress import log
-from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 ROOT = Path(__file__).resolve().parents[1]
 CLEANERS = ("edge", "onnxslim", "onnxsim")

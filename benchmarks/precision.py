@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 def accuracy(path: Path, threads: int) -> dict:
     from calib.data import input_spec_of
+    from edge.compare import ort_session
     from edge.data import ArrayPreprocess, load_dataset
-    from edge.verify import ort_session
 
     data = load_dataset("fmnist", "test")
     spec = input_spec_of(onnx.load(str(path), load_external_data=False), str(path))
@@ -42,7 +42,7 @@ def accuracy(path: Path, threads: int) -> dict:
 def onnxconverter_casts(fp32: Path) -> dict:
     from onnxconverter_common import float16
 
-    from edge.precision import DEFAULT_BLOCK_LIST, head_nodes
+    from edge.fp16 import DEFAULT_BLOCK_LIST, head_nodes
 
     model = onnx.load(str(fp32))
     converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=list(DEFAULT_BLOCK_LIST),
@@ -54,7 +54,7 @@ def main() -> None:
     from calib.qdq import METHODS, Int8Config
     from edge.export import ExportConfig, export
     from edge.models import create_model, data_config
-    from edge.precision import quantize_file
+    from edge.quantize import quantize_file
     from edge.runtime import hardware, set_threads
 
     threads = 2

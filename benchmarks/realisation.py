@@ -41,9 +41,10 @@ from peers import measure_interleaved  # noqa: E402
 
 from edge.compress import CompressConfig, compress  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
+from edge.compress.load import load_model  # noqa: E402
 from edge.export import ExportConfig, export  # noqa: E402
 from edge.graph.clean import clean_file  # noqa: E402
-from edge.models import create_model, data_config  # noqa: E402
+from edge.models import data_config  # noqa: E402
 from edge.profile.contention import CpuContention  # noqa: E402
 from edge.progress import log  # noqa: E402
 
@@ -54,10 +55,10 @@ TARGET = 0.8
 
 def build_variants(args) -> dict[str, tuple[torch.nn.Module, str | None, dict]]:
     """name -> (model, plan, record) for the original and every plan."""
-    original = create_model(args.model)
+    original = load_model(args.model)
     variants = {"original": (original, None, {"blocks_approximated": 0, **costs(original)})}
     for plan in args.plans:
-        model, manifest = compress(create_model(args.model), {"model": args.model},
+        model, manifest = compress(load_model(args.model), {"model": args.model},
                                    CompressConfig(plan=plan, data=args.data, samples=args.samples, seed=args.seed))
         blocks = sum(len(span.blocks) for span in _spans(manifest["plan"]))
         variants[plan] = (model, plan, {"blocks_approximated": blocks, **costs(model),

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 from onnxruntime.quantization import CalibrationDataReader
 
 from edge.errors import EdgeError
+from edge.onnx_metadata import metadata_of, preprocessing
 
 
 def input_spec_of(model: onnx.ModelProto, source: str):
     """The preprocessing ``edge export`` recorded in the graph (input size, mean, std)."""
     from edge.data import InputSpec
 
-    meta = {p.key: p.value for p in model.metadata_props}
     try:
-        return InputSpec(*json.loads(meta["edge.input_size"]), tuple(json.loads(meta["edge.mean"])),
-                         tuple(json.loads(meta["edge.std"])), meta.get("edge.interpolation", "bilinear"))
+        config = preprocessing(metadata_of(model))
     except KeyError as e:
         raise EdgeError(f"{source} has no edge preprocessing metadata ({e.args[0]} missing)",
                         expected="an ONNX graph written by `edge export` (it records input size, mean and std)",
                         fix="export the model with `edge export`, then quantize that file") from e
+    return InputSpec(*config["input_size"], config["mean"], config["std"], config["interpolation"])
 
 
 def calibration_images(model: onnx.ModelProto, source: str, data: str, samples: int, seed: int = 0) -> np.ndarray:

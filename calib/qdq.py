@@ -31,6 +31,7 @@ import onnx
 from calib.data import ArrayCalibrationReader, calibration_images, graph_batch
 from calib.placement import GEMM_OPS, qdq_violations, residual_adds, restrict_to_tensorrt_placement
 from edge.errors import EdgeError
+from edge.onnx_metadata import CALIBRATION, set_precision_metadata, source_precision
 
 METHODS = ("minmax", "entropy", "percentile")
 CALIBRATION_BATCH = 32
@@ -109,8 +110,6 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None
     """The Q/DQ int8 graph of ``model`` (float32) and a report (calibration, cache, structure)."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    from edge.precision import source_precision
-
     config = config or Int8Config()
     config.check()
     if source_precision(model) != "float32":
@@ -150,9 +149,7 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None
         raise EdgeError(f"the int8 graph of {source} breaks TensorRT's Q/DQ rules ({len(problems)} places)",
                         found="; ".join(problems[:5]), fix="nothing was written; report this graph as a bug")
     _copy_metadata(model, quantized)
-    from edge.precision import set_precision_metadata
-
-    set_precision_metadata(quantized, "int8", **{"edge.calibration": json.dumps(
+    set_precision_metadata(quantized, "int8", **{CALIBRATION: json.dumps(
         {"data": config.data, "samples": config.samples, "seed": config.seed, "method": config.method})})
     counts = _qdq_counts(quantized)
     report = {"precision": "int8", "format": "QDQ", "config": asdict(config),

@@ -14,9 +14,6 @@
 from __future__ import annotations
 
 import io
-import json
-import os
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +22,11 @@ import onnx
 import torch
 from torch import nn
 
-from edge import __version__
+from edge.compare import Tolerance, compare_with_torch, ort_session, verification_inputs
 from edge.compress.cost import explicit_attention
 from edge.errors import EdgeError
-from edge.verify import Tolerance, compare_with_torch, ort_session, verification_inputs
+from edge.fileio import write_atomic
+from edge.onnx_metadata import graph_metadata, with_metadata
 
 DEFAULT_OPSET = 17
 INPUT_NAME = "input"
@@ -63,46 +61,6 @@ def export_bytes(model: nn.Module, input_size: tuple[int, int, int], config: Exp
                           input_names=[INPUT_NAME], output_names=[out], dynamic_axes=dynamic,
                           do_constant_folding=True)
     return buffer.getvalue()
-
-
-def with_metadata(model_bytes: bytes, metadata: dict[str, str]) -> onnx.ModelProto:
-    proto = onnx.load_from_string(model_bytes)
-    del proto.metadata_props[:]
-    for key, value in sorted(metadata.items()):
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    proto.producer_name, proto.producer_version = "edge", __version__
-    return proto
-
-
-def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str, str]:
-    c, h, w = data_config["input_size"]
-    return {
-        "edge.version": __version__,
-        "edge.source_model": source,
-        "edge.plan": plan or "",
-        "edge.input_size": json.dumps([int(c), int(h), int(w)]),
-        "edge.mean": json.dumps([float(m) for m in data_config["mean"]]),
-        "edge.std": json.dumps([float(s) for s in data_config["std"]]),
-        "edge.interpolation": str(data_config.get("interpolation", "bilinear")),
-    }
-
-
-def write_atomic(data: bytes, out: Path) -> None:
-    """Write ``out`` through a temporary file and a rename: never a half-written file."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    except OSError as e:
-        raise EdgeError(f"cannot write {out}", found=str(e), fix="choose a writable --out path") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, data_config: dict,

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
 
+from edge.compare import ort_session
 from edge.errors import EdgeError
+from edge.onnx_metadata import metadata_of, preprocessing
 
 
 class OnnxClassifier:
     """Call with a float batch ``[N, C, H, W]``; returns logits as a tensor. Static batches are chunked/padded."""
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
-        from edge.verify import ort_session
-
         self.path = Path(path)
         if not self.path.is_file():
             raise EdgeError(f"{self.path} does not exist", expected="an ONNX file", fix="check the path")
@@ -26,7 +25,7 @@ class OnnxClassifier:
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
             raise EdgeError(f"{self.path} is not a readable ONNX model", found=str(e)[:300],
                             fix="pass a file written by `edge export`") from e
-        self.metadata = {p.key: p.value for p in proto.metadata_props}
+        self.metadata = metadata_of(proto)
         self.session = ort_session(str(self.path), threads)
         shape = self.session.get_inputs()[0].shape
         self.static_batch = shape[0] if isinstance(shape[0], int) else None
@@ -35,10 +34,7 @@ class OnnxClassifier:
     def data_config(self) -> dict:
         """The preprocessing recorded in the graph's metadata by ``edge export``."""
         try:
-            return {"input_size": tuple(json.loads(self.metadata["edge.input_size"])),
-                    "mean": tuple(json.loads(self.metadata["edge.mean"])),
-                    "std": tuple(json.loads(self.metadata["edge.std"])),
-                    "interpolation": self.metadata.get("edge.interpolation", "bilinear"), "crop_pct": 1.0}
+            return preprocessing(self.metadata)
         except KeyError as e:
             raise EdgeError(f"{self.path} has no edge preprocessing metadata ({e.args[0]} missing)",
                             fix="export the model with `edge export`, which records input size, mean and std") from e

@@ -1,4 +1,4 @@
-"""Where and how to run: device choice, mixed precision, threads, and the hardware record."""
+"""Where and how to run: device choice, mixed precision, threads, and the hardware and package-version records."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 import platform
 
 import torch
+
+from edge import __version__
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -53,6 +55,19 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def versions() -> dict:
+    """The versions of the packages whose behaviour a step's output depends on (part of every key)."""
+    import importlib.metadata
+
+    record = {"edge": __version__}
+    for name in ("torch", "timm", "onnx", "onnxruntime", "onnx-graphsurgeon", "numpy"):
+        try:
+            record[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            record[name] = None
+    return record
 
 
 def hardware(device: torch.device | None = None) -> dict:

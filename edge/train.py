@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from edge.data.images import LabeledImages
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.evaluate import evaluate
+from edge.fileio import replace_atomic, write_text_atomic
 from edge.models import create_model, data_config, model_info, parse_model_spec
 from edge.models.weights_io import save_safetensors
 from edge.progress import bar, log
@@ -65,23 +64,7 @@ class TrainConfig:
 
 
 def atomic_torch_save(obj, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(text: str, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    replace_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
 def learning_rate(step: int, total: int, config: TrainConfig) -> float:
@@ -256,5 +239,5 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
                       "weights": config.save_dtype, "eval": "float32"},
         "edge": __version__,
     }
-    atomic_write_text(json.dumps(card, indent=2) + "\n", out / "card.json")
+    write_text_atomic(json.dumps(card, indent=2) + "\n", out / "card.json")
     return card

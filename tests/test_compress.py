@@ -6,11 +6,12 @@ import torch
 from edge.analysis.collect import block_outputs
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.block_approx import ApproximatedSpan
-from edge.models.info import original_block_indices
 from edge.compress.cost import analytic_flops, measured_flops
+from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError
 from edge.models import create_model, data_config
+from edge.models.info import original_block_indices
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
 SOURCE = {"model": TINY, "weights": None, "img_size": None}
@@ -77,7 +78,7 @@ def test_artifact_round_trip_is_exact(tmp_path):
         torch.testing.assert_close(restored(x), model(x), rtol=0, atol=0)
     assert saved["plan"] == "linear:-1-0,affine:1-3:prefix=own"
     assert json.loads((tmp_path / "art" / "edge-model.json").read_text())["source"]["model"] == TINY
-    again = create_model(str(tmp_path / "art"))  # artifacts load wherever a model name is accepted
+    again = load_model(str(tmp_path / "art"))  # artifacts load wherever a model name is accepted
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), rtol=0, atol=0)
 

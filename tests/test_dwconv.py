@@ -320,8 +320,8 @@ def test_export_of_a_non_square_grid_with_registers(tmp_path):
     model = non_square(reg_tokens=2)
     spec = InputSpec.from_data_config(data_config(model))
     # the gaussian init with prefix=mean reads no images
-    steps, modules, _ = build_dwconv(model, parse_plan("dwconv:blocks=0+1:init=gaussian:prefix=mean").steps_of("dwconv"), None,
-                                     spec)
+    steps = parse_plan("dwconv:blocks=0+1:init=gaussian:prefix=mean").steps_of("dwconv")
+    steps, modules, _ = build_dwconv(model, steps, None, spec)
     for block, module in modules.items():
         assert module.grid == (7, 5) and module.num_prefix_tokens == 3
         model.blocks[block].attn = module

@@ -14,6 +14,7 @@ from edge.compress.finetune import (
     logits_and_features,
     select_trainable,
 )
+from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
 from edge.errors import EdgeError
 from edge.evaluate import evaluate
@@ -148,7 +149,7 @@ def test_finetuned_artifact_restores_to_identical_outputs_and_records_the_recipe
     test = load_dataset("fmnist-mini", "test")
     held_out = test.subset(balanced_indices(test.labels, 100, 0, test.num_classes))
     spec = InputSpec.from_data_config(data_config(restored))
-    result = evaluate(create_model(str(tmp_path / "ft")), held_out, spec, show_progress=False)
+    result = evaluate(load_model(str(tmp_path / "ft")), held_out, spec, show_progress=False)
     assert result["accuracy"] == stage["eval"]["accuracy"] and stage["eval"]["samples"] == 100
 
 

@@ -11,10 +11,10 @@ import onnx
 import pytest
 import torch
 
+from edge.compare import Tolerance, compare_with_torch, ort_session, verification_inputs
 from edge.export import ExportConfig, export
 from edge.graph.clean import clean_file
 from edge.models import create_model, data_config
-from edge.verify import Tolerance, compare_with_torch, ort_session, verification_inputs
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from edge.cli import main
 from edge.errors import EdgeError
 from edge.pipeline import STEPS, load_recipe
 from edge.pipeline.cache import StepCache
-from edge.pipeline.recipe import VARIANT_STEPS
+from edge.pipeline.layout import VARIANT_STEPS
 from edge.pipeline.report import pareto_front, table_rows
 
 from .conftest import needs_fmnist
@@ -240,7 +240,8 @@ def test_printed_default_recipe_is_the_default(tmp_path, capsys):
     assert default.variants[0].plan is None
     from edge.compress.plan import parse_plan
 
-    replaced = sorted(sum(len(s.blocks) for s in parse_plan(v.plan).steps_of("block-approximation")) for v in default.variants[1:])
+    replaced = sorted(sum(len(s.blocks) for s in parse_plan(v.plan).steps_of("block-approximation"))
+                      for v in default.variants[1:])
     assert replaced == [1, 2, 3]
 
 
@@ -288,7 +289,7 @@ def test_default_recipe_end_to_end(tmp_path):
 
 def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, monkeypatch, capsys):
     import edge.verify
-    from edge.verify import Tolerance
+    from edge.compare import Tolerance
 
     real_verify_pair = edge.verify.verify_pair
 

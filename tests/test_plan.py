@@ -8,7 +8,8 @@ from edge.errors import EdgeError
 def test_parse_and_canonical_form():
     plan = parse_plan(" affine:9-11:ridge=0.0001 , linear:2-3 ")
     assert [str(s) for s in plan.steps] == ["linear:2-3", "affine:9-11:ridge=0.0001"]
-    assert plan.steps_of("block-approximation")[1].blocks == (10, 11) and plan.steps_of("block-approximation")[1].ridge == 1e-4
+    second = plan.steps_of("block-approximation")[1]
+    assert second.blocks == (10, 11) and second.ridge == 1e-4
     assert str(parse_plan(str(plan))) == str(plan)
     assert parse_plan("linear:-1-0").steps[0] == SpanStep("linear", -1, 0)
     auto = parse_plan("auto-linear:3,skip:0-1")

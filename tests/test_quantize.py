@@ -15,7 +15,8 @@ from onnx import numpy_helper
 from calib.placement import qdq_violations
 from calib.qdq import Int8Config
 from edge.errors import EdgeError
-from edge.precision import Fp16Config, convert_to_fp16, quantize_file
+from edge.fp16 import Fp16Config, convert_to_fp16
+from edge.quantize import quantize_file
 
 TEST_IMAGES = 300  # the full 10,000: benchmarks/precision.py
 CALIBRATION = 64
@@ -116,8 +117,8 @@ def test_structure_check_catches_a_broken_graph(graphs):
 
 
 def accuracy(path, images, labels, spec):
+    from edge.compare import ort_session
     from edge.data import ArrayPreprocess
-    from edge.verify import ort_session
 
     session = ort_session(str(path), threads=2)
     x = ArrayPreprocess(spec)(images).numpy()
@@ -171,7 +172,7 @@ def test_fp16_block_list_is_configurable():
     converted, report = convert_to_fp16(model, Fp16Config(block_list=("Gelu",), keep_head_fp32=False))
     assert report.fp32_nodes == ["gelu"] and report.casts == 2  # into Relu's fp16 island, and back for the output
     x = torch.randn(2, 3).numpy()
-    from edge.verify import ort_session
+    from edge.compare import ort_session
 
     y = ort_session(converted.SerializeToString()).run(None, {"x": x})[0]
     assert y.dtype == np.float32 and np.allclose(y, np.maximum(0.5 * x * (1 + np.vectorize(__import__("math").erf)(

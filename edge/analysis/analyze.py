@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from edge.analysis.collect import BlockMoments, collect_block_moments
 from edge.analysis.heatmap import save_heatmap, save_redundancy_plot
 from edge.analysis.similarity import block_redundancy
 from edge.data.preprocess import InputSpec
+from edge.fileio import write_text_atomic
 from edge.models.info import model_info, original_block_indices
 from edge.runtime import hardware
 
@@ -86,9 +85,5 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
     save_redundancy_plot(np.array(maps["all"]["block_redundancy"]), f"{short}: Block Redundancy (all tokens)", path)
     pictures["block_redundancy"] = path.name
     result["pictures"] = pictures
-    fd, tmp = tempfile.mkstemp(prefix=".analysis.", dir=out)
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out / "analysis.json")
+    write_text_atomic(json.dumps(result, indent=1), out / "analysis.json")
     return result

@@ -189,12 +189,11 @@ def save_attention_plot(stats: AttentionStats, title: str, path) -> None:
 def analyze_attention(model: nn.Module, model_name: str, calibration, spec: InputSpec, out,
                       batch_size: int = 32) -> dict:
     """Score every head over ``calibration``; write ``out/attention.json`` and ``out/attention_std.png``."""
-    import json
     import time
     from pathlib import Path
 
     from edge import __version__
-    from edge.export import write_atomic
+    from edge.fileio import write_json_atomic
     from edge.runtime import hardware
 
     out = Path(out)
@@ -205,6 +204,6 @@ def analyze_attention(model: nn.Module, model_name: str, calibration, spec: Inpu
     short = model_name if len(model_name) <= 40 else model_name[:37] + "..."
     save_attention_plot(stats, f"{short}: attention-map variation ({stats.samples} samples)",
                         out / "attention_std.png")
-    write_atomic((json.dumps(result, indent=1) + "\n").encode(), out / "attention.json")
+    write_json_atomic(result, out / "attention.json")
     result["pictures"] = {"attention_std": "attention_std.png"}
     return result

@@ -30,12 +30,13 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from edge.analysis.analyze import analyze
+    from edge.compress.load import load_model
     from edge.data import InputSpec, calibration_set
-    from edge.models import create_model, data_config
+    from edge.models import data_config
     from edge.runtime import set_threads
 
     set_threads(args.threads)
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     calibration = calibration_set(args.data, args.samples, args.seed)
     result = analyze(model, args.model, calibration, InputSpec.from_data_config(data_config(model)), args.out,
                      batch_size=args.batch_size)

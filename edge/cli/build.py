@@ -82,7 +82,7 @@ def _trtexec(args, config) -> int:
     import sys
     from pathlib import Path
 
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
     from edge.profile.trtexec import trtexec_result
     from edge.trt.builder import select_onnx
     from edge.trt.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command

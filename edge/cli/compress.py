@@ -80,11 +80,11 @@ def _finetune(model, manifest: dict, args) -> dict:
 
 def run(args) -> int:
     from edge.compress import CompressConfig, compress, save_artifact
-    from edge.models import create_model
+    from edge.compress.load import load_model
     from edge.runtime import set_threads
 
     set_threads(args.threads)
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}
     config = CompressConfig(plan=args.plan, data=args.data, samples=args.samples, seed=args.seed,
                             holdout=args.holdout)

@@ -28,26 +28,28 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from edge.compress.load import load_model
     from edge.data import InputSpec, load_dataset
     from edge.evaluate import evaluate
-    from edge.models import create_model, data_config
+    from edge.models import data_config
     from edge.runtime import hardware, resolve_device, set_threads
 
     set_threads(args.threads)
     device = resolve_device(args.device)
     dataset = load_dataset(args.data, args.split)
     if args.model.endswith(".onnx"):
+        from edge.onnx_metadata import precision_of
         from edge.onnx_model import OnnxClassifier
 
         graph = OnnxClassifier(args.model, threads=args.threads)
         result = {"model": args.model, **evaluate(graph, dataset, InputSpec.from_data_config(graph.data_config()),
                                                   batch_size=args.batch_size),
-                  "precision": graph.metadata.get("edge.precision", "float32"), "backend": "onnxruntime",
+                  "precision": precision_of(graph.metadata), "backend": "onnxruntime",
                   "hardware": hardware()}
         emit(result, args.json, f"{args.model} on {result['data']} (ONNX Runtime): accuracy {result['accuracy']:.4f} "
                                 f"({result['correct']}/{result['samples']})")
         return 0
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     spec = InputSpec.from_data_config(data_config(model))
     if args.probe:
         from edge.probe import ProbeConfig, linear_probe

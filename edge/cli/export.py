@@ -29,9 +29,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from edge.compress.load import load_model
     from edge.data import ArrayPreprocess, InputSpec, load_dataset
     from edge.export import ExportConfig, export
-    from edge.models import create_model, data_config
+    from edge.models import data_config
 
     plan = None
     if Path(args.model).exists():
@@ -39,7 +40,7 @@ def run(args) -> int:
 
         if is_artifact(args.model):
             plan = read_manifest(args.model)["plan"]
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     config = data_config(model)
     real = None
     if args.verify:

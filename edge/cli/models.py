@@ -21,7 +21,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from edge.models import BUNDLED, create_model, data_config, model_card, model_info
+    from edge.compress.load import load_model
+    from edge.models import BUNDLED, data_config, model_card, model_info
 
     if not args.model:
         rows = {name: {"architecture": b.arch, "description": b.description,
@@ -31,7 +32,7 @@ def run(args) -> int:
         human += "\n\nand any timm ViT as timm:ARCH (e.g. timm:deit_small_patch16_224)"
         emit({"bundled": rows}, args.json, human)
         return 0
-    model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     info = model_info(model).as_dict()
     info["data_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config(model).items()}
     emit({"model": args.model, **info}, args.json, "\n".join(f"{k:<18} {v}" for k, v in info.items()))

@@ -52,9 +52,10 @@ def run(args) -> int:
         if is_onnx:
             raise EdgeError(f"--backend torch needs a model name or artifact, got the ONNX file {args.model}",
                             fix="use --backend ort for ONNX files")
-        from edge.models import create_model, data_config
+        from edge.compress.load import load_model
+        from edge.models import data_config
 
-        model = create_model(args.model, weights=args.weights, img_size=args.img_size)
+        model = load_model(args.model, weights=args.weights, img_size=args.img_size)
         backend = TorchBackend(model, tuple(data_config(model)["input_size"]), batch=args.batch or 1,
                                device=resolve_device(args.device), threads=args.threads)
     result = profile(backend, ProfileConfig(args.warmup, args.iterations, args.duration))

@@ -45,7 +45,8 @@ def run(args) -> int:
     import sys
 
     from calib.qdq import Int8Config
-    from edge.precision import DEFAULT_BLOCK_LIST, Fp16Config, quantize_file
+    from edge.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
+    from edge.quantize import quantize_file
 
     fp16 = Fp16Config(block_list=(*DEFAULT_BLOCK_LIST, *args.keep_fp32), keep_head_fp32=not args.fp16_head)
     int8 = Int8Config(data=args.data, samples=args.samples, seed=args.seed, method=args.method,

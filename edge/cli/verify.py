@@ -32,10 +32,11 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
+    from edge.compare import Tolerance
     from edge.data import load_dataset
     from edge.errors import EdgeError
     from edge.runtime import set_threads
-    from edge.verify import Tolerance, load_side, verify_pair
+    from edge.verify import load_side, verify_pair
 
     if args.batch < 1:
         raise EdgeError(f"--batch {args.batch}", expected="at least 1")

@@ -74,7 +74,10 @@ def trained_span(step: SpanStep, model: nn.Module, images, spec: InputSpec, seed
 
 def fit_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMoments, images, spec: InputSpec,
               seed: int = 0) -> tuple[dict[tuple[int, ...], nn.Module], dict]:
-    """The module of every span (by the original blocks it replaces) and fit statistics per span; ``model`` unchanged."""
+    """The module of every span (keyed by the original blocks it replaces) and fit statistics per span.
+
+    ``model`` is not changed.
+    """
     info = model_info(model)
     modules, fit_stats = {}, {}
     for step in spans:

@@ -10,16 +10,14 @@ An artifact is a folder:
 
 Restoring needs neither the calibration data nor the source weights: the source
 architecture is rebuilt from its name, each method rebuilds its recorded modules at their seams
-(in the registry's order), and the state dict is loaded exactly. Folders are written to a temporary name and renamed, so a
-failed run never leaves a half-written artifact.
+(in the registry's order), and the state dict is loaded exactly. Folders are written to a
+temporary name and renamed, so a failed run never leaves a half-written artifact.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from torch import nn
@@ -27,6 +25,7 @@ from torch import nn
 from edge import __version__
 from edge.compress.registry import methods
 from edge.errors import EdgeError, InternalError
+from edge.fileio import atomic_folder
 from edge.models.info import model_info
 from edge.models.weights_io import load_weights, read_state_dict, save_safetensors
 
@@ -52,25 +51,16 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple
     out = Path(out)
     if out.exists() and not is_artifact(out) and any(p.name not in keep for p in out.iterdir()):
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "edge": __version__, **manifest,
                   "info": model_info(model).as_dict()}
         record.update(format=FORMAT, format_version=FORMAT_VERSION, edge=__version__)
         save_safetensors({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp / WEIGHTS,
                          metadata={"format": FORMAT})
         (tmp / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-        os.chmod(tmp, 0o755)
         for name in keep:
             if (out / name).is_file():
                 os.replace(out / name, tmp / name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from edge.analysis.attention import AttentionStats, collect_attention_stats
-from edge.models.info import original_block_indices
 from edge.compress.dwconv import (
     DepthwiseAttention,
     DWConvStep,
@@ -26,7 +25,7 @@ from edge.compress.dwconv import (
 from edge.compress.dwconv_init import KernelFit, gaussian_kernel, mean_attention_kernel
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
-from edge.models.info import ModelInfo, model_info
+from edge.models.info import ModelInfo, model_info, original_block_indices
 
 
 def token_grid(model: nn.Module) -> tuple[int, int]:

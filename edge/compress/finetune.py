@@ -10,7 +10,8 @@ augmented batch to both models and minimises (Hinton et al.)
 with ``z`` the logits, ``f`` the pre-logit features (after pooling and ``fc_norm``), AdamW,
 linear warm-up then cosine decay (the schedule of ``edge train``). ``train=all`` trains every
 parameter of the student; ``train=replaced`` only the modules the compression put in (the
-registered methods' ``module_types``, e.g. ``DepthwiseAttention``, ``ApproximatedSpan``); buffers (``prefix=pool`` weights) stay fixed.
+registered methods' ``module_types``, e.g. ``DepthwiseAttention``, ``ApproximatedSpan``); buffers
+(``prefix=pool`` weights) stay fixed.
 ``all`` is the default, measured on a short run: fmnist-deit-tiny, ``dwconv:auto=6:init=lsq``
 (training-free 0.588, original 0.873 on 1000 test images), 60 steps of batch 64 on 3,840
 training images: ``all`` 0.807, ``replaced`` 0.732
@@ -26,7 +27,6 @@ manifest gains a ``finetune`` record: recipe, teacher, held-out accuracy before 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -40,13 +40,15 @@ from torch import nn
 
 from edge import __version__
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
+from edge.compress.load import load_model
 from edge.compress.registry import module_types
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError
 from edge.evaluate import evaluate
-from edge.models import create_model, data_config, parse_model_spec
+from edge.fileio import sha256_file
+from edge.models import data_config, parse_model_spec
 from edge.progress import bar, log
 from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
 from edge.train import (
@@ -173,14 +175,6 @@ def select_trainable(model: nn.Module, which: str) -> int:
     return count
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def teacher_reference(manifest: dict, config: FinetuneConfig) -> dict:
     """How to build the teacher: ``--teacher``/``--teacher-weights``, else the artifact's source model."""
     source = manifest.get("source", {})
@@ -202,7 +196,7 @@ def teacher_reference(manifest: dict, config: FinetuneConfig) -> dict:
 
 
 def build_teacher(reference: dict) -> nn.Module:
-    teacher = create_model(reference["model"], weights=reference["weights"], img_size=reference["img_size"])
+    teacher = load_model(reference["model"], weights=reference["weights"], img_size=reference["img_size"])
     for p in teacher.parameters():
         p.requires_grad_(False)
     return teacher.eval()
@@ -263,7 +257,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     optimizer = torch.optim.AdamW(param_groups(student, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
     teacher_sha = source_state_sha256(teacher)
     recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
-              "student_sha256": _file_sha256(folder / WEIGHTS), "teacher_sha256": teacher_sha}
+              "student_sha256": sha256_file(folder / WEIGHTS), "teacher_sha256": teacher_sha}
 
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import onnx
 
+from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
 from edge.errors import EdgeError
-from edge.export import write_atomic
+from edge.fileio import write_atomic
 from edge.graph.graph_pass import GraphPass
 from edge.graph.manager import clean_graph
-from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:

@@ -19,11 +19,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
 from edge.errors import EdgeError, InternalError
 from edge.graph.graph_pass import GraphPass, PassResult
 from edge.graph.passes import PASSES
-from edge.verify import Tolerance, compare_arrays, ort_session, run_ort
-
 
 # The opset the passes are written and tested at (edge export's default): from 17 on,
 # LayerNormalization is one node, not the ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add it decomposes to.

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import torch
 from torch import nn
 
 from edge.errors import EdgeError
+from edge.fileio import replace_atomic
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -75,14 +74,4 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str | Path, metadata:
     """Write a safetensors file atomically (temporary file, then rename)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomic(path, lambda tmp: save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata=metadata))

@@ -128,16 +128,8 @@ def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None, im
     """Build the model a spec names, in eval mode, with bundled, given or random weights.
 
     ``pretrained_weights=False`` skips the bundled weights (random init, used by ``edge train``).
-    A folder written by ``edge compress`` is restored as the compressed model.
+    Names only: :func:`edge.compress.load.load_model` also accepts a folder written by ``edge compress``.
     """
-    if isinstance(spec, str) and Path(spec).exists():
-        from edge.compress.artifact import is_artifact, load_artifact
-
-        if is_artifact(spec):
-            if weights is not None or img_size is not None:
-                raise EdgeError(f"{spec} is a compressed model; --weights and --img-size do not apply to it",
-                                fix="drop --weights / --img-size (the artifact holds its weights and input size)")
-            return load_artifact(spec)[0]
     if isinstance(spec, str):
         spec = parse_model_spec(spec)
     ensure_torchvision_importable()

@@ -5,9 +5,9 @@
 package is cheap (the CLI's ``--help`` reads :data:`STEPS`); the runner loads torch when called.
 """
 
+from edge.pipeline.layout import STEPS
 from edge.pipeline.recipe import (
     DEFAULT_RECIPE,
-    STEPS,
     Recipe,
     Variant,
     default_recipe_text,

@@ -19,30 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge import __version__
-from edge.export import write_atomic
+from edge.fileio import sha256_file, write_atomic
+from edge.runtime import versions
 
 MARKER_SUFFIX = ".done.json"
-
-
-def versions() -> dict:
-    """The versions of the packages whose behaviour a step's output depends on (part of every key)."""
-    import importlib.metadata
-
-    record = {"edge": __version__}
-    for name in ("torch", "timm", "onnx", "onnxruntime", "onnx-graphsurgeon", "numpy"):
-        try:
-            record[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            record[name] = None
-    return record
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def sha256_path(path: Path) -> str | None:

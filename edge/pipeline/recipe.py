@@ -21,8 +21,6 @@ DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
 BUILTIN = "<built-in default recipe>"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 NAMED_DATA = ("fmnist", "fmnist-mini")
-VARIANT_STEPS = ("compress", "count", "export", "clean", "verify", "evaluate", "profile")
-STEPS = ("analysis", *VARIANT_STEPS)  # the step names of a run (``--redo`` choices)
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,12 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 from edge import __version__
-from edge.export import write_atomic
-from edge.pipeline.cache import versions
-from edge.pipeline.recipe import VARIANT_STEPS
-from edge.pipeline.run import DEPLOYED
+from edge.fileio import write_atomic, write_json_atomic
+from edge.pipeline.layout import ARTIFACT, DEPLOYED, VARIANT_STEPS, VARIANTS, clean_name
 
 FORMAT = "edge-pipeline-report"
 FORMAT_VERSION = 1
@@ -56,8 +53,8 @@ def variant_entry(run) -> dict:
     graphs = {}
     for graph, exported in export.items():
         cleaned = clean[graph]["report"]
-        graphs[graph] = {"file": f"variants/{run.variant.name}/{graph}",
-                         "clean_file": f"variants/{run.variant.name}/{graph.removesuffix('.onnx')}.clean.onnx",
+        graphs[graph] = {"file": f"{VARIANTS}/{run.variant.name}/{graph}",
+                         "clean_file": f"{VARIANTS}/{run.variant.name}/{clean_name(graph)}",
                          "batch": exported["batch"], "bytes": exported["bytes"], "nodes_exported": exported["nodes"],
                          "nodes_before_clean": cleaned["nodes_before"], "nodes_after_clean": cleaned["nodes_after"],
                          "clean_rounds": cleaned["rounds"], "clean_passes": cleaned["passes"]}
@@ -83,13 +80,13 @@ def variant_entry(run) -> dict:
                                             "contention")},
         "compression": None if compress is None else {k: compress[k] for k in ("calibration", "fit", "planner",
                                                                                 "seconds")},
-        "artifact": f"variants/{run.variant.name}/model" if compress is not None else None,
+        "artifact": f"{VARIANTS}/{run.variant.name}/{ARTIFACT}" if compress is not None else None,
         "steps": {name: record.summary() for name, record in records.items()},
     }
 
 
 def build_report(ctx, runs, analysis, notice: str | None, seconds: float) -> dict:
-    from edge.runtime import hardware
+    from edge.runtime import hardware, versions
 
     variants = [variant_entry(run) for run in runs]
     baseline = next((v["accuracy"] for v in variants if v["requested_plan"] is None), None)
@@ -291,4 +288,4 @@ def write_reports(out: Path, report: dict) -> None:
     """report.json, report.md and report.html, each written atomically."""
     write_atomic(html_report(report, out).encode(), out / "report.html")
     write_atomic(markdown(report).encode(), out / "report.md")
-    write_atomic((json.dumps(report, indent=1) + "\n").encode(), out / "report.json")
+    write_json_atomic(report, out / "report.json")

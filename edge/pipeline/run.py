@@ -21,8 +21,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,16 +29,13 @@ from pathlib import Path
 from torch import nn
 
 from edge.errors import EdgeError
-from edge.pipeline.cache import StepCache, StepRecord, sha256_file
-from edge.pipeline.recipe import STEPS, Recipe, Variant
+from edge.fileio import atomic_folder, sha256_file
+from edge.pipeline.cache import StepCache, StepRecord
+from edge.pipeline.layout import ARTIFACT, BATCHED, DEPLOYED, STEPS, VARIANTS, clean_name
+from edge.pipeline.recipe import Recipe, Variant
 from edge.progress import log
 
-DEPLOYED, BATCHED = "model.onnx", "model.batched.onnx"
 VERIFY_BATCH = 8
-
-
-def clean_name(graph: str) -> str:
-    return graph.removesuffix(".onnx") + ".clean.onnx"
 
 
 def data_fingerprint(dataset) -> str:
@@ -74,7 +69,7 @@ def resolve_data(recipe: Recipe) -> tuple[str, str | None]:
 def check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise EdgeError(f"--out {out} is a file", expected="a folder (new, or one written by edge pipeline)")
-    ours = ("variants", "report.json", "analysis.done.json")
+    ours = (VARIANTS, "report.json", "analysis.done.json")
     if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in ours):
         raise EdgeError(f"--out {out} is a folder that edge pipeline did not write",
                         fix="choose a new or empty folder (a previous pipeline folder is reused: cached steps "
@@ -168,13 +163,8 @@ def run_analysis(ctx: Context) -> StepRecord | None:
         from edge.data import calibration_set
 
         calibration = calibration_set(ctx.data, settings.samples, ctx.recipe.seed)
-        tmp = Path(tempfile.mkdtemp(prefix=".analysis.", dir=ctx.out))
-        try:
-            result = analyze(ctx.model, ctx.recipe.model, calibration, ctx.input_spec, tmp / "analysis")
-            shutil.rmtree(ctx.out / "analysis", ignore_errors=True)
-            os.replace(tmp / "analysis", ctx.out / "analysis")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_folder(ctx.out / "analysis") as folder:
+            result = analyze(ctx.model, ctx.recipe.model, calibration, ctx.input_spec, folder)
         br = result["block_redundancy"]
         return {"samples": result["samples"], "data": result["data"], "num_blocks": result["num_blocks"],
                 "block_redundancy": br, "most_redundant_block": max(range(len(br)), key=br.__getitem__),
@@ -190,13 +180,13 @@ class VariantRun:
     def __init__(self, ctx: Context, variant: Variant) -> None:
         self.ctx = ctx
         self.variant = variant
-        self.folder = ctx.out / "variants" / variant.name
+        self.folder = ctx.out / VARIANTS / variant.name
         self.content_hash = ctx.source_hash
         self.plan = variant.plan
 
     @property
     def artifact(self) -> Path:
-        return self.folder / "model"
+        return self.folder / ARTIFACT
 
     @cached_property
     def model(self) -> nn.Module:
@@ -231,7 +221,7 @@ class VariantRun:
             return {key: manifest[key] for key in ("plan", "requested_plan", "calibration", "fit", "planner",
                                                    "before", "after", "seconds")}
 
-        record = self._step("compress", inputs, work, ("model",))
+        record = self._step("compress", inputs, work, (ARTIFACT,))
         self.plan = record.result["plan"]
         weights = sha256_file(self.artifact / "model.safetensors")
         self.content_hash = hashlib.sha256(f"{weights}\0{self.plan}".encode()).hexdigest()
@@ -368,7 +358,8 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     import torch
 
     from edge.compress.artifact import source_state_sha256
-    from edge.models import create_model, model_info
+    from edge.compress.load import load_model
+    from edge.models import model_info
     from edge.pipeline.report import build_report, write_reports
     from edge.runtime import set_threads
 
@@ -383,7 +374,7 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     if notice:
         log(f"edge pipeline: {notice}")
     torch.manual_seed(recipe.seed)  # timm architectures without weights: the same random model every run
-    model = create_model(recipe.model, weights=recipe.weights, img_size=recipe.img_size)
+    model = load_model(recipe.model, weights=recipe.weights, img_size=recipe.img_size)
     check_plans(recipe, model_info(model).num_blocks)
     ctx = Context(recipe, out, StepCache(redo), data, model, source_state_sha256(model))
     out.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,8 @@ class OrtBackend:
         import onnx
         import onnxruntime as ort
 
-        from edge.verify import ort_session
+        from edge.compare import ort_session
+        from edge.onnx_metadata import metadata_of
 
         self.path = Path(path)
         self.session = ort_session(str(self.path), threads)
@@ -51,12 +52,14 @@ class OrtBackend:
         self.threads = threads
         self.feed = {meta.name: np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
         proto = onnx.load(str(self.path), load_external_data=False)
-        self.metadata = {p.key: p.value for p in proto.metadata_props}
+        self.metadata = metadata_of(proto)
         self._weights = sum(int(np.prod(t.dims)) * 4 for t in proto.graph.initializer)
         self.version = ort.__version__
 
     def describe(self) -> dict:
-        return {"backend": self.name, "device": "cpu", "precision": self.metadata.get("edge.precision", "float32"),
+        from edge.onnx_metadata import precision_of
+
+        return {"backend": self.name, "device": "cpu", "precision": precision_of(self.metadata),
                 "batch": self.batch, "threads": self.threads or self.session.get_session_options().intra_op_num_threads,
                 "model": str(self.path), "onnxruntime": self.version}
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from edge.errors import EdgeError
 from edge.profile.stats import latency_stats
 
-
 _SUMMARY_LINE = re.compile(r"^(?:.*?\[[IWEV]\]\s*)?(?P<key>[A-Za-z0-9 ]+?):\s*(?P<value>.+)$")
 _STAT = re.compile(r"(?P<name>min|max|mean|median|percentile\((?P<p>[\d.]+)%\))\s*=\s*(?P<value>[-\d.eE+]+)\s*ms")
 _KEYS = {"Latency": "latency", "Enqueue Time": "enqueue", "H2D Latency": "h2d", "GPU Compute Time": "gpu_compute",

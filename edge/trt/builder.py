@@ -28,9 +28,10 @@ import numpy as np
 import onnx
 
 from edge.errors import EdgeError
+from edge.fileio import sha256_file
 from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
-from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path, sha256_file
+from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
 
 if TYPE_CHECKING:
     import tensorrt
@@ -134,7 +135,9 @@ def parser_errors(parser: tensorrt.OnnxParser, features: TensorRTFeatures) -> li
 
 def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> tuple[onnx.ModelProto, str, dict]:
     """The ONNX the builder parses: for strongly typed builds, the variant of the asked precision."""
-    from edge.precision import convert_to_fp16, load_onnx, set_precision_metadata, source_precision
+    from edge.fp16 import convert_to_fp16
+    from edge.onnx_metadata import set_precision_metadata, source_precision
+    from edge.quantize import load_onnx
 
     model = load_onnx(model_path)
     have = source_precision(model)
@@ -149,7 +152,7 @@ def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> 
     if have == "float32" and "float16" in wanted:
         converted, report = convert_to_fp16(model)
         set_precision_metadata(converted, "float16")
-        return converted, "float16", {"conversion": "fp16 in memory (edge.precision.convert_to_fp16)",
+        return converted, "float16", {"conversion": "fp16 in memory (edge.fp16.convert_to_fp16)",
                                       "fp16": {k: v for k, v in report.as_dict().items() if k != "fp32_nodes"}}
     if config.precision == "int8":
         raise EdgeError(f"{model_path} is a {have} graph; a strongly typed int8 build needs the Q/DQ graph",
@@ -233,7 +236,7 @@ def _load_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> dic
 def _save_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> int:
     if path is None:
         return 0
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
 
     data = bytes(config.get_timing_cache().serialize())
     write_atomic(data, Path(path))
@@ -318,7 +321,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     import tensorrt as trt
 
     from edge import __version__
-    from edge.export import write_atomic
+    from edge.fileio import write_atomic
 
     display = display or PhaseDisplay()
     model_path, out = Path(model_path), Path(out)

@@ -58,7 +58,7 @@ def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: i
             return self.cache_file.read_bytes() if self.cache_file.is_file() else None
 
         def write_calibration_cache(self, cache) -> None:
-            from edge.export import write_atomic
+            from edge.fileio import write_atomic
 
             write_atomic(bytes(cache), self.cache_file)
 

@@ -7,11 +7,11 @@ compatibility modes do not cover JetPack), so ``edge build`` records what it bui
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from edge.errors import EdgeError
+from edge.fileio import sha256_file
 
 MANIFEST_VERSION = 1
 
@@ -22,14 +22,6 @@ def manifest_path(engine: str | Path) -> Path:
 
 def layers_path(engine: str | Path) -> Path:
     return Path(f"{engine}.layers.json")
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(engine: str | Path) -> dict:

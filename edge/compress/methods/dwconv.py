@@ -77,7 +77,8 @@ class DepthwiseConvolution(Method):
             if key == "auto":
                 return DWConvStep(auto=_count(value, text, "block"), options=options)
             if key == "heads" and value.startswith("auto="):
-                return DWConvStep(auto=_count(value.removeprefix("auto="), text, "head"), scattered=True, options=options)
+                count = _count(value.removeprefix("auto="), text, "head")
+                return DWConvStep(auto=count, scattered=True, options=options)
             if key == "heads" and value:
                 pairs = tuple(sorted({(int(b), int(h)) for b, h in (item.split(".") for item in value.split("+"))}))
                 return DWConvStep(heads=pairs, options=options)

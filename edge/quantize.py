@@ -1,0 +1,89 @@
+"""``edge quantize``: the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked before it is written.
+
+The float16 conversion is :mod:`edge.fp16`, the int8 quantization :mod:`calib.qdq`; this front door
+loads the graph, runs one of them, records the precision in the graph's metadata, checks the
+result (``onnx.checker`` and the outputs on real images) and writes it atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edge.errors import EdgeError
+from edge.fileio import write_atomic
+from edge.fp16 import Fp16Config, convert_to_fp16
+from edge.onnx_metadata import FP32_OPS, set_precision_metadata, source_precision
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.is_file():
+        raise EdgeError(f"{path} does not exist", expected="an ONNX file", fix="check the path, or run `edge export`")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+        raise EdgeError(f"{path} is not a readable ONNX model", found=str(e)[:300],
+                        fix="pass a file written by `edge export`") from e
+
+
+PRECISIONS = ("fp16", "int8")
+
+
+def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray) -> dict:
+    """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
+    from calib.data import graph_batch
+    from edge.compare import ort_session
+
+    name = reference.graph.input[0].name
+    batch = graph_batch(reference) or len(inputs)
+    sessions = [ort_session(m.SerializeToString()) for m in (reference, candidate)]
+    chunks = [inputs[i:i + batch] for i in range(0, len(inputs) - batch + 1, batch)]
+    a, b = (np.concatenate([s.run(None, {name: c})[0] for c in chunks]).astype(np.float64) for s in sessions)
+    return {"images": int(len(a)), "max_abs": float(np.abs(a - b).max()),
+            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "finite": bool(np.isfinite(b).all())}
+
+
+def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> np.ndarray:
+    from calib.data import input_spec_of
+    from edge.data import ArrayPreprocess, load_dataset
+
+    spec = input_spec_of(model, source)
+    return ArrayPreprocess(spec)(load_dataset(data, "test").images[:count]).numpy().astype(np.float32)
+
+
+def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
+                  int8=None, check_data: str = "fmnist-mini", progress=None) -> dict:
+    """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first."""
+    if precision not in PRECISIONS:
+        raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
+    out = Path(out)
+    model = load_onnx(model_path)
+    if source_precision(model) != "float32":
+        raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
+                        fix="convert the float32 export from `edge export` / `edge clean`")
+    if precision == "fp16":
+        converted, report = convert_to_fp16(model, fp16)
+        set_precision_metadata(converted, "float16", **{FP32_OPS: ",".join(sorted(
+            (fp16 or Fp16Config()).block_list))})
+        result = {"precision": "float16", **report.as_dict()}
+    else:
+        from calib.qdq import quantize_int8
+
+        converted, result = quantize_int8(model, str(model_path), int8, progress=progress)
+    try:
+        onnx.checker.check_model(converted, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise EdgeError(f"the {precision} graph of {model_path} fails onnx.checker", found=str(e)[:500],
+                        fix="nothing was written; report this graph as a bug") from e
+    inputs = _check_images(model, str(model_path), check_data)
+    result["check"] = _agreement(model, converted, inputs)
+    if not result["check"]["finite"]:
+        raise EdgeError(f"the {precision} graph of {model_path} gives non-finite outputs on real images",
+                        fix="nothing was written; keep more ops in float32 (--keep-fp32 OP)")
+    data = converted.SerializeToString()
+    write_atomic(data, out)
+    result.update({"source": str(model_path), "out": str(out), "bytes": len(data), "nodes": len(converted.graph.node)})
+    return result
