@@ -34,12 +34,12 @@ setup(
     extras_require={
         # On a Jetson these come from JetPack (apt: python3-libnvinfer, cuda-python); listed for x86 hosts.
         "device": ["tensorrt>=10.3", "cuda-python>=12.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1"],
         # peers the graph cleaner is compared with (benchmarks/peers.py)
         "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4", "onnxconverter-common>=1.14"],
         # tensorrt-stubs is not listed: it depends on `tensorrt`, which cannot install without NVIDIA's
         # libraries; scripts/mypy.sh installs the stubs alone into .venv/tensorrt-stubs.
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "mypy>=1.10", "ruff>=0.5"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1", "mypy>=1.10", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],

@@ -1,7 +1,8 @@
-"""Numerical equivalence of graphs and models: ONNX Runtime against PyTorch or another graph.
+"""Numerical equivalence of graphs: one comparator with explicit tolerances (fp32 defaults: max
+absolute error <= 1e-4 and relative L2 error <= 1e-5), and ONNX Runtime sessions to run them.
 
-One comparator with explicit tolerances (fp32 defaults: max absolute error <= 1e-4 and
-relative L2 error <= 1e-5), run on real images and on seeded random inputs.
+Pure numpy and ONNX Runtime (the graph passes verify each change with it); the comparison with a
+PyTorch model is :mod:`edge.torch_compare`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -55,24 +55,3 @@ def ort_session(model_bytes_or_path, threads: int | None = None):
 def run_ort(session, x: np.ndarray) -> np.ndarray:
     name = session.get_inputs()[0].name
     return session.run(None, {name: x})[0]
-
-
-def verification_inputs(input_size: tuple[int, ...], batch: int, real: torch.Tensor | None, seed: int = 0) -> dict:
-    """Named input batches: seeded random normal inputs, and real images when given."""
-    generator = torch.Generator().manual_seed(seed)
-    inputs = {"random": torch.randn(batch, *input_size, generator=generator)}
-    if real is not None:
-        inputs["real"] = real[:batch]
-    return inputs
-
-
-@torch.no_grad()
-def compare_with_torch(model: torch.nn.Module, session, inputs: dict[str, torch.Tensor],
-                       tolerance: Tolerance = Tolerance()) -> list[Comparison]:
-    model.eval()
-    results = []
-    for name, x in inputs.items():
-        reference = model(x).float().numpy()
-        results.append(compare_arrays(reference, run_ort(session, x.numpy()), tolerance, name))
-    return results
-

@@ -22,11 +22,12 @@ import onnx
 import torch
 from torch import nn
 
-from edge.compare import Tolerance, compare_with_torch, ort_session, verification_inputs
-from edge.compress.cost import explicit_attention
+from edge.compare import Tolerance, ort_session
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
+from edge.models.attention import explicit_attention
 from edge.onnx_metadata import graph_metadata, with_metadata
+from edge.torch_compare import compare_with_torch, verification_inputs
 
 DEFAULT_OPSET = 17
 INPUT_NAME = "input"

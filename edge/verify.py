@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from edge.compare import Tolerance, compare_arrays, verification_inputs
+from edge.compare import Tolerance, compare_arrays
+from edge.torch_compare import verification_inputs
 
 
 @dataclass

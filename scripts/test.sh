@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export EDGE_NO_PROGRESS=1
 bash scripts/mypy.sh  # the TensorRT-facing modules against tensorrt-stubs (mypy.ini; a few seconds)
+.venv/bin/lint-imports --no-cache --no-logo  # the layers and no import cycles (.importlinter; a second or two)
 exec .venv/bin/python -m pytest "$@"

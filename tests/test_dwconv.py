@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from edge.analysis.attention import WelfordMap, attention_maps, attention_modules, collect_attention_stats
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.cost import analytic_flops, explicit_attention, measured_flops
+from edge.compress.cost import analytic_flops, measured_flops
 from edge.compress.dwconv import DepthwiseAttention, depthwise_from_attention, ensembled_projections
 from edge.compress.dwconv_apply import build_dwconv, prefix_pool_weights, token_grid
 from edge.compress.dwconv_init import KernelFit, gaussian_kernel, mean_attention_kernel
@@ -19,6 +19,7 @@ from edge.errors import EdgeError
 from edge.export import export
 from edge.graph.clean import clean_file
 from edge.models import create_model, data_config
+from edge.models.attention import explicit_attention
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
 SOURCE = {"model": TINY, "weights": None, "img_size": None}

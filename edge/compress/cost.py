@@ -9,34 +9,16 @@ softmax is not counted). ``analytic_flops`` adds up the same operations from the
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from edge.models.attention import explicit_attention
 from edge.models.info import model_info
 
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-@contextmanager
-def explicit_attention(model: nn.Module):
-    """Turn off timm's fused attention (its ``fused_attn`` switch) while inside, then restore it.
-
-    The fused CPU kernel is invisible to the FLOP counter; the explicit path (q @ k^T, softmax,
-    @ v) computes the same thing with countable matrix products. Export uses the same switch.
-    """
-    switched = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
-    for module in switched:
-        module.fused_attn = False
-    try:
-        yield model
-    finally:
-        for module in switched:
-            module.fused_attn = True
 
 
 @torch.no_grad()
