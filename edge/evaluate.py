@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.config import option
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.progress import bar
 
 
+@dataclass(frozen=True)
+class EvaluateConfig:
+    batch_size: int = option(256, minimum=1)  # images per forward pass
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = 256,
+def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = EvaluateConfig.batch_size,
              device: torch.device | str = "cpu", show_progress: bool = True) -> dict:
     """Top-1 accuracy, mean cross-entropy and per-class accuracy, in float32."""
     device = torch.device(device)

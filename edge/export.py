@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from edge.compare import Tolerance, ort_session
+from edge.config import option
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.models.attention import explicit_attention
@@ -35,9 +36,9 @@ INPUT_NAME = "input"
 
 @dataclass
 class ExportConfig:
-    batch: int = 1
+    batch: int = option(1, minimum=1)
     dynamic_batch: bool = False
-    opset: int = DEFAULT_OPSET
+    opset: int = option(DEFAULT_OPSET, minimum=17)  # 17: native LayerNormalization
     verify: bool = True
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
@@ -12,10 +13,21 @@ from edge import __version__
 from edge.analysis.collect import BlockMoments, collect_block_moments
 from edge.analysis.heatmap import save_heatmap, save_redundancy_plot
 from edge.analysis.similarity import block_redundancy
+from edge.config import option
 from edge.data.preprocess import InputSpec
 from edge.fileio import write_text_atomic
 from edge.models.info import model_info, original_block_indices
 from edge.runtime import hardware
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """The calibration images the analysis streams (seeded, class-balanced training samples)."""
+
+    data: str = "fmnist"
+    samples: int = option(500, minimum=1)
+    seed: int = option(0, minimum=0)
+    batch_size: int = option(64, minimum=1)
 
 
 def _label(blocks: tuple[int, ...]) -> str:
@@ -42,7 +54,7 @@ def similarity_maps(moments: BlockMoments) -> dict:
 
 
 def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out: str | Path,
-            batch_size: int = 64) -> dict:
+            batch_size: int = AnalysisConfig.batch_size) -> dict:
     """Collect statistics over ``calibration`` and write ``out/analysis.json`` plus PNG heatmaps."""
     import numpy as np
 

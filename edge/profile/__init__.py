@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from edge import __version__
+from edge.config import option
 from edge.profile.backends import Backend, OrtBackend, TorchBackend
 from edge.profile.contention import CpuContention
 from edge.profile.stats import latency_stats, trtexec_summary
@@ -18,8 +19,8 @@ __all__ = ["Backend", "CpuContention", "OrtBackend", "ProfileConfig", "TorchBack
 
 @dataclass
 class ProfileConfig:
-    warmup: int = 20              # iterations before timing
-    iterations: int = 200         # timed iterations (at least this many)
+    warmup: int = option(20, minimum=0)       # iterations before timing
+    iterations: int = option(200, minimum=1)  # timed iterations (at least this many)
     duration: float | None = None  # or: keep timing for at least this many seconds
 
 
