@@ -1,20 +1,26 @@
 """Pipeline recipes: a YAML file naming the model, the data and the variants to build and measure.
 
 A recipe is read once, checked completely (unknown keys, types, ranges, plan syntax, model names,
-files) and turned into frozen dataclasses; every error names the recipe file and the key. The
-built-in default (``default.yaml`` beside this module) documents every key.
+files) and turned into frozen dataclasses; every error names the recipe file and the key. A
+section's keys, types, defaults and ranges are those of a library config (``export:`` holds fields
+of ``edge.export.ExportConfig``, see :data:`SECTIONS`), so the CLI, the recipe and the library share
+one definition. The built-in default (``default.yaml`` beside this module) documents every key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge.config import Bounds, bounds, option
 from edge.errors import EdgeError
 
 DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
@@ -24,33 +30,70 @@ NAMED_DATA = ("fmnist", "fmnist-mini")
 
 
 @dataclass(frozen=True)
-class CalibrationSettings:
-    samples: int = 500
-    holdout: float = 0.2
+class AnalysisKeys:
+    """The analysis section's key that only the pipeline has (the rest are ``AnalysisConfig`` fields)."""
 
-
-@dataclass(frozen=True)
-class AnalysisSettings:
     enabled: bool = True
-    samples: int = 500
 
 
 @dataclass(frozen=True)
-class ExportSettings:
-    batch: int = 1
-    opset: int = 17
+class EvaluateKeys:
+    """The evaluate section's key that only the pipeline has (the rest are ``EvaluateConfig`` fields)."""
+
+    samples: int | None = option(None, minimum=1)  # None: the whole test split; N: a seeded balanced subset
 
 
 @dataclass(frozen=True)
-class EvaluateSettings:
-    batch_size: int = 500
-    samples: int | None = None
+class Section:
+    """A recipe section: fields of a library config (names, types, defaults, ranges), set from a recipe.
+
+    ``config`` is the library config as ``module:Class``, imported when a recipe is read (the library
+    modules load torch; importing this module must not). ``keys`` are the section's keys in the order
+    ``default.yaml`` lists them: fields of ``config``, or of ``own`` (keys only the pipeline has); the
+    pipeline sets the config's other fields itself. ``defaults`` holds the recipe's default where it
+    differs from the library's; ``default.yaml`` states every such value.
+    """
+
+    config: str
+    keys: tuple[str, ...]
+    own: type | None = None
+    defaults: Mapping[str, object] = field(default_factory=dict)
+
+    def library_config(self) -> type:
+        module, name = self.config.split(":")
+        return getattr(importlib.import_module(module), name)
 
 
-@dataclass(frozen=True)
-class ProfileSettings:
-    warmup: int = 20
-    iterations: int = 300
+SECTIONS = {
+    "calibration": Section("edge.compress:CompressConfig", ("samples", "holdout")),
+    "analysis": Section("edge.analysis.analyze:AnalysisConfig", ("enabled", "samples"), own=AnalysisKeys),
+    "export": Section("edge.export:ExportConfig", ("batch", "opset")),
+    # the recipe's own defaults: bigger evaluation batches than `edge eval`, more timed runs than `edge profile`
+    "evaluate": Section("edge.evaluate:EvaluateConfig", ("batch_size", "samples"), own=EvaluateKeys,
+                        defaults={"batch_size": 500}),
+    "profile": Section("edge.profile:ProfileConfig", ("warmup", "iterations"), defaults={"iterations": 300}),
+}
+
+
+@functools.cache
+def section_type(key: str) -> type:
+    """The frozen dataclass of recipe section ``key``: its keys as fields of the library config (or ``own``)."""
+    section = SECTIONS[key]
+    sources = [section.library_config()] + ([section.own] if section.own is not None else [])
+    found = {f.name: (f, typing.get_type_hints(cls)[f.name]) for cls in sources for f in dataclasses.fields(cls)}
+    missing = [name for name in section.keys if name not in found]
+    if missing:
+        raise TypeError(f"recipe section {key}: {section.config} has no field {missing[0]!r}")
+    spec = []
+    for name in section.keys:
+        library, hint = found[name]
+        default = section.defaults.get(name, library.default)
+        spec.append((name, hint, field(default=default, metadata=library.metadata)))
+    return dataclasses.make_dataclass(f"Recipe{key.title()}", spec, frozen=True)
+
+
+def _section(key: str):
+    return field(default_factory=lambda: section_type(key)())
 
 
 @dataclass(frozen=True)
@@ -61,32 +104,27 @@ class Variant:
 
 @dataclass(frozen=True)
 class Recipe:
+    """A checked recipe. Each section holds the recipe's keys of a library config (see :data:`SECTIONS`)."""
+
     variants: tuple[Variant, ...]
     model: str = "fmnist-deit-tiny"
     weights: str | None = None
-    img_size: int | None = None
+    img_size: int | None = option(None, minimum=1)
     data: str = "fmnist"
     fallback_data: str | None = "fmnist-mini"
-    seed: int = 0
-    threads: int = 2
-    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
-    analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
-    export: ExportSettings = field(default_factory=ExportSettings)
-    evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
-    profile: ProfileSettings = field(default_factory=ProfileSettings)
+    seed: int = option(0, minimum=0)
+    threads: int = option(2, minimum=1)
+    calibration: typing.Any = _section("calibration")  # samples, holdout of CompressConfig
+    analysis: typing.Any = _section("analysis")        # enabled; samples of AnalysisConfig
+    export: typing.Any = _section("export")            # batch, opset of ExportConfig
+    evaluate: typing.Any = _section("evaluate")        # batch_size of EvaluateConfig; samples
+    profile: typing.Any = _section("profile")          # warmup, iterations of ProfileConfig
     source: str = BUILTIN  # where the recipe was read from (not a recipe key)
 
     def as_dict(self) -> dict:
         record = dataclasses.asdict(self)
         record["variants"] = [dataclasses.asdict(v) for v in self.variants]
         return record
-
-
-SECTIONS = {"calibration": CalibrationSettings, "analysis": AnalysisSettings, "export": ExportSettings,
-            "evaluate": EvaluateSettings, "profile": ProfileSettings}
-# Lower bounds of numeric keys (inclusive); holdout is checked on its own (0 < h < 1).
-MINIMUM = {"samples": 1, "batch": 1, "batch_size": 1, "iterations": 1, "warmup": 0, "threads": 1, "seed": 0,
-           "img_size": 1, "opset": 17}
 
 
 def _where(source: str, key: str) -> str:
@@ -100,7 +138,7 @@ def _type_name(hint) -> str:
     return f"{name} or null" if type(None) in typing.get_args(hint) else name
 
 
-def _check_value(value, hint, source: str, key: str):
+def _check_value(value, hint, source: str, key: str, limits: Bounds | None = None):
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
     base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
     if value is None and optional:
@@ -112,11 +150,9 @@ def _check_value(value, hint, source: str, key: str):
     if not ok:
         raise EdgeError(f"{_where(source, key)} has the wrong type", expected=_type_name(hint),
                         found=f"{value!r} ({type(value).__name__})")
-    leaf = key.rsplit(".", 1)[-1]
-    if base in (int, float) and leaf in MINIMUM and value < MINIMUM[leaf]:
-        raise EdgeError(f"{_where(source, key)} is out of range", expected=f">= {MINIMUM[leaf]}", found=str(value))
-    if leaf == "holdout" and not 0.0 < value < 1.0:
-        raise EdgeError(f"{_where(source, key)} is out of range", expected="0 < holdout < 1", found=str(value))
+    if base in (int, float) and limits is not None and not limits.admits(value):
+        raise EdgeError(f"{_where(source, key)} is out of range", expected=limits.describe(key.rsplit(".", 1)[-1]),
+                        found=str(value))
     return float(value) if base is float else value
 
 
@@ -130,16 +166,22 @@ def _check_keys(mapping: dict, allowed, source: str, where: str) -> None:
                             fix="remove or rename the key (`edge pipeline --print-recipe` lists every key)")
 
 
-def _build(cls, mapping, source: str, prefix: str):
+def _checked_fields(cls, mapping: dict, source: str, prefix: str) -> dict:
+    """``mapping``'s values checked against the fields of dataclass ``cls``: names, types, ranges."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    _check_keys(mapping, list(fields), source, prefix)
+    return {k: _check_value(v, hints[k], source, prefix + k, bounds(fields[k])) for k, v in mapping.items()}
+
+
+def _build(key: str, mapping, source: str):
+    cls = section_type(key)
     if mapping is None:
         return cls()
     if not isinstance(mapping, dict):
-        raise EdgeError(f"{_where(source, prefix.rstrip('.'))} is not a mapping",
-                        expected="key: value lines under it", found=repr(mapping))
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    _check_keys(mapping, names, source, prefix)
-    return cls(**{k: _check_value(v, hints[k], source, prefix + k) for k, v in mapping.items()})
+        raise EdgeError(f"{_where(source, key)} is not a mapping", expected="key: value lines under it",
+                        found=repr(mapping))
+    return cls(**_checked_fields(cls, mapping, source, f"{key}."))
 
 
 def _variant(index: int, entry, source: str) -> Variant:
@@ -183,8 +225,8 @@ def parse_recipe(document, source: str = BUILTIN, base: Path | None = None) -> R
         raise EdgeError(f"recipe {source} is not a mapping of keys", expected="model:, data:, variants: ...",
                         found=type(document).__name__, fix="start from `edge pipeline --print-recipe`")
     hints = typing.get_type_hints(Recipe)
-    allowed = [f.name for f in dataclasses.fields(Recipe) if f.name != "source"]
-    _check_keys(document, allowed, source, "")
+    fields = {f.name: f for f in dataclasses.fields(Recipe) if f.name != "source"}
+    _check_keys(document, list(fields), source, "")
     if not document.get("variants"):
         raise EdgeError(f"recipe {source} lists no variants", expected="variants: [{name: original}, ...]",
                         fix="add a `variants:` list (`edge pipeline --print-recipe` shows one)")
@@ -202,8 +244,8 @@ def parse_recipe(document, source: str = BUILTIN, base: Path | None = None) -> R
     for key, value in document.items():
         if key == "variants":
             continue
-        values[key] = _build(SECTIONS[key], value, source, f"{key}.") if key in SECTIONS else \
-            _check_value(value, hints[key], source, key)
+        values[key] = _build(key, value, source) if key in SECTIONS else \
+            _check_value(value, hints[key], source, key, bounds(fields[key]))
     for key in ("weights", "data", "fallback_data"):
         if key in values:
             values[key] = _resolve_path(values[key], base)

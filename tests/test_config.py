@@ -1,0 +1,127 @@
+"""One source for configuration: the library configs give the recipe's keys, types, defaults and ranges."""
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+
+import pytest
+
+from edge.config import Bounds, bounds, option
+from edge.errors import EdgeError
+from edge.pipeline import load_recipe
+from edge.pipeline.recipe import SECTIONS, Section, parse_recipe, section_type
+
+ONE_VARIANT = {"variants": [{"name": "original"}]}
+
+# Where the pipeline's default differs from the library's (and so from the CLI's): the recipe's own
+# default, stated in default.yaml. Anything else differing is a second source of a default.
+RECIPE_OWN_DEFAULTS = {("evaluate", "batch_size"): (500, 256), ("profile", "iterations"): (300, 200)}
+
+
+def _library_field(section: Section, name: str) -> tuple[dataclasses.Field, object]:
+    config = section.library_config()
+    return {f.name: f for f in dataclasses.fields(config)}[name], typing.get_type_hints(config)[name]
+
+
+@pytest.mark.parametrize("key", sorted(SECTIONS))
+def test_recipe_sections_are_fields_of_the_library_configs(key):
+    section = SECTIONS[key]
+    own = {f.name for f in dataclasses.fields(section.own)} if section.own else set()
+    made = section_type(key)
+    assert [f.name for f in dataclasses.fields(made)] == list(section.keys)
+    hints = typing.get_type_hints(made)
+    for derived in dataclasses.fields(made):
+        if derived.name in own:
+            continue
+        library, hint = _library_field(section, derived.name)
+        assert hints[derived.name] == hint and bounds(derived) == bounds(library), derived.name
+        expected = RECIPE_OWN_DEFAULTS.get((key, derived.name), (library.default, library.default))
+        assert (derived.default, library.default) == expected, f"{key}.{derived.name}"
+
+
+def test_the_recipes_own_defaults_are_the_declared_ones_and_default_yaml_states_them():
+    declared = {(key, name): (value, _library_field(SECTIONS[key], name)[0].default)
+                for key, section in SECTIONS.items() for name, value in section.defaults.items()}
+    assert declared == RECIPE_OWN_DEFAULTS
+    # default.yaml ("the values below are the defaults") says what a recipe without the key gets
+    implicit, stated = parse_recipe(ONE_VARIANT).as_dict(), load_recipe(None).as_dict()
+    for record in (implicit, stated):
+        del record["variants"], record["source"]
+    assert implicit == stated
+    assert stated["profile"]["iterations"] == 300 and stated["evaluate"]["batch_size"] == 500
+
+
+def test_every_numeric_recipe_key_has_a_range():
+    ranged, unranged = set(), set()
+    for key in SECTIONS:
+        hints = typing.get_type_hints(section_type(key))
+        for f in dataclasses.fields(section_type(key)):
+            if hints[f.name] in (int, float, int | None, float | None):
+                (ranged if bounds(f) is not None else unranged).add(f"{key}.{f.name}")
+    assert unranged == set()
+    assert ranged == {"calibration.samples", "calibration.holdout", "analysis.samples", "export.batch", "export.opset",
+                      "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations"}
+
+
+REFUSED = {
+    "iterations below 1": ({"profile": {"iterations": 0}}, "key profile.iterations is out of range", ">= 1"),
+    "warmup below 0": ({"profile": {"warmup": -1}}, "key profile.warmup is out of range", ">= 0"),
+    "holdout not in (0, 1)": ({"calibration": {"holdout": 1}}, "key calibration.holdout is out of range",
+                              "0 < holdout < 1"),
+    "opset too old": ({"export": {"opset": 16}}, "key export.opset is out of range", ">= 17"),
+    "evaluation subset of 0": ({"evaluate": {"samples": 0}}, "key evaluate.samples is out of range", ">= 1"),
+    "threads below 1": ({"threads": 0}, "key threads is out of range", ">= 1"),
+    "wrong type": ({"export": {"batch": 1.5}}, "key export.batch has the wrong type", "an integer"),
+    "library field the pipeline sets": ({"export": {"dynamic_batch": True}}, "unknown key export.'dynamic_batch'",
+                                        "one of batch, opset"),
+    "misspelt key": ({"profile": {"iters": 5}}, "unknown key profile.'iters'", "did you mean 'iterations'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_recipe_values_are_checked_against_the_library_fields(case):
+    document, *needles = REFUSED[case]
+    with pytest.raises(EdgeError) as error:
+        parse_recipe({**ONE_VARIANT, **document}, "r.yaml")
+    assert "recipe r.yaml" in str(error.value)
+    for needle in needles:
+        assert needle in str(error.value)
+
+
+@dataclass
+class ToyConfig:
+    plan: str  # set by the pipeline, not a recipe key
+    rate: float = option(0.5, above=0.0, below=1.0)
+    steps: int = option(3, minimum=2)
+    name: str = "toy"
+
+
+def test_a_section_follows_its_library_config(monkeypatch):
+    """Types, defaults and ranges are read from the config: change the config and the recipe follows."""
+    monkeypatch.setitem(SECTIONS, "toy", Section(f"{__name__}:ToyConfig", ("steps", "rate"), defaults={"rate": 0.25}))
+    section_type.cache_clear()
+    try:
+        made = section_type("toy")
+        assert made() == made(steps=3, rate=0.25)
+        assert bounds(dataclasses.fields(made)[0]) == Bounds(minimum=2)
+        from edge.pipeline.recipe import _build
+
+        assert _build("toy", {"steps": 7}, "r.yaml") == made(steps=7, rate=0.25)
+        with pytest.raises(EdgeError, match="key toy.steps is out of range"):
+            _build("toy", {"steps": 1}, "r.yaml")
+        with pytest.raises(EdgeError, match=r"expected: 0 < rate < 1"):
+            _build("toy", {"rate": 1.0}, "r.yaml")
+        with pytest.raises(EdgeError, match=r"unknown key toy.'name'"):
+            _build("toy", {"name": "x"}, "r.yaml")
+    finally:
+        section_type.cache_clear()
+
+
+def test_a_section_naming_a_missing_field_fails_loudly(monkeypatch):
+    monkeypatch.setitem(SECTIONS, "toy", Section(f"{__name__}:ToyConfig", ("steps", "warp")))
+    section_type.cache_clear()
+    try:
+        with pytest.raises(TypeError, match="has no field 'warp'"):
+            section_type("toy")
+    finally:
+        section_type.cache_clear()
