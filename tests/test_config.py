@@ -1,4 +1,5 @@
-"""One source for configuration: the library configs give the recipe's keys, types, defaults and ranges."""
+"""One source for configuration: the library configs give the recipe's keys, types, defaults and ranges,
+and the CLI's defaults."""
 
 import dataclasses
 import typing
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from edge.cli import build_parser
 from edge.config import Bounds, bounds, option
 from edge.errors import EdgeError
 from edge.pipeline import load_recipe
@@ -125,3 +127,41 @@ def test_a_section_naming_a_missing_field_fails_loudly(monkeypatch):
             section_type("toy")
     finally:
         section_type.cache_clear()
+
+
+def _defaults(*argv: str) -> dict:
+    return vars(build_parser().parse_args(list(argv)))
+
+
+def test_cli_defaults_are_the_library_defaults():
+    from calib.qdq import Int8Config
+    from edge.analysis.analyze import AnalysisConfig
+    from edge.compress import CompressConfig
+    from edge.evaluate import EvaluateConfig
+    from edge.export import ExportConfig
+    from edge.profile import ProfileConfig
+
+    profile = _defaults("profile", "m.onnx")
+    assert (profile["warmup"], profile["iterations"]) == (ProfileConfig().warmup, ProfileConfig().iterations)
+    export = _defaults("export", "m", "--out", "m.onnx")
+    assert (export["batch"], export["opset"]) == (ExportConfig().batch, ExportConfig().opset)
+    assert _defaults("eval", "m")["batch_size"] == EvaluateConfig().batch_size
+    compress, library = _defaults("compress", "m", "--plan", "linear:1-2", "--out", "o"), CompressConfig("linear:1-2")
+    assert {k: compress[k] for k in ("data", "samples", "seed", "holdout")} == \
+        {k: getattr(library, k) for k in ("data", "samples", "seed", "holdout")}
+    analyze, library = _defaults("analyze", "m", "--out", "o"), AnalysisConfig()
+    assert {k: analyze[k] for k in ("data", "samples", "seed", "batch_size")} == \
+        {k: getattr(library, k) for k in ("data", "samples", "seed", "batch_size")}
+    quantize, library = _defaults("quantize", "m.onnx", "--precision", "int8", "--out", "q.onnx"), Int8Config()
+    assert {k: quantize[k] for k in ("data", "samples", "seed", "method", "percentile")} == \
+        {k: getattr(library, k) for k in ("data", "samples", "seed", "method", "percentile")}
+
+
+def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys):
+    from edge.profile import ProfileConfig
+
+    monkeypatch.setattr(ProfileConfig, "iterations", 123)  # the class attribute argparse reads
+    assert _defaults("profile", "m.onnx")["iterations"] == 123
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["profile", "--help"])
+    assert "timed iterations (at least) (default: 123)" in " ".join(capsys.readouterr().out.split())

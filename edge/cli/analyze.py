@@ -11,6 +11,8 @@ EXAMPLES = """  edge analyze fmnist-deit-tiny --data fmnist --samples 500 --out 
 
 
 def register(subparsers) -> None:
+    from edge.analysis.analyze import AnalysisConfig
+
     parser = add_command(subparsers, "analyze", "similarity of every pair of blocks on calibration images",
                          "Streams float64 statistics over N seeded, class-balanced samples of the training split\n"
                          "and writes OUT/analysis.json (cka, cosine, mse, block_redundancy; all tokens and [CLS])\n"
@@ -20,8 +22,8 @@ def register(subparsers) -> None:
                          "scores `edge compress --plan dwconv:auto=K` selects by, and OUT/attention_std.png.",
                          EXAMPLES)
     add_model_options(parser)
-    add_calibration_options(parser)
-    parser.add_argument("--batch-size", type=int, default=64)
+    add_calibration_options(parser, AnalysisConfig)
+    parser.add_argument("--batch-size", type=int, default=AnalysisConfig.batch_size)
     parser.add_argument("--attention", action="store_true",
                         help="also score every head's attention-map variation (Sigma_h, Sigma_b)")
     parser.add_argument("--out", required=True, help="output folder")

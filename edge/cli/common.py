@@ -51,9 +51,13 @@ def emit(result: dict, as_json: bool, human: str) -> None:
         print(human)
 
 
-def add_calibration_options(parser: argparse.ArgumentParser) -> None:
-    """--data / --samples / --seed / --threads: the calibration set every method draws."""
-    parser.add_argument("--data", default="fmnist", help="calibration data: fmnist, fmnist-mini, or a folder")
-    parser.add_argument("--samples", type=int, default=500, help="calibration samples (seeded, class-balanced)")
-    parser.add_argument("--seed", type=int, default=0)
+def add_calibration_options(parser: argparse.ArgumentParser, config: type) -> None:
+    """--data / --samples / --seed / --threads: the calibration set every method draws.
+
+    The defaults are those of ``config``, the library config of the step (e.g. ``CompressConfig``).
+    """
+    parser.add_argument("--data", default=config.data, help="calibration data: fmnist, fmnist-mini, or a folder")
+    parser.add_argument("--samples", type=int, default=config.samples,
+                        help="calibration samples (seeded, class-balanced)")
+    parser.add_argument("--seed", type=int, default=config.seed)
     parser.add_argument("--threads", type=int, help="CPU threads")

@@ -31,6 +31,9 @@ def _plan_grammar() -> str:
 
 
 def register(subparsers) -> None:
+    from edge.compress import CompressConfig
+    from edge.compress.finetune import FinetuneConfig
+
     parser = add_command(subparsers, "compress", "compress a model by a plan; save plan, maps and statistics",
                          "Fits every span on N seeded, class-balanced calibration samples of the training split.\n"
                          "OUT/edge-model.json holds the plan, source model, fit statistics, params and FLOPs;\n"
@@ -38,13 +41,14 @@ def register(subparsers) -> None:
                          EXAMPLES)
     add_model_options(parser)
     parser.add_argument("--plan", required=True, help=lazy_help(_plan_grammar))
-    add_calibration_options(parser)
-    parser.add_argument("--holdout", type=float, default=0.2, help="share of samples the planner scores on")
+    add_calibration_options(parser, CompressConfig)
+    parser.add_argument("--holdout", type=float, default=CompressConfig.holdout,
+                        help="share of samples the planner scores on")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
     parser.add_argument("--finetune-epochs", type=int, default=0,
                         help="then distil the source model into the compressed one for N epochs of --data "
                              "(`edge finetune`'s default recipe; resumable)")
-    parser.add_argument("--finetune-train", choices=["all", "replaced"], default="all",
+    parser.add_argument("--finetune-train", choices=["all", "replaced"], default=FinetuneConfig.train,
                         help="which parameters the fine-tune trains")
     parser.set_defaults(run=run)
 

@@ -12,18 +12,21 @@ EXAMPLES = """  edge eval fmnist-deit-tiny --data fmnist --json
 
 
 def register(subparsers) -> None:
+    from edge.evaluate import EvaluateConfig
+    from edge.probe import ProbeConfig
+
     parser = add_command(subparsers, "eval", "measure top-1 accuracy on a data set's test split",
                          "Uses the model's own preprocessing (timm data config: size, mean, std).", EXAMPLES)
     add_model_options(parser)
     parser.add_argument("--data", default="fmnist", help="fmnist (full 10,000 test images), fmnist-mini, or a folder")
     parser.add_argument("--split", default="test", choices=["test", "train"])
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=EvaluateConfig.batch_size)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--threads", type=int, help="CPU threads")
     parser.add_argument("--probe", action="store_true",
                         help="linear-probe protocol: frozen backbone, linear classifier (Adam 1e-3, batch 256, "
                              "5 epochs) trained on the train split, accuracy on the test split")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the probe")
+    parser.add_argument("--seed", type=int, default=ProbeConfig.seed, help="seed of the probe")
     parser.set_defaults(run=run)
 
 

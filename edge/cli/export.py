@@ -11,6 +11,8 @@ EXAMPLES = """  edge export fmnist-deit-tiny --out runs/ref.onnx
 
 
 def register(subparsers) -> None:
+    from edge.export import ExportConfig
+
     parser = add_command(subparsers, "export", "export a model (or compressed artifact) to ONNX, checked and verified",
                          "Opset 17+, fused attention off, input 'input', output 'logits'; metadata_props carry the\n"
                          "source model, plan, edge version, input size and normalisation. The graph is checked with\n"
@@ -18,9 +20,9 @@ def register(subparsers) -> None:
                          "is written; nothing is written when a check fails.", EXAMPLES)
     add_model_options(parser)
     parser.add_argument("--out", required=True, help="output .onnx file")
-    parser.add_argument("--batch", type=int, default=1, help="static batch size")
+    parser.add_argument("--batch", type=int, default=ExportConfig.batch, help="static batch size")
     parser.add_argument("--dynamic-batch", action="store_true", help="symbolic batch dimension")
-    parser.add_argument("--opset", type=int, default=17)
+    parser.add_argument("--opset", type=int, default=ExportConfig.opset)
     parser.add_argument("--data", default="fmnist-mini", help="real images for the verification (test split)")
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the ONNX Runtime comparison")
     parser.set_defaults(run=run)

@@ -10,6 +10,8 @@ EXAMPLES = """  edge profile runs/ref.onnx --threads 2 --json          # ONNX Ru
 
 
 def register(subparsers) -> None:
+    from edge.profile import ProfileConfig
+
     parser = add_command(subparsers, "profile", "measure latency: warm-up, iterations, percentiles, memory",
                          "Prints a trtexec-style summary on stderr and the full result (latency min/mean/median/\n"
                          "p90/p95/p99/max, std, coefficient of variation, throughput, weight bytes, peak RSS,\n"
@@ -21,8 +23,8 @@ def register(subparsers) -> None:
     parser.add_argument("--cuda-graph", action="store_true", help="trt: replay the inference as a CUDA graph")
     parser.add_argument("--layer-runs", type=int, default=20, help="trt: runs with per-layer profiling (0: none)")
     parser.add_argument("--batch", type=int, help="batch (torch; ONNX files keep their exported batch)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed iterations first")
-    parser.add_argument("--iterations", type=int, default=200, help="timed iterations (at least)")
+    parser.add_argument("--warmup", type=int, default=ProfileConfig.warmup, help="untimed iterations first")
+    parser.add_argument("--iterations", type=int, default=ProfileConfig.iterations, help="timed iterations (at least)")
     parser.add_argument("--duration", type=float, help="time for at least this many seconds")
     parser.add_argument("--threads", type=int, help="CPU threads (intra-op)")
     parser.add_argument("--device", default="cpu", help="torch backend: cpu or cuda")

@@ -11,6 +11,8 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
 
 
 def register(subparsers) -> None:
+    from calib.qdq import METHODS, Int8Config
+
     parser = add_command(
         subparsers, "quantize", "convert a float32 ONNX graph to fp16, or to int8 with Q/DQ nodes (for TensorRT)",
         "fp16: float16 weights and activations; LayerNormalization, Softmax, reductions and the head stay\n"
@@ -26,12 +28,14 @@ def register(subparsers) -> None:
     parser.add_argument("--keep-fp32", action="append", default=[], metavar="OP",
                         help="fp16: also keep this op type in float32 (repeatable)")
     parser.add_argument("--fp16-head", action="store_true", help="fp16: convert the head too (default: float32)")
-    parser.add_argument("--data", default="fmnist", help="int8: calibration data (fmnist, fmnist-mini, a folder)")
-    parser.add_argument("--samples", type=int, default=500, help="int8: calibration samples (class-balanced)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"],
-                        help="int8: calibration method")
-    parser.add_argument("--percentile", type=float, default=99.999, help="int8 percentile method: share kept")
+    parser.add_argument("--data", default=Int8Config.data,
+                        help="int8: calibration data (fmnist, fmnist-mini, a folder)")
+    parser.add_argument("--samples", type=int, default=Int8Config.samples,
+                        help="int8: calibration samples (class-balanced)")
+    parser.add_argument("--seed", type=int, default=Int8Config.seed)
+    parser.add_argument("--method", default=Int8Config.method, choices=METHODS, help="int8: calibration method")
+    parser.add_argument("--percentile", type=float, default=Int8Config.percentile,
+                        help="int8 percentile method: share kept")
     parser.add_argument("--no-residual", dest="residual", action="store_false",
                         help="int8: leave residual Adds unquantized")
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE",
