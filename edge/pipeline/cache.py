@@ -1,12 +1,12 @@
-"""A content-hash step cache: a step is redone only when one of its inputs changed.
+"""A content-hash step cache: a step is redone only when one of its inputs or its code changed.
 
 A step's key is the sha256 of its inputs (upstream content hashes, its settings, the package
-versions), written as canonical JSON. When a step finishes, its outputs are already in place
-(each written atomically by the library call that makes it) and a marker ``STEP.done.json``
-records the key, the sha256 of every output and the step's result; the marker is written last,
-atomically, and the old marker is removed before a step starts. So an interrupted step is never
-marked done, and a step counts as cached only if its marker's key matches and every output
-still has the recorded hash.
+versions, the fingerprint of the edge code that computes it), written as canonical JSON. When a
+step finishes, its outputs are already in place (each written atomically by the library call that
+makes it) and a marker ``STEP.done.json`` records the key, the sha256 of every output and the
+step's result; the marker is written last, atomically, and the old marker is removed before a step
+starts. So an interrupted step is never marked done, and a step counts as cached only if its
+marker's key matches and every output still has the recorded hash.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from edge import __version__
 from edge.fileio import sha256_file, write_atomic
+from edge.pipeline.fingerprint import code_fingerprint
 from edge.runtime import versions
 
 MARKER_SUFFIX = ".done.json"
@@ -63,15 +64,23 @@ class StepCache:
     """Runs steps in folders; ``redo`` names steps to run even when their marker matches.
 
     Every key includes the package versions (:func:`versions`): a new torch, ONNX Runtime or edge
-    redoes every step.
+    redoes every step; and the fingerprint of the step's code (:func:`code_fingerprint`, read from
+    ``code_root``, by default the installed edge): editing a cleaning pass redoes the clean step.
     """
 
-    def __init__(self, redo: tuple[str, ...] | set[str] = ()) -> None:
+    def __init__(self, redo: tuple[str, ...] | set[str] = (), code_root: Path | None = None) -> None:
         self.redo = set(redo)
         self.versions = versions()
+        self.code_root = code_root
+        self._code: dict[str, str] = {}  # step -> its code fingerprint, read once per run
+
+    def code(self, step: str) -> str:
+        if step not in self._code:
+            self._code[step] = code_fingerprint(step, self.code_root)
+        return self._code[step]
 
     def key(self, step: str, inputs: dict) -> str:
-        return sha256_json({"step": step, "versions": self.versions, "inputs": inputs})
+        return sha256_json({"step": step, "versions": self.versions, "code": self.code(step), "inputs": inputs})
 
     @staticmethod
     def marker(folder: Path, step: str) -> Path:

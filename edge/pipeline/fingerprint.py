@@ -1,0 +1,104 @@
+"""The code a pipeline step runs, fingerprinted for its cache key: editing a pass redoes the clean step.
+
+Each step declares the edge modules and packages whose code computes its output (:data:`STEP_CODE`;
+a package stands for every module in it); the pipeline's own step code (:data:`EVERY_STEP`) counts
+for every step. The edge modules those import at module level are followed as well, so a helper
+moved into a new module stays covered; imports inside functions are not followed, so a module a
+step imports only there must be named in its list. The fingerprint is the sha256 over the sorted
+paths (relative to the folder that holds ``edge``) and contents of those source files, read from
+disk: nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+from pathlib import Path
+
+# step -> the edge modules and packages whose code computes the step's output
+STEP_CODE: dict[str, tuple[str, ...]] = {
+    "analysis": ("edge.analysis", "edge.data", "edge.models"),
+    "compress": ("edge.compress", "edge.analysis", "edge.data", "edge.models"),
+    "count": ("edge.compress", "edge.models"),
+    "export": ("edge.export", "edge.compress", "edge.data", "edge.models", "edge.verify"),
+    "clean": ("edge.graph", "edge.verify"),
+    "verify": ("edge.verify", "edge.onnx_model", "edge.compress", "edge.data", "edge.models"),
+    "evaluate": ("edge.evaluate", "edge.onnx_model", "edge.data"),
+    "profile": ("edge.profile", "edge.runtime", "edge.verify"),  # edge.verify: the ONNX Runtime session
+}
+EVERY_STEP = ("edge.pipeline.run",)  # where each step's work is written
+
+
+def source_root() -> Path:
+    """The folder holding the ``edge`` package this process runs (found, not imported)."""
+    spec = importlib.util.find_spec("edge")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the edge package is not importable, so its source cannot be fingerprinted")
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def _file(name: str, root: Path) -> Path | None:
+    """The source file of module ``name`` under ``root`` (a package's ``__init__.py``), or None."""
+    path = root.joinpath(*name.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def declared_files(name: str, root: Path, step: str) -> set[Path]:
+    """The source files a declared name stands for: a module, or every module of a package."""
+    file = _file(name, root)
+    if file is None:
+        raise ModuleNotFoundError(f"the {step} step's code names {name}, which does not exist under {root}; "
+                                  f"name the module that now holds that code in STEP_CODE ({__name__})")
+    return set(file.parent.rglob("*.py")) if file.name == "__init__.py" else {file}
+
+
+def _module_name(file: Path, root: Path) -> str:
+    parts = file.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_level_imports(file: Path, root: Path) -> set[Path]:
+    """The edge source files ``file`` imports at module level (not inside functions)."""
+    package = _module_name(file, root) if file.name == "__init__.py" else _module_name(file, root).rpartition(".")[0]
+    found = set()
+    for node in ast.parse(file.read_bytes(), str(file)).body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # ``from edge.x import y``: the module edge.x.y if there is one, else edge.x
+            names = [f"{base}.{alias.name}" if _file(f"{base}.{alias.name}", root) else base for alias in node.names]
+        else:
+            continue
+        found |= {path for name in names if name.split(".")[0] == "edge" and (path := _file(name, root))}
+    return found
+
+
+def step_files(step: str, root: Path) -> list[Path]:
+    """Every source file whose code computes ``step``'s output, sorted."""
+    if step not in STEP_CODE:
+        raise KeyError(f"step {step!r} declares no code in STEP_CODE ({__name__})")
+    todo = set().union(*(declared_files(name, root, step) for name in (*STEP_CODE[step], *EVERY_STEP)))
+    files: set[Path] = set()
+    while todo:
+        file = todo.pop()
+        files.add(file)
+        todo |= module_level_imports(file, root) - files
+    return sorted(files)
+
+
+def code_fingerprint(step: str, root: Path | None = None) -> str:
+    """sha256 over the relative paths and contents of :func:`step_files` (``root``: the installed edge)."""
+    root = source_root() if root is None else Path(root)
+    digest = hashlib.sha256()
+    for file in step_files(step, root):
+        record = f"{file.relative_to(root).as_posix()}\0{hashlib.sha256(file.read_bytes()).hexdigest()}\n"
+        digest.update(record.encode())
+    return digest.hexdigest()
