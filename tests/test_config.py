@@ -165,3 +165,13 @@ def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["profile", "--help"])
     assert "timed iterations (at least) (default: 123)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_importing_the_recipe_module_loads_no_library_code():
+    """The library configs are imported when a recipe is read, not when the CLI's --help reads STEPS."""
+    import subprocess
+    import sys
+
+    code = "import sys, edge.pipeline.recipe; print(sorted({'torch', 'onnx', 'edge.export'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -79,8 +79,10 @@ SECTIONS = {
 def section_type(key: str) -> type:
     """The frozen dataclass of recipe section ``key``: its keys as fields of the library config (or ``own``)."""
     section = SECTIONS[key]
-    sources = [section.library_config()] + ([section.own] if section.own is not None else [])
-    found = {f.name: (f, typing.get_type_hints(cls)[f.name]) for cls in sources for f in dataclasses.fields(cls)}
+    found = {}  # name -> (field, type) of the library config, then of the pipeline's own keys
+    for cls in (section.library_config(), *([section.own] if section.own is not None else [])):
+        hints = typing.get_type_hints(cls)
+        found |= {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
     missing = [name for name in section.keys if name not in found]
     if missing:
         raise TypeError(f"recipe section {key}: {section.config} has no field {missing[0]!r}")
