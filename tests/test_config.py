@@ -140,6 +140,7 @@ def test_cli_defaults_are_the_library_defaults():
     from edge.evaluate import EvaluateConfig
     from edge.export import ExportConfig
     from edge.profile import ProfileConfig
+    from edge.trt.builder import BuildConfig
 
     profile = _defaults("profile", "m.onnx")
     assert (profile["warmup"], profile["iterations"]) == (ProfileConfig().warmup, ProfileConfig().iterations)
@@ -155,6 +156,9 @@ def test_cli_defaults_are_the_library_defaults():
     quantize, library = _defaults("quantize", "m.onnx", "--precision", "int8", "--out", "q.onnx"), Int8Config()
     assert {k: quantize[k] for k in ("data", "samples", "seed", "method", "percentile")} == \
         {k: getattr(library, k) for k in ("data", "samples", "seed", "method", "percentile")}
+    build, library = _defaults("build", "m.onnx", "--out", "m.engine"), BuildConfig()
+    assert (build["precision"], build["workspace"], build["opt_level"], build["samples"]) == \
+        (library.precision, library.workspace_mib, library.optimization_level, library.calibration_samples)
 
 
 def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys):

@@ -13,7 +13,7 @@ EXAMPLES = """  edge build runs/ref.onnx --out runs/ref.engine                  
 
 
 def register(subparsers) -> None:
-    from edge.trt.builder import DEFAULT_WORKSPACE_MIB, PRECISIONS
+    from edge.trt.builder import PRECISIONS, BuildConfig
 
     parser = add_command(
         subparsers, "build", "build a TensorRT engine on this device (writes ENGINE, ENGINE.json, ENGINE.layers.json)",
@@ -25,12 +25,13 @@ def register(subparsers) -> None:
         "Needs TensorRT (JetPack on a Jetson; NVIDIA's packages on x86).", EXAMPLES)
     parser.add_argument("model", help="an ONNX graph (float32, or the fp16/int8 output of edge quantize)")
     parser.add_argument("--out", required=True, help="the engine file")
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--precision", default=BuildConfig.precision, choices=PRECISIONS)
     parser.add_argument("--weakly-typed", dest="strongly_typed", action="store_false",
                         help="TensorRT 10.x builder precision flags instead of a strongly typed network")
-    parser.add_argument("--workspace", type=int, default=DEFAULT_WORKSPACE_MIB, metavar="MIB",
+    parser.add_argument("--workspace", type=int, default=BuildConfig.workspace_mib, metavar="MIB",
                         help="workspace memory-pool limit (2 GiB suits an 8 GB Orin Nano)")
-    parser.add_argument("--opt-level", type=int, default=3, help="builder optimisation level 0-5")
+    parser.add_argument("--opt-level", type=int, default=BuildConfig.optimization_level,
+                        help="builder optimisation level 0-5")
     parser.add_argument("--tiling-level", type=int, help="tiling optimisation level 0-3 (TensorRT 10.8+)")
     parser.add_argument("--timing-cache", help="timing cache file: loaded when present, saved after the build")
     parser.add_argument("--plugin", action="append", default=[], help="plugin library (.so) to load (repeatable)")
@@ -39,7 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument("--opt-batch", type=int)
     parser.add_argument("--max-batch", type=int)
     parser.add_argument("--data", help="--weakly-typed int8 only: data for TensorRT's legacy calibrator")
-    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--samples", type=int, default=BuildConfig.calibration_samples)
     parser.add_argument("--trtexec", action="store_true",
                         help="print the equivalent trtexec command (run it and parse its results where trtexec exists)")
     parser.add_argument("--verbose", action="store_true", help="TensorRT's verbose log")
