@@ -9,7 +9,7 @@ import pytest
 
 from edge.cli import build_parser
 from edge.config import Bounds, bounds, option
-from edge.errors import EdgeError
+from edge.errors import EdgeError, InternalError
 from edge.pipeline import load_recipe
 from edge.pipeline.recipe import SECTIONS, Section, parse_recipe, section_type
 
@@ -123,7 +123,7 @@ def test_a_section_naming_a_missing_field_fails_loudly(monkeypatch):
     monkeypatch.setitem(SECTIONS, "toy", Section(f"{__name__}:ToyConfig", ("steps", "warp")))
     section_type.cache_clear()
     try:
-        with pytest.raises(TypeError, match="has no field 'warp'"):
+        with pytest.raises(InternalError, match="has no field 'warp'"):
             section_type("toy")
     finally:
         section_type.cache_clear()

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from edge.errors import InternalError
 from edge.pipeline.cache import StepCache
 from edge.pipeline.fingerprint import (
     EVERY_STEP,
@@ -48,9 +49,9 @@ def test_every_step_declares_code_and_every_declared_module_exists():
 
 def test_a_declared_module_that_does_not_exist_fails_loudly(monkeypatch):
     monkeypatch.setitem(STEP_CODE, "clean", ("edge.graph.renamed_away",))
-    with pytest.raises(ModuleNotFoundError, match="the clean step's code names edge.graph.renamed_away"):
+    with pytest.raises(InternalError, match="the clean step's code names edge.graph.renamed_away"):
         code_fingerprint("clean")
-    with pytest.raises(KeyError, match="'nope' declares no code"):
+    with pytest.raises(InternalError, match="'nope' declares no code"):
         code_fingerprint("nope")
 
 

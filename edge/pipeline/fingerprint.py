@@ -16,6 +16,8 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
+from edge.errors import InternalError
+
 # step -> the edge modules and packages whose code computes the step's output
 STEP_CODE: dict[str, tuple[str, ...]] = {
     "analysis": ("edge.analysis", "edge.data", "edge.models"),
@@ -34,7 +36,7 @@ def source_root() -> Path:
     """The folder holding the ``edge`` package this process runs (found, not imported)."""
     spec = importlib.util.find_spec("edge")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("the edge package is not importable, so its source cannot be fingerprinted")
+        raise InternalError("the edge package is not importable, so its source cannot be fingerprinted")
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
@@ -51,8 +53,8 @@ def declared_files(name: str, root: Path, step: str) -> set[Path]:
     """The source files a declared name stands for: a module, or every module of a package."""
     file = _file(name, root)
     if file is None:
-        raise ModuleNotFoundError(f"the {step} step's code names {name}, which does not exist under {root}; "
-                                  f"name the module that now holds that code in STEP_CODE ({__name__})")
+        raise InternalError(f"the {step} step's code names {name}, which does not exist under {root}; "
+                            f"name the module that now holds that code in STEP_CODE ({__name__})")
     return set(file.parent.rglob("*.py")) if file.name == "__init__.py" else {file}
 
 
@@ -84,7 +86,7 @@ def module_level_imports(file: Path, root: Path) -> set[Path]:
 def step_files(step: str, root: Path) -> list[Path]:
     """Every source file whose code computes ``step``'s output, sorted."""
     if step not in STEP_CODE:
-        raise KeyError(f"step {step!r} declares no code in STEP_CODE ({__name__})")
+        raise InternalError(f"step {step!r} declares no code in STEP_CODE ({__name__})")
     todo = set().union(*(declared_files(name, root, step) for name in (*STEP_CODE[step], *EVERY_STEP)))
     files: set[Path] = set()
     while todo:

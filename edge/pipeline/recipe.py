@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge.config import Bounds, bounds, option
-from edge.errors import EdgeError
+from edge.errors import EdgeError, InternalError
 
 DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
 BUILTIN = "<built-in default recipe>"
@@ -85,7 +85,7 @@ def section_type(key: str) -> type:
         found |= {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
     missing = [name for name in section.keys if name not in found]
     if missing:
-        raise TypeError(f"recipe section {key}: {section.config} has no field {missing[0]!r}")
+        raise InternalError(f"recipe section {key}: {section.config} has no field {missing[0]!r}")
     spec = []
     for name in section.keys:
         library, hint = found[name]
