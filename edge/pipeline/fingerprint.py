@@ -23,11 +23,12 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "analysis": ("edge.analysis", "edge.data", "edge.models"),
     "compress": ("edge.compress", "edge.analysis", "edge.data", "edge.models"),
     "count": ("edge.compress", "edge.models"),
-    "export": ("edge.export", "edge.compress", "edge.data", "edge.models", "edge.verify"),
-    "clean": ("edge.graph", "edge.verify"),
+    "export": ("edge.export", "edge.compress", "edge.data", "edge.models"),
+    "clean": ("edge.graph",),
     "verify": ("edge.verify", "edge.onnx_model", "edge.compress", "edge.data", "edge.models"),
     "evaluate": ("edge.evaluate", "edge.onnx_model", "edge.data"),
-    "profile": ("edge.profile", "edge.runtime", "edge.verify"),  # edge.verify: the ONNX Runtime session
+    # edge.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision
+    "profile": ("edge.profile", "edge.runtime", "edge.compare", "edge.onnx_metadata"),
 }
 EVERY_STEP = ("edge.pipeline.run",)  # where each step's work is written
 
