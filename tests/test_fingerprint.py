@@ -15,7 +15,7 @@ from edge.pipeline.fingerprint import (
     source_root,
     step_files,
 )
-from edge.pipeline.recipe import STEPS
+from edge.pipeline.layout import STEPS
 
 PASS = Path("edge/graph/passes/remove_noops.py")
 
