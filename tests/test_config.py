@@ -136,6 +136,7 @@ def _defaults(*argv: str) -> dict:
 def test_cli_defaults_are_the_library_defaults():
     from calib.qdq import Int8Config
     from edge.analysis.analyze import AnalysisConfig
+    from edge.compare import Tolerance
     from edge.compress import CompressConfig
     from edge.evaluate import EvaluateConfig
     from edge.export import ExportConfig
@@ -156,6 +157,8 @@ def test_cli_defaults_are_the_library_defaults():
     quantize, library = _defaults("quantize", "m.onnx", "--precision", "int8", "--out", "q.onnx"), Int8Config()
     assert {k: quantize[k] for k in ("data", "samples", "seed", "method", "percentile")} == \
         {k: getattr(library, k) for k in ("data", "samples", "seed", "method", "percentile")}
+    verify = _defaults("verify", "a", "b")
+    assert (verify["max_abs"], verify["rel_l2"]) == (Tolerance().max_abs, Tolerance().rel_l2)
     build, library = _defaults("build", "m.onnx", "--out", "m.engine"), BuildConfig()
     assert (build["precision"], build["workspace"], build["opt_level"], build["samples"]) == \
         (library.precision, library.workspace_mib, library.optimization_level, library.calibration_samples)

@@ -11,6 +11,8 @@ EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyT
 
 
 def register(subparsers) -> None:
+    from edge.compare import Tolerance
+
     parser = add_command(subparsers, "verify", "compare the outputs of two models or ONNX graphs",
                          "Each side is a model name, a compressed artifact or an .onnx file (run with ONNX\n"
                          "Runtime). Both run on seeded random inputs and on real test images; the result gives the\n"
@@ -23,8 +25,8 @@ def register(subparsers) -> None:
     parser.add_argument("--data", default="fmnist-mini", help="real images (test split): fmnist, fmnist-mini, folder")
     parser.add_argument("--batch", type=int, default=8, help="images per comparison")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument("--max-abs", type=float, default=1e-4, help="tolerance: max absolute error")
-    parser.add_argument("--rel-l2", type=float, default=1e-5, help="tolerance: relative L2 error")
+    parser.add_argument("--max-abs", type=float, default=Tolerance.max_abs, help="tolerance: max absolute error")
+    parser.add_argument("--rel-l2", type=float, default=Tolerance.rel_l2, help="tolerance: relative L2 error")
     parser.add_argument("--threads", type=int, help="CPU threads")
     parser.set_defaults(run=run)
 
