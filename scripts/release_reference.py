@@ -7,7 +7,7 @@ stage k's ``model.safetensors``. The script
 
 1. copies the last RUN's model.safetensors to edge/models/weights/fmnist-deit-tiny.safetensors;
 2. runs the shortened run of the first stage (its first --short-steps steps, same seed) and records
-   its accuracy, which CI reproduces (tests/test_train.py);
+   its accuracy, which CI reproduces (tests/edge/test_train.py);
 3. writes the model card edge/models/weights/fmnist-deit-tiny.json: the last RUN's card.json, plus
    ``stages`` (each stage's command, recipe, per-epoch accuracy, wall time and hardware), the
    reproduction figures and notes.
@@ -53,11 +53,11 @@ def main() -> None:
         short = train(TrainConfig(**first, max_steps=args.short_steps), tmp)
     card["reproduce"] = {
         "full_run": {"commands": [s["command"] for s in stages], "accuracy": card["eval"]["accuracy"],
-                     "test": "pytest -m slow tests/test_train.py::test_full_recipe_reproduces_the_shipped_accuracy"},
+                     "test": "pytest -m slow tests/edge/test_train.py::test_full_recipe_reproduces_the_shipped_accuracy"},
         "short_run": {"command": f"{stages[0]['command']} --max-steps {args.short_steps}", "recipe": first,
                       "max_steps": args.short_steps, "accuracy": short["eval"]["accuracy"],
                       "samples": short["eval"]["samples"],
-                      "test": "tests/test_train.py::"
+                      "test": "tests/edge/test_train.py::"
                               "test_short_run_of_the_documented_recipe_reproduces_the_recorded_figure"},
         "tolerance_pt": 0.5,
     }

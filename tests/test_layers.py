@@ -53,3 +53,16 @@ def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file
     assert len(verdicts) == 6, result.stdout
     for name in broken:   # at least these (an import can break others through the chains it opens)
         assert any(v.startswith(name) and v.endswith(" BROKEN") for v in verdicts), (name, result.stdout[-3000:])
+
+
+CROSS_CUTTING = {"test_golden.py", "test_layers.py", "test_readme.py"}   # tests of the whole tree, not one module
+
+
+def test_tests_mirror_the_package_tree():
+    tests = ROOT / "tests"
+    for path in tests.rglob("test_*.py"):
+        folder = path.parent.relative_to(tests)
+        if folder == Path("."):
+            assert path.name in CROSS_CUTTING, f"{path.name} tests one module: move it under tests/edge/..."
+        else:
+            assert (ROOT / folder / "__init__.py").is_file(), f"{path}: {folder} is not a package of the tree"

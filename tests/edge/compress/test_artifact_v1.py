@@ -14,7 +14,7 @@ import torch
 
 from edge.compress.artifact import load_artifact
 
-GOLDEN = Path(__file__).parent / "golden" / "v1"
+GOLDEN = Path(__file__).parents[2] / "golden" / "v1"
 
 
 @pytest.mark.parametrize("name", ["mixed", "dropped"])

@@ -7,7 +7,7 @@ import pytest
 
 from edge.cli import COMMANDS, build_parser, main
 
-from .conftest import needs_fmnist
+from tests.conftest import needs_fmnist
 
 
 def edge(*args, env=None):

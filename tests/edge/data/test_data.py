@@ -6,7 +6,7 @@ from edge.data import FMNIST_CLASSES, ArrayPreprocess, InputSpec, balanced_indic
 from edge.data.augment import random_shift_flip
 from edge.errors import EdgeError
 
-from .conftest import needs_fmnist
+from tests.conftest import needs_fmnist
 
 
 def test_fmnist_mini_is_shipped_and_balanced():

@@ -3,7 +3,7 @@
 ``gain:blocks=1+2[:value=F]`` puts a :class:`Gain` (``y = g * x``, one trainable scalar, no
 FLOPs) at ``blocks[i].mlp`` of each listed block, in place of timm's MLP. Nothing outside this
 file knows it: the plan grammar, validation, the compressor, the artifact, the FLOP count, the CLI
-help and the fine-tuner find it through the registry (``tests/test_registry.py``).
+help and the fine-tuner find it through the registry (``tests/edge/compress/test_registry.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with and without approximated blocks: the cleaned graph passes onnx.checker, stays at opset 17,
 matches PyTorch and the raw export within the fp32 tolerances, and has the expected structure.
 
-Slow (minutes on two cores): run with ``pytest tests/test_graph_big.py -m slow``.
+Slow (minutes on two cores): run with ``pytest tests/edge/graph/test_graph_big.py -m slow``.
 """
 
 import collections
