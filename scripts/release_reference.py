@@ -53,7 +53,8 @@ def main() -> None:
         short = train(TrainConfig(**first, max_steps=args.short_steps), tmp)
     card["reproduce"] = {
         "full_run": {"commands": [s["command"] for s in stages], "accuracy": card["eval"]["accuracy"],
-                     "test": "pytest -m slow tests/edge/test_train.py::test_full_recipe_reproduces_the_shipped_accuracy"},
+                     "test": "pytest -m slow "
+                             "tests/edge/test_train.py::test_full_recipe_reproduces_the_shipped_accuracy"},
         "short_run": {"command": f"{stages[0]['command']} --max-steps {args.short_steps}", "recipe": first,
                       "max_steps": args.short_steps, "accuracy": short["eval"]["accuracy"],
                       "samples": short["eval"]["samples"],

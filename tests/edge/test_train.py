@@ -6,7 +6,6 @@ from safetensors.torch import load_file
 
 from edge.errors import EdgeError
 from edge.train import TrainConfig, learning_rate, train
-
 from tests.conftest import needs_fmnist
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"

@@ -6,7 +6,6 @@ import sys
 import pytest
 
 from edge.cli import COMMANDS, build_parser, main
-
 from tests.conftest import needs_fmnist
 
 

@@ -5,7 +5,6 @@ import torch
 from edge.data import FMNIST_CLASSES, ArrayPreprocess, InputSpec, balanced_indices, calibration_set, load_dataset
 from edge.data.augment import random_shift_flip
 from edge.errors import EdgeError
-
 from tests.conftest import needs_fmnist
 
 

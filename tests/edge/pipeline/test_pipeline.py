@@ -10,7 +10,6 @@ from edge.pipeline import STEPS, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.layout import VARIANT_STEPS
 from edge.pipeline.report import pareto_front, table_rows
-
 from tests.conftest import needs_fmnist
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
