@@ -17,3 +17,21 @@ def reference_model():
     from edge.models import create_model
 
     return create_model("fmnist-deit-tiny")
+
+
+# The tiny timm ViT that tests export, clean and run through the pipeline (4 blocks, 28x28, patch 7).
+TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Random but fixed weights for :data:`TINY` (a .safetensors path), so that two runs see the same model."""
+    import torch
+
+    from edge.models import create_model
+    from edge.models.weights_io import save_safetensors
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("w") / "tiny.safetensors"
+    save_safetensors(create_model(TINY).state_dict(), path)
+    return str(path)

@@ -6,22 +6,7 @@ import pytest
 
 from edge.cli import main
 from edge.errors import EdgeError
-
-TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """Random but fixed weights, so that two exports see the same model."""
-    import torch
-
-    from edge.models import create_model
-    from edge.models.weights_io import save_safetensors
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("w") / "tiny.safetensors"
-    save_safetensors(create_model(TINY).state_dict(), path)
-    return str(path)
+from tests.conftest import TINY
 
 
 def test_export_is_verified_deterministic_and_carries_metadata(tmp_path, weights, capsys):

@@ -10,23 +10,7 @@ from edge.pipeline import STEPS, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.layout import VARIANT_STEPS
 from edge.pipeline.report import pareto_front, table_rows
-from tests.conftest import needs_fmnist
-
-TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """Random but fixed weights for the tiny ViT (4 blocks)."""
-    import torch
-
-    from edge.models import create_model
-    from edge.models.weights_io import save_safetensors
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("w") / "tiny.safetensors"
-    save_safetensors(create_model(TINY).state_dict(), path)
-    return path
+from tests.conftest import TINY, needs_fmnist
 
 
 def recipe_text(weights, lin_plan="linear:1-3", extra="") -> str:
