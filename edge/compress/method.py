@@ -134,6 +134,17 @@ def format_options(options: dict) -> str:
     return "".join(f":{k}={v}" for k, v in sorted(options.items()))
 
 
+def parse_count(text: str, step_text: str, what: str, expected: str) -> int:
+    """A positive count ``K`` of a plan step (``auto-linear:K``, ``dwconv:auto=K``), or a clear error."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count <= 0:
+        raise EdgeError(f"plan step {step_text!r} needs a positive {what} count", expected=expected)
+    return count
+
+
 def parse_options(parts: list[str], step_text: str, types: dict) -> dict:
     """``key=value`` parts of a step, each converted by ``types[key]``; unknown keys are refused."""
     options = {}

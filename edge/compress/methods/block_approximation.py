@@ -20,7 +20,7 @@ from torch import nn
 from edge.analysis.collect import collect_block_moments
 from edge.compress.approximate import fit_spans
 from edge.compress.block_approx import AUTO_METHODS, SPAN_METHODS, ApproximatedSpan, AutoStep, SpanStep, replace_spans
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.planner import plan_auto
 from edge.compress.registry import register_method
@@ -55,13 +55,7 @@ class BlockApproximation(Method):
         where, *option_parts = rest.split(":") if rest else [""]
         options = _options(option_parts, text)
         if keyword in AUTO_METHODS:
-            try:
-                count = int(where)
-            except ValueError:
-                count = 0
-            if count <= 0:
-                raise EdgeError(f"plan step {text!r} needs a positive block count",
-                                expected=f"{keyword}:K, e.g. {keyword}:3")
+            count = parse_count(where, text, "block", expected=f"{keyword}:K, e.g. {keyword}:3")
             return AutoStep(keyword.removeprefix("auto-"), count, options)
         try:
             start_text, end_text = where.rsplit("-", 1) if not where.startswith("-") or where.count("-") > 1 \

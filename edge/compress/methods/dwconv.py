@@ -25,7 +25,7 @@ from edge.compress.dwconv import (
     drop_prefix_tokens,
 )
 from edge.compress.dwconv_apply import build_dwconv, dwconv_records, place_dwconv, restore_dwconv
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.registry import register_method
 from edge.errors import EdgeError
@@ -49,14 +49,7 @@ def _options(parts: list[str], text: str) -> dict:
 
 
 def _count(text: str, step_text: str, what: str) -> int:
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count <= 0:
-        raise EdgeError(f"plan step {step_text!r} needs a positive {what} count",
-                        expected="dwconv:auto=K or dwconv:heads=auto=K, e.g. dwconv:auto=6")
-    return count
+    return parse_count(text, step_text, what, expected="dwconv:auto=K or dwconv:heads=auto=K, e.g. dwconv:auto=6")
 
 
 class DepthwiseConvolution(Method):
