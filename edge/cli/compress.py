@@ -22,7 +22,7 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   edge compress fmnist-deit-tiny --plan "linear:9-10,dwconv:blocks=2+5+7:variant=ensembled" --out runs/mixed
 
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
-  edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-ft"""
+  edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"""
 
 def _plan_grammar() -> str:
     from edge.compress.plan import plan_grammar
