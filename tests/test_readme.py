@@ -121,6 +121,23 @@ SLOW = {
         "option to shrink it: about 100 s on 2 cores even on the small data set",
     "edge pipeline --recipe recipe.yaml --out runs/mine --json": "the built-in recipe again, in a new folder",
     "edge pipeline --out runs/pipeline --redo profile": "needs the built-in recipe's run (see above)",
+    # CI must finish in 20 minutes on 2 cores; these repeat a verb another README command already runs
+    # by default, and each costs 20-90 s there (measured in a clean-clone run): they run with -m slow.
+    "edge train fmnist-deit-tiny --init-weights runs/stage1/model.safetensors --data fmnist --epochs 12 --lr 5e-4 "
+    "--warmup-steps 200 --label-smoothing 0 --seed 1 --out runs/stage2": "CI time: a second train (stage 1 runs)",
+    "edge train fmnist-deit-tiny --init-weights runs/stage2/model.safetensors --data fmnist --epochs 3 --lr 1e-4 "
+    "--warmup-steps 50 --label-smoothing 0 --seed 2 --out runs/stage3": "CI time: a third train (stage 1 runs)",
+    "edge train fmnist-deit-tiny --data fmnist --epochs 10 --seed 0 --out runs/fmnist-deit-tiny":
+        "CI time: stage 1's command again, in another folder",
+    "edge eval fmnist-deit-tiny --data fmnist-mini": "CI time: 2,000 images (the full-data eval runs on the small set)",
+    "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images":
+        "CI time: a DeiT-Small at 224 on the CPU",
+    "edge compress fmnist-deit-tiny --plan auto-linear:3 --out runs/auto3":
+        "CI time: the planner fits 33 candidates (tests/edge/compress covers it on a tiny model)",
+    "edge finetune runs/dw6 --train replaced --alpha 0.2 --out runs/dw6-ft-replaced":
+        "CI time: a second finetune (the train=all one runs)",
+    "edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned":
+        "CI time: compress then finetune, both run on their own above",
 }
 
 # Files a user would bring get small stand-ins made by the test: README token -> maker(path).
