@@ -8,26 +8,7 @@ import sys
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keep the examples' line breaks and show defaults.
-
-    An option's help may be a function (:func:`lazy_help`), called only when help is shown, so
-    that help drawn from a registry does not import that registry's methods on every command.
-    """
-
-    def _format_action(self, action: argparse.Action) -> str:
-        if isinstance(action.help, lazy_help):
-            action.help = action.help()
-        return super()._format_action(action)
-
-
-class lazy_help:  # noqa: N801  (used like a string)
-    """Help text computed when ``--help`` is shown: ``help=lazy_help(plan_grammar)``."""
-
-    def __init__(self, text) -> None:
-        self.text = text
-
-    def __call__(self) -> str:
-        return self.text()
+    """Keep the examples' line breaks and show defaults."""
 
 
 def add_command(subparsers, name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:

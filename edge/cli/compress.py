@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from edge.cli.common import add_calibration_options, add_command, add_model_options, emit, lazy_help
+from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
 
 EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's output (no training)
   edge compress fmnist-deit-tiny --plan linear:9-10 --data fmnist --samples 500 --out runs/ref-linear-9-10
@@ -24,15 +24,10 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
   edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"""
 
-def _plan_grammar() -> str:
-    from edge.compress.plan import plan_grammar
-
-    return plan_grammar()
-
-
 def register(subparsers) -> None:
     from edge.compress import CompressConfig
     from edge.compress.finetune import FinetuneConfig
+    from edge.compress.plan import plan_grammar
 
     parser = add_command(subparsers, "compress", "compress a model by a plan; save plan, maps and statistics",
                          "Fits every span on N seeded, class-balanced calibration samples of the training split.\n"
@@ -40,7 +35,7 @@ def register(subparsers) -> None:
                          "OUT/model.safetensors the weights. OUT is accepted by eval, analyze and export.",
                          EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--plan", required=True, help=lazy_help(_plan_grammar))
+    parser.add_argument("--plan", required=True, help=plan_grammar())
     add_calibration_options(parser, CompressConfig)
     parser.add_argument("--holdout", type=float, default=CompressConfig.holdout,
                         help="share of samples the planner scores on")

@@ -54,7 +54,7 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple
     with atomic_folder(out) as tmp:
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "edge": __version__, **manifest,
                   "info": model_info(model).as_dict()}
-        record.update(format=FORMAT, format_version=FORMAT_VERSION, edge=__version__)
+        record.update(format=FORMAT, format_version=FORMAT_VERSION, edge=__version__)  # a loaded manifest's own
         save_safetensors({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp / WEIGHTS,
                          metadata={"format": FORMAT})
         (tmp / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
@@ -77,9 +77,18 @@ def read_manifest(path: str | Path) -> dict:
                         expected=f"format {FORMAT} version <= {FORMAT_VERSION}",
                         found=f"{manifest.get('format')} version {manifest.get('format_version')}",
                         fix="re-create it with this version of edge")
-    if manifest["format_version"] < 2:
-        manifest = _upgrade_v1(manifest)
+    if manifest.get("format_version", 0) < 2:
+        try:
+            manifest = _upgrade_v1(manifest)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise _damaged(folder, e) from e
     return manifest
+
+
+def _damaged(folder: Path, error: Exception) -> EdgeError:
+    return EdgeError(f"{folder / MANIFEST} does not describe a model edge can rebuild (it was edited or is "
+                     "incomplete)", found=f"{type(error).__name__}: {error}",
+                     fix="re-create the artifact with `edge compress`")
 
 
 def _upgrade_v1(manifest: dict) -> dict:
@@ -119,9 +128,7 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
         model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)
         restore_steps(model, manifest["steps"], str(folder))
     except (KeyError, TypeError, AttributeError) as e:
-        raise EdgeError(f"{folder / MANIFEST} does not describe a model edge can rebuild (it was edited or is "
-                        "incomplete)", found=f"{type(e).__name__}: {e}",
-                        fix="re-create the artifact with `edge compress`") from e
+        raise _damaged(folder, e) from e
     load_weights(model, read_state_dict(folder / WEIGHTS), str(folder / WEIGHTS))
     model.eval()
     return model, manifest

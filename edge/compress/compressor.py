@@ -68,8 +68,11 @@ def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn
         method.place(model, built[method.name])
     fit = {k: v for m in used for k, v in built[m.name].fit.items()}
     table = [row for m in used for row in built[m.name].planner]
-    steps = [{"method": method_of(s).name, "step": str(s), "options": dict(s.options),
-              "record": method_of(s).record(model, s, prepared[method_of(s).name])} for s in plan.steps]
+    steps = []
+    for step in plan.steps:
+        method = method_of(step)
+        steps.append({"method": method.name, "step": str(step), "options": dict(step.options),
+                      "record": method.record(model, step, prepared[method.name])})
     after = costs(model)
     manifest = {
         "source": source,

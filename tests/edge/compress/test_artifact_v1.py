@@ -30,7 +30,7 @@ def test_version_1_artifacts_load_as_the_same_function(name):
     assert loaded["plan"] == manifest["plan"]
 
 
-@pytest.mark.parametrize("damage", ["no steps", "no record", "no source"])
+@pytest.mark.parametrize("damage", ["no steps", "no record", "no source", "format 1 without spans"])
 def test_a_damaged_manifest_is_bad_input_not_a_crash(tmp_path, damage):
     import shutil
 
@@ -44,8 +44,10 @@ def test_a_damaged_manifest_is_bad_input_not_a_crash(tmp_path, damage):
         del manifest["steps"]
     elif damage == "no record":
         del manifest["steps"][0]["record"]
-    else:
+    elif damage == "no source":
         del manifest["source"]
+    else:
+        manifest = {k: v for k, v in manifest.items() if k != "steps"} | {"format_version": 1}
     (folder / "edge-model.json").write_text(json.dumps(manifest))
     with pytest.raises(EdgeError, match="does not describe a model edge can rebuild"):
         load_artifact(folder)
