@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from edge.errors import EdgeError
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Keep the examples' line breaks and show defaults."""
@@ -21,7 +23,26 @@ def add_command(subparsers, name: str, summary: str, description: str, examples:
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="fmnist-deit-tiny, timm:ARCH[,key=value...], or a compressed artifact")
     parser.add_argument("--weights", help="weights file (.safetensors, or a weights-only torch state dict)")
-    parser.add_argument("--img-size", type=int, help="input size for the architecture (e.g. 224 for DINOv2)")
+    add_img_size_option(parser)
+
+
+def library_type(parse):
+    """An argparse ``type`` from a library parser: its EdgeError becomes a usage error (exit 2, no traceback)."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except EdgeError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+
+    return convert
+
+
+def add_img_size_option(parser: argparse.ArgumentParser) -> None:
+    """--img-size N or HxW, parsed by :func:`edge.models.parse_img_size`."""
+    from edge.models import img_size
+
+    parser.add_argument("--img-size", type=library_type(img_size.parse_img_size), metavar=img_size.METAVAR,
+                        help=img_size.HELP)
 
 
 def emit(result: dict, as_json: bool, human: str) -> None:

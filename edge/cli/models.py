@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_img_size_option, emit
 
 EXAMPLES = """  edge models
   edge models fmnist-deit-tiny --json
   edge models timm:vit_small_patch14_dinov2 --img-size 224
+  edge models timm:vit_small_patch16_224 --img-size 224x320       # non-square: 224 rows, 320 columns
   edge models timm:vit_small_patch16_224,class_token=False,global_pool=avg"""
 
 
@@ -16,7 +17,7 @@ def register(subparsers) -> None:
                          EXAMPLES)
     parser.add_argument("model", nargs="?", help="a model to describe")
     parser.add_argument("--weights", help="weights file to load")
-    parser.add_argument("--img-size", type=int, help="input size for the architecture")
+    add_img_size_option(parser)
     parser.set_defaults(run=run)
 
 

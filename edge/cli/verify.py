@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_img_size_option, emit
 
 EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyTorch against its export
   edge verify runs/ref.onnx runs/ref.clean.onnx --json        # raw export against the cleaned graph
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     parser.add_argument("a", help="the reference: model, artifact or .onnx file")
     parser.add_argument("b", help="the candidate: model, artifact or .onnx file")
     parser.add_argument("--weights", help="weights for a model named by A (and B when B is a model too)")
-    parser.add_argument("--img-size", type=int, help="input size for timm architectures")
+    add_img_size_option(parser)
     parser.add_argument("--data", default="fmnist-mini", help="real images (test split): fmnist, fmnist-mini, folder")
     parser.add_argument("--batch", type=int, default=8, help="images per comparison")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")

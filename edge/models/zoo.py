@@ -4,7 +4,8 @@ A model spec is one of
 
 * a bundled name, e.g. ``fmnist-deit-tiny`` (weights shipped in the package),
 * ``timm:NAME`` for any timm ViT architecture, optionally with constructor options,
-  e.g. ``timm:vit_small_patch16_224,class_token=False,global_pool=avg``.
+  e.g. ``timm:vit_small_patch16_224,class_token=False,global_pool=avg`` (a size as
+  ``img_size=224x320``).
 
 Weights are random unless ``weights=FILE`` is given (pretrained hub weights cannot be
 downloaded from inside edge; download them yourself and pass the file).
@@ -23,6 +24,7 @@ from edge._compat import ensure_torchvision_importable
 from edge.data.fmnist import MEAN as FMNIST_MEAN
 from edge.data.fmnist import STD as FMNIST_STD
 from edge.errors import EdgeError
+from edge.models.img_size import ImgSize, parse_img_size
 from edge.models.weights_io import load_weights, read_state_dict
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
@@ -112,6 +114,11 @@ def parse_model_spec(text: str) -> ModelSpec:
                             expected="timm:ARCH,key=value,... e.g. timm:vit_small_patch16_224,class_token=False")
         key, value = option.split("=", 1)
         kwargs[key.strip()] = _parse_value(value.strip())
+    if "img_size" in kwargs:
+        try:
+            kwargs["img_size"] = parse_img_size(kwargs["img_size"])
+        except EdgeError as e:
+            raise e.at(f"model option img_size in {text!r}") from e
     if head in BUNDLED:
         bundled = BUNDLED[head]
         return ModelSpec(text, bundled.arch, {**bundled.kwargs, **kwargs}, bundled)
@@ -123,11 +130,13 @@ def parse_model_spec(text: str) -> ModelSpec:
     raise _unknown(head)
 
 
-def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None, img_size: int | None = None,
+def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None,
+                 img_size: ImgSize | str | list[int] | None = None,
                  num_classes: int | None = None, pretrained_weights: bool = True) -> nn.Module:
     """Build the model a spec names, in eval mode, with bundled, given or random weights.
 
     ``pretrained_weights=False`` skips the bundled weights (random init, used by ``edge train``).
+    ``img_size`` (as the ``img_size=`` model option): N, ``"HxW"`` or ``(H, W)``, see :func:`parse_img_size`.
     Names only: :func:`edge.compress.load.load_model` also accepts a folder written by ``edge compress``.
     """
     if isinstance(spec, str):
@@ -138,7 +147,7 @@ def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None, im
 
     kwargs = dict(spec.kwargs)
     if img_size is not None:
-        kwargs["img_size"] = img_size
+        kwargs["img_size"] = parse_img_size(img_size)
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     if spec.bundled is not None:

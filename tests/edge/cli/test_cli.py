@@ -99,3 +99,43 @@ ACCEPTANCE_TARGET = 0.900  # issue 2: accuracy on the full 10,000-image test spl
 def test_reference_model_meets_the_accuracy_target(full_eval):
     """Acceptance of issue 2 (the shipped model: 9,000 of 10,000, the same at 1 and 2 threads)."""
     assert full_eval["accuracy"] >= ACCEPTANCE_TARGET
+
+
+SIZED_COMMANDS = {"models", "analyze", "compress", "eval", "export", "profile", "verify"}
+
+
+def test_every_img_size_option_takes_hxw():
+    """Issue 13, finding 16: each verb's --img-size parses N and HxW with the library's one parser."""
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if a.dest == "command").choices
+    sized = {name: action for name, sub in verbs.items() for action in sub._actions
+             if "--img-size" in action.option_strings}
+    assert set(sized) == SIZED_COMMANDS
+    for action in sized.values():
+        assert action.type("224x320") == (224, 320) and action.type("224") == 224
+        assert action.metavar == "SIZE" and "HxW" in action.help
+
+
+@pytest.mark.parametrize("value", ["224x", "0", "-3", "224x320x3"])
+def test_bad_img_size_is_a_usage_error_with_the_fix(value):
+    result = edge("models", "fmnist-deit-tiny", f"--img-size={value}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "argument --img-size" in result.stderr and f"input size '{value}'" in result.stderr
+    assert "expected: N (N x N pixels) or HxW" in result.stderr and "fix:" in result.stderr
+
+
+def test_non_square_model_compresses_and_exports(tmp_path, capsys):
+    import onnx
+
+    from tests.conftest import TINY
+
+    assert main(["models", TINY, "--img-size", "28x42", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["grid"] == [4, 6]
+    art, out = tmp_path / "art", tmp_path / "art.onnx"
+    assert main(["compress", TINY, "--img-size", "28x42", "--plan", "linear:0-2", "--data", "fmnist-mini",
+                 "--samples", "20", "--out", str(art)]) == 0
+    assert json.loads((art / "edge-model.json").read_text())["source"]["img_size"] == [28, 42]
+    assert main(["export", str(art), "--out", str(out)]) == 0
+    graph = onnx.load(str(out))
+    assert [d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim] == [1, 1, 28, 42]
+    assert json.loads({p.key: p.value for p in graph.metadata_props}["edge.input_size"]) == [1, 28, 42]
