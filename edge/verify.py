@@ -8,12 +8,16 @@ an ONNX graph; both are run on the same seeded random inputs and real images and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from edge.compare import Tolerance, compare_arrays
 from edge.torch_compare import verification_inputs
+
+if TYPE_CHECKING:
+    from edge.models import ImgSize
 
 
 @dataclass
@@ -26,7 +30,8 @@ class Side:
     run: object  # callable: float32 tensor [N, C, H, W] -> numpy array
 
 
-def load_side(spec: str, weights: str | None = None, img_size: int | None = None, threads: int | None = None) -> Side:
+def load_side(spec: str, weights: str | None = None, img_size: ImgSize | None = None,
+              threads: int | None = None) -> Side:
     if spec.endswith(".onnx"):
         from edge.onnx_model import OnnxClassifier
 

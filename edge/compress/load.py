@@ -12,10 +12,10 @@ from torch import nn
 
 from edge.compress.artifact import is_artifact, load_artifact
 from edge.errors import EdgeError
-from edge.models import ModelSpec, create_model
+from edge.models import ImgSize, ModelSpec, create_model
 
 
-def load_model(spec: str | ModelSpec, *, weights: str | Path | None = None, img_size: int | None = None,
+def load_model(spec: str | ModelSpec, *, weights: str | Path | None = None, img_size: ImgSize | None = None,
                num_classes: int | None = None, pretrained_weights: bool = True) -> nn.Module:
     """The model ``spec`` names (see :func:`create_model`), or the compressed model of an artifact folder."""
     if isinstance(spec, str) and Path(spec).exists() and is_artifact(spec):
