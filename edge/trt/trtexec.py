@@ -59,8 +59,9 @@ def left_out(config: BuildConfig, version: tuple[int, ...] | None) -> dict[str, 
     """The flags of this build that trtexec ``version`` lacks or ignores, each with why (None: unknown version)."""
     notes = {}
     if config.tiling_optimization_level is not None and (version is None or version < TILING_SINCE):
-        have = "an unknown version" if version is None else "trtexec " + ".".join(map(str, version))
-        notes["--tilingOptimizationLevel"] = f"exists from TensorRT 10.8; {have} would stop on it"
+        notes["--tilingOptimizationLevel"] = ("exists from TensorRT 10.8; this trtexec's version is unknown"
+                                              if version is None else f"exists from TensorRT 10.8; trtexec "
+                                              f"{'.'.join(map(str, version))} stops on it (\"Unknown option\")")
     if version is not None and version >= (11,):
         for flag in NO_OPS_IN_11:
             notes[flag] = "a no-op in trtexec 11 (the default)"
