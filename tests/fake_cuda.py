@@ -171,7 +171,7 @@ class FakeCudaRuntime:
 
     # CUDA graphs
     def cudaStreamBeginCapture(self, stream: int, mode):
-        if self.streams.get(int(stream), 0) != None:  # noqa: E711 - unknown (0) or already capturing
+        if int(stream) not in self.streams or self.streams[int(stream)] is not None:  # unknown, or capturing
             return (BAD_HANDLE,)
         self.streams[int(stream)] = []
         return (OK,)
