@@ -33,7 +33,10 @@ setup(
     ],
     extras_require={
         # On a Jetson these come from JetPack (apt: python3-libnvinfer, cuda-python); listed for x86 hosts.
-        "device": ["tensorrt>=10.3", "cuda-python>=12.0"],
+        # cuda-python's major version must match the CUDA the driver supports (13.x refuses to run on a
+        # CUDA 12 driver): JetPack 6 is CUDA 12.6, hence <13. On JetPack 7 (CUDA 13) install
+        # `pip install 'cuda-python>=13,<14'` yourself instead of this extra.
+        "device": ["tensorrt>=10.3", "cuda-python>=12.0,<13"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1"],
         # peers the graph cleaner is compared with (benchmarks/peers.py)
         "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4", "onnxconverter-common>=1.14"],

@@ -2,12 +2,21 @@
 
 NOT TensorRT. It builds nothing and measures nothing: it mimics the Python API surface that
 edge uses (names and signatures as in tensorrt-stubs 10.13) and records what it was asked, so
-tests can check the calls edge makes. Two feature sets:
+tests can check the calls edge makes. Two feature sets, each as the real release has it:
 
-* ``"10.3"``: strongly typed networks, precision builder flags (FP16/INT8/...), the INT8
-  calibrator classes, no tiling optimisation (10.8+);
-* ``"11.0"``: no precision builder flags, no calibrators (both removed in TensorRT 11), tiling
-  optimisation, editable timing cache.
+* ``"10.3"``: strongly typed networks on request (``STRONGLY_TYPED`` = 1), precision builder
+  flags (FP16/INT8/...), the INT8 calibrator classes and the calibration profile, no tiling
+  optimisation (10.8+); the engine inspector lists ``"Bindings"``;
+* ``"11.0"``: strongly typed always (``STRONGLY_TYPED`` = 0, deprecated and ignored), no precision
+  builder flags but TF32 (still there), no calibrators, tiling optimisation, editable timing
+  cache; the engine inspector lists ``"I/O Tensors"``.
+
+Execution runs against FakeCudaRuntime (tests/fake_cuda.py): the execution context checks that
+every I/O tensor has a live device buffer large enough for its shape, and an enqueue advances
+the fake GPU clock (or is captured into a CUDA graph); the builder calibrates by reading the
+batches a legacy calibrator hands over. Plugins: TensorRT's own (``init_libnvinfer_plugins``) and
+libraries loaded into the plugin registry are per module, as they are per process, and an engine
+that used them does not deserialise in a fresh module that lacks them.
 
 The "engine" it serialises is JSON describing the request, prefixed ``FAKE-ENGINE``.
 """
@@ -17,7 +26,10 @@ from __future__ import annotations
 import json
 import types
 
+import numpy as np
 import onnx
+
+from tests.fake_cuda import FakeCudaRuntime
 
 
 class _Enum:
@@ -27,12 +39,19 @@ class _Enum:
     def __int__(self) -> int:
         return self.value
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Enum) and (self.name, self.value) == (other.name, other.value)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.value))
+
     def __repr__(self) -> str:
         return self.name
 
 
-def _enum(name: str, members: list[str]) -> type:
-    return type(name, (), {m: _Enum(m, i) for i, m in enumerate(members)})
+def _enum(name: str, members: list[str] | dict[str, int]) -> type:
+    values = members if isinstance(members, dict) else {m: i for i, m in enumerate(members)}
+    return type(name, (), {m: _Enum(m, v) for m, v in values.items()})
 
 
 class Dims:
@@ -46,30 +65,59 @@ class Dims:
         return self.values[i]
 
 
+#: ONNX element type -> (TensorRT DataType name, numpy type)
+_DTYPES = {"FLOAT": ("FLOAT", np.float32), "FLOAT16": ("HALF", np.float16), "INT8": ("INT8", np.int8),
+           "INT32": ("INT32", np.int32), "INT64": ("INT64", np.int64), "BOOL": ("BOOL", np.bool_)}
+#: the fake's layers and what each "takes" per inference on the fake GPU clock
+FAKE_LAYERS = {"fake gemm": 0.75, "fake norm": 0.25}
+
+
 def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ...] = (),
-                       fail_build: bool = False) -> types.ModuleType:
-    """A FakeTensorRT module of the given feature set; ``unsupported_ops`` make the parser fail on them."""
+                       fail_build: bool = False, plugin_layers: tuple[str, ...] = (),
+                       cuda: FakeCudaRuntime | None = None) -> types.ModuleType:
+    """A FakeTensorRT module of the given feature set.
+
+    ``unsupported_ops`` make the parser fail on them; ``plugin_layers`` are ops the parser imports
+    as TensorRT's own plugins (they need ``init_libnvinfer_plugins`` at build and at load time);
+    ``cuda`` is the FakeCudaRuntime the engine runs on and calibration reads from (``m.cuda``).
+    """
     legacy = feature_set.startswith("10.")
-    version = {"10.3": "10.3.0.30", "11.0": "11.0.0.1"}[feature_set]
+    version = {"10.3": "10.3.0.30", "11.0": "11.0.0.114"}[feature_set]
     m = types.ModuleType("tensorrt")
     m.__version__ = version
     m.FAKE = True
     m.calls = []  # every notable call, for the tests
-    flag_names = ["DEBUG", "GPU_FALLBACK", "REFIT", "DISABLE_TIMING_CACHE", "SPARSE_WEIGHTS", "DIRECT_IO"]
+    m.cuda = cuda or FakeCudaRuntime()
+    m.plugin_libraries = []  # the process-wide plugin registry
+    m.builtin_plugins = False  # init_libnvinfer_plugins was called
+    flag_names = ["DEBUG", "GPU_FALLBACK", "REFIT", "DISABLE_TIMING_CACHE", "TF32", "SPARSE_WEIGHTS", "DIRECT_IO"]
     if legacy:
-        flag_names += ["FP16", "BF16", "INT8", "FP8", "TF32", "OBEY_PRECISION_CONSTRAINTS",
-                       "PREFER_PRECISION_CONSTRAINTS"]
+        flag_names += ["FP16", "BF16", "INT8", "FP8", "OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS"]
+        m.NetworkDefinitionCreationFlag = _enum("NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED"])
     else:
         flag_names += ["EDITABLE_TIMING_CACHE"]
         m.TilingOptimizationLevel = lambda level: _Enum(f"TILING_{level}", level)
+        # TensorRT 11: STRONGLY_TYPED is 0, deprecated and ignored (every network is strongly typed)
+        m.NetworkDefinitionCreationFlag = _enum("NetworkDefinitionCreationFlag", [
+            "STRONGLY_TYPED", "PREFER_JIT_PYTHON_PLUGINS", "PREFER_AOT_PYTHON_PLUGINS"])
     m.BuilderFlag = _enum("BuilderFlag", flag_names)
-    m.NetworkDefinitionCreationFlag = _enum("NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED"])
     m.MemoryPoolType = _enum("MemoryPoolType", ["WORKSPACE", "DLA_MANAGED_SRAM", "TACTIC_DRAM"])
     m.ProfilingVerbosity = _enum("ProfilingVerbosity", ["LAYER_NAMES_ONLY", "NONE", "DETAILED"])
     m.LayerInformationFormat = _enum("LayerInformationFormat", ["ONELINE", "JSON"])
     m.TensorIOMode = _enum("TensorIOMode", ["NONE", "INPUT", "OUTPUT"])
+    m.DataType = _enum("DataType", ["FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8", "FP8", "BF16", "INT64"])
     m.Dims = Dims
-    m.init_libnvinfer_plugins = lambda logger, namespace: m.calls.append(("init_libnvinfer_plugins", namespace))
+    numpy_types = {name: kind for name, kind in _DTYPES.values()}
+    m.nptype = lambda dtype: numpy_types[dtype.name]
+
+    def init_libnvinfer_plugins(logger, namespace: str) -> bool:
+        m.calls.append(("init_libnvinfer_plugins", namespace))
+        m.builtin_plugins = True
+        return True
+
+    m.init_libnvinfer_plugins = init_libnvinfer_plugins
+    registry = types.SimpleNamespace(load_library=lambda path: (m.calls.append(("load_library", path)),
+                                                                 m.plugin_libraries.append(path)))
 
     class Logger:
         VERBOSE, INFO, WARNING, ERROR = "VERBOSE", "INFO", "WARNING", "ERROR"
@@ -98,13 +146,14 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
     class Tensor:
         def __init__(self, name: str, shape: list[int], dtype: str) -> None:
-            self.name, self.shape, self.dtype = name, Dims(shape), dtype
+            self.name, self.shape, self.dtype = name, Dims(shape), getattr(m.DataType, _DTYPES[dtype][0])
 
     class INetworkDefinition:
         def __init__(self, flags: int) -> None:
             self.flags = flags
             self.inputs: list[Tensor] = []
             self.outputs: list[Tensor] = []
+            self.plugin_layers: list[str] = []
 
         num_inputs = property(lambda self: len(self.inputs))
         num_outputs = property(lambda self: len(self.outputs))
@@ -131,6 +180,11 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                 if node.op_type in unsupported_ops:
                     self.errors.append(ParserError(i, node.name, node.op_type,
                                                    f"No importer registered for op: {node.op_type}"))
+                elif node.op_type in plugin_layers:
+                    if not m.builtin_plugins:
+                        self.errors.append(ParserError(i, node.name, node.op_type, "Plugin not found, are the "
+                                                       "plugin name, version, and namespace correct?"))
+                    self.network.plugin_layers.append(node.op_type)
             if self.errors:
                 return False
             self.network.inputs = [_tensor(v) for v in proto.graph.input]
@@ -172,9 +226,11 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.profiling_verbosity = None
             self.profiles: list[IOptimizationProfile] = []
             self.timing_cache: ITimingCache | None = None
-            self.int8_calibrator = None
             self.progress_monitor = None
-            if not legacy:
+            if legacy:
+                self.int8_calibrator = None
+                self.calibration_profile: IOptimizationProfile | None = None
+            else:
                 self.tiling_optimization_level = None
 
         def set_memory_pool_limit(self, pool, size: int) -> None:
@@ -199,6 +255,51 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def get_timing_cache(self) -> ITimingCache:
             return self.timing_cache or ITimingCache(b"")
 
+    if legacy:
+        def set_calibration_profile(self, profile: IOptimizationProfile) -> bool:
+            self.calibration_profile = profile
+            return True
+
+        IBuilderConfig.set_calibration_profile = set_calibration_profile
+
+    def _calibrate(network: INetworkDefinition, config: IBuilderConfig) -> dict | None:
+        """Read every batch the calibrator hands over, as TensorRT does: one input volume per input, at the
+        network's shape (a dynamic network: the calibration profile's opt shape, which it must have)."""
+        calibrator = config.int8_calibrator
+        cached = calibrator.read_calibration_cache()
+        if cached:
+            return {"from_cache": True}
+        shapes = {}
+        for tensor in network.inputs:
+            shape = list(tensor.shape.values)
+            if -1 in shape:
+                profile = config.calibration_profile
+                if profile is None or tensor.name not in profile.shapes:
+                    m.calls.append(("error", "a network with dynamic shapes needs a calibration profile"))
+                    return None
+                shape = profile.shapes[tensor.name][1]
+            shapes[tensor.name] = shape
+        names = list(shapes)
+        images = batches = 0
+        while True:
+            pointers = calibrator.get_batch(names)
+            if not pointers:
+                break
+            for name, pointer in zip(names, pointers, strict=True):
+                nbytes = int(np.prod(shapes[name])) * 4
+                if m.cuda.allocation_size(pointer) != nbytes:
+                    m.calls.append(("error", f"calibration buffer of {m.cuda.allocation_size(pointer)} bytes for "
+                                             f"input {name} {shapes[name]} ({nbytes} bytes)"))
+                    return None
+                m.cuda.read(pointer, nbytes)
+            batches += 1
+            images += shapes[names[0]][0]
+        if not batches:
+            m.calls.append(("error", "the calibrator gave no batch"))
+            return None
+        calibrator.write_calibration_cache(b"FAKE-CALIBRATION")
+        return {"batches": batches, "images": images, "shapes": shapes}
+
     class Builder:
         def __init__(self, logger: Logger) -> None:
             self.logger = logger
@@ -213,24 +314,75 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             return IOptimizationProfile()
 
         def get_plugin_registry(self):
-            registry = types.SimpleNamespace(load_library=lambda path: m.calls.append(("load_library", path)))
             return registry
 
         def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig):
+            m.calls.append(("build",))
             if fail_build:
                 return None
+            calibration = None
+            if getattr(config, "int8_calibrator", None) is not None and "INT8" in config.flags:
+                calibration = _calibrate(network, config)
+                if calibration is None:
+                    return None
             if config.timing_cache is not None:
                 config.timing_cache.entries += 5  # "timed" some tactics
             if config.progress_monitor is not None:
                 config.progress_monitor.phase_start("Building engine", None, 3)
                 config.progress_monitor.phase_finish("Building engine")
+            io = [{"name": t.name, "mode": mode, "shape": list(t.shape.values), "dtype": t.dtype.name}
+                  for mode, tensors in (("INPUT", network.inputs), ("OUTPUT", network.outputs)) for t in tensors]
             request = {"flags": network.flags, "precision": getattr(network, "precision", None),
                        "pools": config.pools, "builder_flags": config.flags,
                        "optimization_level": config.builder_optimization_level,
                        "profiles": [p.shapes for p in config.profiles],
-                       "calibrator": type(config.int8_calibrator).__name__ if config.int8_calibrator else None,
-                       "tiling": repr(getattr(config, "tiling_optimization_level", None))}
+                       "calibrator": type(config.int8_calibrator).__name__
+                       if getattr(config, "int8_calibrator", None) else None,
+                       "calibration": calibration,
+                       "tiling": repr(getattr(config, "tiling_optimization_level", None)),
+                       "io": io, "plugin_layers": network.plugin_layers, "plugin_libraries": list(m.plugin_libraries)}
             return b"FAKE-ENGINE" + json.dumps(request).encode()
+
+    class IExecutionContext:
+        """Checks what TensorRT checks before an enqueue: input shapes set, every address a large enough buffer."""
+
+        def __init__(self, engine: ICudaEngine) -> None:
+            self.engine = engine
+            self.input_shapes: dict[str, list[int]] = {}
+            self.addresses: dict[str, int] = {}
+            self.profiler = None
+
+        def set_input_shape(self, name: str, shape) -> bool:
+            low, _, high = self.engine.profile_of(name)
+            if not all(lo <= int(d) <= hi for lo, d, hi in zip(low, shape, high, strict=True)):
+                return False
+            self.input_shapes[name] = [int(d) for d in shape]
+            return True
+
+        def get_tensor_shape(self, name: str) -> Dims:
+            shape = list(self.engine.tensors[name]["shape"])
+            batch = next(iter(self.input_shapes.values()), [1])[0]
+            return Dims([batch if d == -1 else d for d in shape])
+
+        def set_tensor_address(self, name: str, address: int) -> bool:
+            self.addresses[name] = int(address)
+            return True
+
+        def execute_async_v3(self, stream_handle: int) -> bool:
+            for name, tensor in self.engine.tensors.items():
+                if -1 in tensor["shape"] and tensor["mode"] == "INPUT" and name not in self.input_shapes:
+                    return False
+                shape = self.get_tensor_shape(name).values if tensor["mode"] == "OUTPUT" or -1 not in tensor[
+                    "shape"] else self.input_shapes[name]
+                nbytes = int(np.prod(shape)) * np.dtype(numpy_types[tensor["dtype"]]).itemsize
+                if (m.cuda.allocation_size(self.addresses.get(name, 0)) or 0) < nbytes:
+                    return False
+            if not m.cuda.launch(stream_handle, sum(FAKE_LAYERS.values())):
+                return False
+            if self.profiler is not None:
+                for layer, ms in FAKE_LAYERS.items():
+                    self.profiler.report_layer_time(layer, ms)
+            return True
 
     class ICudaEngine:
         device_memory_size = 1 << 20
@@ -238,26 +390,61 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         def __init__(self, data: bytes) -> None:
             self.request = json.loads(bytes(data)[len(b"FAKE-ENGINE"):])
+            self.tensors = {t["name"]: t for t in self.request["io"]}
+            self.names = list(self.tensors)
+
+        num_io_tensors = property(lambda self: len(self.names))
+
+        def get_tensor_name(self, i: int) -> str:
+            return self.names[i]
+
+        def get_tensor_mode(self, name: str):
+            return getattr(m.TensorIOMode, self.tensors[name]["mode"])
+
+        def get_tensor_shape(self, name: str) -> Dims:
+            return Dims(self.tensors[name]["shape"])
+
+        def get_tensor_dtype(self, name: str):
+            return getattr(m.DataType, self.tensors[name]["dtype"])
+
+        def profile_of(self, name: str) -> list[list[int]]:
+            profiles = self.request["profiles"]
+            shape = self.tensors[name]["shape"]
+            return profiles[0][name] if profiles and name in profiles[0] else [shape, shape, shape]
+
+        def create_execution_context(self) -> IExecutionContext:
+            return IExecutionContext(self)
 
         def create_engine_inspector(self):
             inspector = types.SimpleNamespace()
+            io_key = "Bindings" if legacy else "I/O Tensors"  # TensorRT 11 renamed the inspector's key
             inspector.get_engine_information = lambda fmt: json.dumps(
-                {"Layers": [{"Name": "fake layer"}], "Bindings": ["input", "logits"]})
+                {"Layers": [{"Name": name} for name in FAKE_LAYERS], io_key: self.names})
             return inspector
 
     class Runtime:
         def __init__(self, logger: Logger) -> None:
             self.logger = logger
 
+        def get_plugin_registry(self):
+            return registry
+
         def deserialize_cuda_engine(self, data: bytes) -> ICudaEngine | None:
-            return ICudaEngine(data) if bytes(data).startswith(b"FAKE-ENGINE") else None
+            if not bytes(data).startswith(b"FAKE-ENGINE"):
+                return None
+            engine = ICudaEngine(data)
+            missing = [p for p in engine.request["plugin_libraries"] if p not in m.plugin_libraries]
+            if (engine.request["plugin_layers"] and not m.builtin_plugins) or missing:
+                m.calls.append(("error", "getPluginCreator could not find a plugin creator"))
+                return None
+            return engine
 
     class IProfiler:
         def __init__(self) -> None:
             pass
 
     for cls in (Logger, ParserError, INetworkDefinition, OnnxParser, ITimingCache, IOptimizationProfile,
-                IProgressMonitor, IBuilderConfig, Builder, ICudaEngine, Runtime, IProfiler):
+                IProgressMonitor, IBuilderConfig, Builder, IExecutionContext, ICudaEngine, Runtime, IProfiler):
         setattr(m, cls.__name__, cls)
     if legacy:
         class IInt8EntropyCalibrator2:
@@ -266,23 +453,3 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         m.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
     return m
-
-
-FAKE_DEVICE = {"gpu": "Fake Orin (nvgpu)", "compute_capability": "8.7", "cuda_runtime": "12.6",
-               "cuda_driver": "12.6", "l4t": "36.4.3"}
-
-
-class FakeCudart:
-    """Just enough of cuda-python's runtime for the device identity (FakeTensorRT's companion)."""
-
-    def __init__(self, name: str = "Fake Orin (nvgpu)", major: int = 8, minor: int = 7) -> None:
-        self.props = types.SimpleNamespace(name=name.encode(), major=major, minor=minor)
-
-    def cudaGetDeviceProperties(self, device: int):
-        return 0, self.props
-
-    def cudaRuntimeGetVersion(self):
-        return 0, 12060
-
-    def cudaDriverGetVersion(self):
-        return 0, 12060

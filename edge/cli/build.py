@@ -7,6 +7,7 @@ from edge.cli.common import add_command, emit
 EXAMPLES = """  edge build runs/ref.onnx --out runs/ref.engine                          # fp32, strongly typed
   edge build runs/ref.onnx --precision fp16 --out runs/ref.fp16.engine   # fp16 variant made in memory
   edge build runs/ref.int8.onnx --precision int8 --out runs/ref.int8.engine --timing-cache runs/orin.cache
+  edge build runs/ref.int8.onnx --precision best --out runs/ref.best.engine   # = int8: INT8 + FP16 elsewhere
   edge build runs/ref.dyn.onnx --min-batch 1 --opt-batch 8 --max-batch 32 --out runs/ref.dyn.engine
   edge build runs/ref.onnx --precision fp16 --weakly-typed --out runs/ref.engine   # TensorRT 10.x only
   edge build runs/ref.onnx --precision fp16 --out runs/ref.engine --trtexec          # the trtexec equivalent"""
@@ -18,14 +19,17 @@ def register(subparsers) -> None:
     parser = add_command(
         subparsers, "build", "build a TensorRT engine on this device (writes ENGINE, ENGINE.json, ENGINE.layers.json)",
         "Strongly typed by default: the precision comes from the ONNX (edge quantize writes the fp16 and\n"
-        "int8 Q/DQ variants; --precision fp16 converts a float32 graph in memory). --weakly-typed uses\n"
-        "TensorRT 10.x builder flags instead (removed in TensorRT 11). The manifest records the ONNX sha256,\n"
-        "TensorRT/CUDA versions, GPU and compute capability, precision, shapes, the knobs honoured and the\n"
-        "build time; `edge profile` refuses an engine built for another TensorRT or GPU.\n"
+        "int8 Q/DQ variants, the int8 one float16 where it is not quantized; --precision fp16 converts a\n"
+        "float32 graph in memory; best is the int8 Q/DQ graph: INT8+FP16). --weakly-typed uses TensorRT\n"
+        "10.x builder flags instead (removed in TensorRT 11). The manifest records the ONNX sha256,\n"
+        "TensorRT/CUDA versions, GPU, compute capability, SM count, memory and board, precision, shapes,\n"
+        "the knobs honoured and the build time; `edge profile` refuses an engine built for another\n"
+        "TensorRT or device. cuda-python and the device are checked before the build starts.\n"
         "Needs TensorRT (JetPack on a Jetson; NVIDIA's packages on x86).", EXAMPLES)
     parser.add_argument("model", help="an ONNX graph (float32, or the fp16/int8 output of edge quantize)")
     parser.add_argument("--out", required=True, help="the engine file")
-    parser.add_argument("--precision", default=BuildConfig.precision, choices=PRECISIONS)
+    parser.add_argument("--precision", default=BuildConfig.precision, choices=PRECISIONS,
+                        help="strongly typed: which ONNX variant to expect (best = the int8 Q/DQ graph, INT8+FP16)")
     parser.add_argument("--weakly-typed", dest="strongly_typed", action="store_false",
                         help="TensorRT 10.x builder precision flags instead of a strongly typed network")
     parser.add_argument("--workspace", type=int, default=BuildConfig.workspace_mib, metavar="MIB",
@@ -86,9 +90,10 @@ def _trtexec(args, config) -> int:
     from edge.fileio import write_atomic
     from edge.profile.trtexec import trtexec_result
     from edge.trt.builder import select_onnx
-    from edge.trt.trtexec import as_shell, find_trtexec, shape_arguments, trtexec_command
+    from edge.trt.trtexec import as_shell, find_trtexec, left_out, shape_arguments, trtexec_command
 
     binary = find_trtexec()
+    version = _trtexec_version(binary)
     # trtexec --stronglyTyped takes the precision from the ONNX: the variant the builder would parse
     # (e.g. the fp16 conversion of a float32 export) is written beside the engine and passed instead.
     graph, variant, conversion = select_onnx(Path(args.model), config, config.strongly_typed)
@@ -98,24 +103,49 @@ def _trtexec(args, config) -> int:
         write_atomic(graph.SerializeToString(), Path(onnx_path))
         print(f"wrote {onnx_path} ({conversion['conversion']}) for trtexec", file=sys.stderr)
     first = graph.graph.input[0]
-    argv = trtexec_command(onnx_path, args.out, config, binary or "trtexec", input_name=first.name)
+    argv = trtexec_command(onnx_path, args.out, config, binary or "trtexec", input_name=first.name, version=version)
     dims = [d.dim_value for d in first.type.tensor_type.shape.dim]
     argv = shape_arguments(argv, dims)
+    notes = left_out(config, version)
+    shown = ".".join(map(str, version)) if version else "unknown"
+    comments = "".join(f"# left out {flag}: {why}\n" for flag, why in notes.items())
     if binary is None:
-        emit({"trtexec": None, "command": argv}, args.json,
+        emit({"trtexec": None, "trtexec_version": shown, "command": argv, "left_out": notes}, args.json,
              f"# trtexec not found here (on JetPack: {Path('/usr/src/tensorrt/bin/trtexec')}); the equivalent:\n"
-             f"{as_shell(argv)}")
+             f"{comments}{as_shell(argv)}")
         return 0
-    print(f"running: {as_shell(argv)}", file=sys.stderr)
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    print(f"{comments}running (trtexec {shown}): {as_shell(argv)}", file=sys.stderr)
+    # one stream, in order: trtexec writes its [W] lines (the coefficient-of-variance warning) to stderr
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     if done.returncode != 0:
         from edge.errors import EdgeError
 
-        raise EdgeError(f"trtexec failed (exit {done.returncode})", found=done.stdout[-2000:] + done.stderr[-1000:])
+        raise EdgeError(f"trtexec failed (exit {done.returncode})", found=done.stdout[-3000:])
     stem = str(Path(args.out).with_suffix(""))
+    # trtexec benchmarks at --shapes, or at the opt shape of a profile
+    batch = config.batch or config.opt_batch or (dims[0] if dims and dims[0] > 0 else 1)
     result = trtexec_result(done.stdout, f"{stem}.times.json", f"{stem}.profile.json", precision=args.precision,
-                            batch=args.batch or (dims[0] if dims and dims[0] > 0 else 1))
-    result["command"] = argv
+                            batch=batch)
+    result.update({"command": argv, "trtexec_version": shown, "left_out": notes})
     latency = result["latency"]
-    emit(result, args.json, f"trtexec: median {latency['median_ms']:.3f} ms, p99 {latency['p99_ms']:.3f} ms")
+    warned = "".join(f"\ntrtexec warned: {w}" for w in result.get("warnings", []))
+    emit(result, args.json, f"trtexec: median {latency['median_ms']:.3f} ms, p99 {latency['p99_ms']:.3f} ms, "
+                            f"{latency['throughput_images_per_s']:.1f} images/s (batch {batch}){warned}")
     return 0
+
+
+def _trtexec_version(binary: str | None) -> tuple[int, ...] | None:
+    """trtexec's version from its banner; else the TensorRT this Python loads (JetPack ships them together)."""
+    from edge.trt.trtexec import trtexec_version
+
+    if binary is not None:
+        version = trtexec_version(binary)
+        if version is not None:
+            return version
+    try:
+        import tensorrt
+    except (ImportError, OSError):
+        return None
+    from edge.trt.features import parse_version
+
+    return parse_version(tensorrt.__version__) if hasattr(tensorrt, "__version__") else None

@@ -1,7 +1,8 @@
 """TensorRT backend for ``edge profile`` (on the Jetson): same four methods as the ONNX Runtime backend.
 
 * deserialises an engine written by ``edge build`` and refuses it when its manifest names
-  another TensorRT version or GPU (engines are not portable);
+  another TensorRT version or device (engines are not portable); TensorRT's own plugins and
+  the plugin libraries the manifest names are registered first, as at build time;
 * binds every I/O tensor with ``set_tensor_address`` and runs ``execute_async_v3`` on its own
   CUDA stream (cuda-python: see ``edge.trt.cuda`` for why not pycuda);
 * each ``infer()`` is one complete inference (enqueue, then synchronise) timed on the GPU with
@@ -79,6 +80,7 @@ class TensorRTBackend:
         self.features = detect_features(trt)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
+        self.plugins = self._load_plugins(trt)
         self.engine = self.runtime.deserialize_cuda_engine(self.path.read_bytes())
         if self.engine is None:
             raise EdgeError(f"TensorRT could not deserialise {self.path}", found="see TensorRT's log above",
@@ -93,6 +95,19 @@ class TensorRTBackend:
         self.io: dict[str, dict] = {}
         self.batch = self._bind(trt, batch, seed)
         self.graph_exec = self._capture() if cuda_graph else None
+
+    def _load_plugins(self, trt) -> list[str]:
+        """TensorRT's plugins and the libraries the engine was built with: it does not deserialise without them."""
+        trt.init_libnvinfer_plugins(self.logger, "")
+        libraries = [str(p) for p in self.manifest.get("plugins", [])]
+        for path in libraries:
+            if not Path(path).is_file():
+                raise EdgeError(f"{self.path} was built with the plugin library {path}, which does not exist here",
+                                expected="the plugin libraries named in the manifest's \"plugins\"",
+                                fix=f"put {Path(path).name} back at {path}, or rebuild the engine with `edge build "
+                                    "--plugin PATH`")
+            self.runtime.get_plugin_registry().load_library(path)
+        return libraries
 
     def _bind(self, trt, batch: int | None, seed: int) -> int:
         """Allocate every I/O tensor on the device, fill the inputs, set their addresses."""
@@ -134,7 +149,10 @@ class TensorRTBackend:
         self.check(cudart.cudaStreamBeginCapture(self.stream, mode), "cudaStreamBeginCapture")
         self._enqueue()
         graph = self.check(cudart.cudaStreamEndCapture(self.stream), "cudaStreamEndCapture")
-        return self.check(cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        try:
+            return self.check(cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        finally:
+            cudart.cudaGraphDestroy(graph)  # the executable graph does not need its template
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": self.identity.get("gpu"), "precision": self.manifest.get("precision"),

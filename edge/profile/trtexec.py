@@ -1,9 +1,11 @@
 """trtexec's output in the result schema of ``edge profile`` (the command itself: :mod:`edge.trt.trtexec`).
 
 The parsers read what trtexec prints and exports (TensorRT 10.3 through 11): the
-"=== Performance summary ===" block (lines may carry a timestamp and a ``[I]`` prefix),
-``--exportTimes`` JSON (one object per inference) and ``--exportProfile`` JSON
-(``[{"count": N}, {"name", "timeMs", "averageMs", "medianMs", "percentage"}, ...]``).
+"=== Performance summary ===" block (lines may carry a timestamp and a ``[I]`` prefix; the
+``[W]`` lines, such as the coefficient-of-variance warning, are written to stderr, so the log
+passed must hold both streams), ``--exportTimes`` JSON (one object per inference, each of a whole
+batch) and ``--exportProfile`` JSON (``[{"count": N}, {"name", "timeMs", "averageMs", "medianMs",
+"percentage"}, ...]``).
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ def parse_summary(text: str) -> dict:
         raise EdgeError("no '=== Performance summary ===' in the trtexec output",
                         expected="the log of a trtexec run that benchmarked an engine",
                         fix="run trtexec without --skipInference and pass its full log")
-    summary: dict = {}
+    summary: dict = {"warnings": [line.split("[W]", 1)[1].strip() for line in text.splitlines() if "[W]" in line]}
+    cv = re.findall(r"coefficient of variance\s*=\s*([\d.]+)\s*%", text)
+    if cv:
+        summary["gpu_compute_cv_warning"] = float(cv[-1]) / 100
     for line in text[start:].splitlines()[1:]:
-        cv = re.search(r"coefficient of variance\s*=\s*([\d.]+)\s*%", line)
-        if cv:
-            summary["gpu_compute_cv_warning"] = float(cv.group(1)) / 100
+        if "[W]" in line:
             continue
         if "===" in line:
             break
@@ -64,13 +67,12 @@ def parse_summary(text: str) -> dict:
     return summary
 
 
-def parse_times(data: list | str | Path) -> dict:
-    """``--exportTimes`` JSON -> latency and GPU compute statistics over every inference."""
+def parse_times(data: list | str | Path, batch: int = 1) -> dict:
+    """``--exportTimes`` JSON -> latency and GPU compute statistics over every inference of ``batch`` images."""
     records = _load_json(data)
     if not isinstance(records, list) or not records or "latencyMs" not in records[0]:
         raise EdgeError("not a trtexec --exportTimes file", expected="a JSON list of objects with latencyMs, "
                         "computeMs, h2dMs, d2hMs, startEnqMs, ...")
-    batch = 1
     result = {"latency": latency_stats([r["latencyMs"] for r in records], batch),
               "gpu_compute": latency_stats([r["computeMs"] for r in records], batch),
               "h2d": latency_stats([r["h2dMs"] for r in records], batch),
@@ -95,7 +97,11 @@ def parse_profile(data: list | str | Path) -> list[dict]:
 def trtexec_result(log: str | None = None, times: list | str | Path | None = None,
                    profile: list | str | Path | None = None, *, batch: int = 1, precision: str | None = None,
                    device: str | None = None) -> dict:
-    """trtexec's output in the ``edge profile`` result schema (latency from exported times when given)."""
+    """trtexec's output in the ``edge profile`` result schema (latency from exported times when given).
+
+    The exported times give the latency statistics (images/s = batch / mean latency); trtexec's
+    own throughput (which counts overlapping inferences) stays beside them as ``trtexec_throughput_qps``.
+    """
     result: dict = {"backend": "tensorrt (trtexec)", "device": device, "precision": precision, "batch": batch,
                     "threads": None, "clock": "trtexec (CUDA events)"}
     if log is not None:
@@ -105,10 +111,14 @@ def trtexec_result(log: str | None = None, times: list | str | Path | None = Non
         stats["throughput_qps"] = summary.get("throughput_qps")
         stats["throughput_images_per_s"] = (summary.get("throughput_qps") or 0.0) * batch
         result["latency"] = stats
+        result["warnings"] = summary["warnings"]
         if "gpu_compute" in summary:
             result["gpu_latency"] = summary["gpu_compute"]
     if times is not None:
-        parsed = parse_times(times)
+        parsed = parse_times(times, batch)
+        if log is not None:
+            parsed["latency"]["trtexec_throughput_qps"] = result["latency"]["throughput_qps"]
+            parsed["latency"]["trtexec_throughput_images_per_s"] = result["latency"]["throughput_images_per_s"]
         result["latency"] = parsed["latency"]
         result["gpu_latency"] = parsed["gpu_compute"]
         result["transfers"] = {"h2d": parsed["h2d"], "d2h": parsed["d2h"], "enqueue": parsed["enqueue"]}

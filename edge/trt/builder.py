@@ -2,7 +2,9 @@
 
 Strongly typed by default: the precision lives in the ONNX (``edge quantize`` writes the fp16
 and int8 Q/DQ variants; ``--precision fp16`` converts a float32 graph in memory), which is the
-only path TensorRT 11 still builds and works the same from 10.3 on. The weakly typed path
+only path TensorRT 11 still builds and works the same from 10.3 on. ``best`` is the int8 Q/DQ
+graph, whose unquantized part ``edge quantize`` writes in float16: INT8+FP16, what
+TensorRT's weakly typed ``--best`` meant. The weakly typed path
 (builder precision flags, the legacy INT8 calibrator) is kept for TensorRT 10.x users who ask
 for it (``strongly_typed=False``) and refused with a clear message where the flags are gone.
 
@@ -17,6 +19,7 @@ build`` passes ``calib.data.calibration_images``), so this package never imports
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,15 +42,16 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "fp16", "int8", "best")
 #: 2 GiB: Ultralytics' advice for building on an 8 GB Orin Nano (CPU and GPU share the 7.6 GB usable)
 DEFAULT_WORKSPACE_MIB = 2048
-#: the ONNX variant (edge.precision metadata) a strongly typed build of each --precision expects
-ONNX_VARIANT = {"fp32": ("float32",), "fp16": ("float16",), "int8": ("int8",), "best": ("int8", "float16")}
+#: the ONNX variant (edge.precision metadata) a strongly typed build of each --precision expects; "best" is
+#: the int8 Q/DQ graph, float16 wherever it is not quantized (INT8+FP16)
+ONNX_VARIANT = {"fp32": ("float32",), "fp16": ("float16",), "int8": ("int8",), "best": ("int8",)}
 #: the legacy calibrator's images: (the parsed ONNX, its path, --data, --samples) -> float32 NCHW array
 CalibrationImages = Callable[[onnx.ModelProto, str, str, int], np.ndarray]
 
 
 @dataclass
 class BuildConfig:
-    precision: str = "fp32"               # fp32 | fp16 | int8 | best
+    precision: str = "fp32"               # fp32 | fp16 | int8 | best (= the int8 Q/DQ graph: INT8+FP16)
     strongly_typed: bool = True           # False: TensorRT 10.x builder flags (+ legacy calibrator for int8)
     workspace_mib: int = DEFAULT_WORKSPACE_MIB
     optimization_level: int = 3           # 0..5 (TensorRT's default 3)
@@ -154,8 +158,9 @@ def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> 
         set_precision_metadata(converted, "float16")
         return converted, "float16", {"conversion": "fp16 in memory (edge.fp16.convert_to_fp16)",
                                       "fp16": {k: v for k, v in report.as_dict().items() if k != "fp32_nodes"}}
-    if config.precision == "int8":
-        raise EdgeError(f"{model_path} is a {have} graph; a strongly typed int8 build needs the Q/DQ graph",
+    if config.precision in ("int8", "best"):
+        raise EdgeError(f"{model_path} is a {have} graph; a strongly typed {config.precision} build needs the Q/DQ "
+                        "graph (INT8 where quantized, float16 elsewhere)",
                         expected="an ONNX written by `edge quantize --precision int8`",
                         fix=f"edge quantize {model_path} --precision int8 --data DATA --samples 500 "
                             f"--out {model_path.with_suffix('.int8.onnx')}, then build that file")
@@ -164,10 +169,13 @@ def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> 
                     f"{ {'float16': 'fp16', 'int8': 'int8', 'float32': 'fp32'}.get(have, 'fp32') }")
 
 
-def _network_flags(strongly_typed: bool) -> int:
+def _network_flags(strongly_typed: bool, features: TensorRTFeatures) -> int:
+    """``1 << STRONGLY_TYPED`` on 10.x; nothing on 11+ (the flag is deprecated there, every network strongly typed)."""
     import tensorrt as trt
 
-    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
+    if not strongly_typed or features.always_strongly_typed:
+        return 0
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 
 
 def _weak_typing_flags(config: BuildConfig, features: TensorRTFeatures) -> list[str]:
@@ -289,8 +297,25 @@ def _configure(builder_config: tensorrt.IBuilderConfig, config: BuildConfig, fea
     return {"honoured": honoured, "not_available": ignored}
 
 
+def _calibration_shape(network: tensorrt.INetworkDefinition, builder_config: tensorrt.IBuilderConfig,
+                       profile: tensorrt.IOptimizationProfile | None, shape_info: dict) -> list[int]:
+    """The input shape TensorRT calibrates at: the network's own, or (dynamic batch) the profile's opt shape.
+
+    TensorRT 10 takes the calibration batch from the network input (``get_batch_size`` is a
+    leftover of implicit batch); a dynamic network needs a calibration profile, whose opt shape is used.
+    """
+    if network.num_inputs != 1:
+        raise EdgeError(f"the legacy calibrator feeds one input; this graph has {network.num_inputs}",
+                        fix="build strongly typed from a Q/DQ graph: edge quantize MODEL.onnx --precision int8 ...")
+    tensor = network.get_input(0)
+    if profile is None:
+        return dims_list(tensor.shape)
+    builder_config.set_calibration_profile(profile)
+    return list(shape_info["profile"][tensor.name]["opt"])
+
+
 def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: onnx.ModelProto, source: str,
-                       calibration_images: CalibrationImages | None):
+                       calibration_images: CalibrationImages | None, shape: list[int]):
     if not features.int8_calibrator:
         raise EdgeError(f"TensorRT {features.version} has no INT8 calibrator (removed in TensorRT 11)",
                         fix="build strongly typed from a Q/DQ graph: edge quantize MODEL.onnx --precision int8 ...")
@@ -304,7 +329,7 @@ def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: o
     from edge.trt.calibrator import make_entropy_calibrator
 
     images = calibration_images(model, source, config.calibration_data, config.calibration_samples)
-    return make_entropy_calibrator(images, config.calibration_cache or f"{source}.calib.cache")
+    return make_entropy_calibrator(images, config.calibration_cache or f"{source}.calib.cache", shape)
 
 
 def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | None = None,
@@ -312,8 +337,11 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
                  calibration_images: CalibrationImages | None = None) -> dict:
     """Build, write the engine, its manifest (``OUT.json``) and layer information (``OUT.layers.json``).
 
-    ``calibration_images`` is needed only by a weakly typed int8 build from a float32 graph (the
-    legacy calibrator); ``edge build`` passes ``calib.data.calibration_images``.
+    Everything the build needs (TensorRT, cuda-python and the device identity, the output
+    folder, plugins, calibration images) is checked before TensorRT starts its minutes-long build,
+    so a missing part never throws a built engine away. ``device`` replaces the identity read with
+    cuda-python (tests). ``calibration_images`` is needed only by a weakly typed int8 build from a
+    float32 graph (the legacy calibrator); ``edge build`` passes ``calib.data.calibration_images``.
     """
     config = config or BuildConfig()
     config.check()
@@ -330,6 +358,11 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     if strongly_typed and not features.strongly_typed:
         raise EdgeError(f"TensorRT {features.version} cannot build strongly typed networks",
                         expected="TensorRT >= 8.6 (10.3 on JetPack 6)", fix="upgrade TensorRT, or pass --weakly-typed")
+    _check_output(out)
+    if device is None:
+        from edge.trt.cuda import device_identity
+
+        device = device_identity()  # needs cuda-python: read now, not after the build
     started = time.perf_counter()
     display(f"reading {model_path}")
     model, variant, conversion = select_onnx(model_path, config, strongly_typed)
@@ -338,7 +371,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     logger = trt.Logger(trt.Logger.VERBOSE if config.verbose else trt.Logger.WARNING)
     builder = trt.Builder(logger)
     plugins = _load_plugins(builder, logger, config.plugins)
-    network = builder.create_network(_network_flags(strongly_typed))
+    network = builder.create_network(_network_flags(strongly_typed, features))
     parser = trt.OnnxParser(network, logger)
     display("parsing ONNX")
     if not parser.parse(model_bytes, str(model_path)):
@@ -354,9 +387,11 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         builder_config.add_optimization_profile(profile)
     if not strongly_typed and config.precision in ("int8", "best") and variant == "float32":
         # the legacy calibrator: deprecated in 10.1, gone in 11; kept for 10.x users who ask for it
+        shape = _calibration_shape(network, builder_config, profile, shape_info) if features.int8_calibrator else []
         builder_config.int8_calibrator = _legacy_calibrator(config, features, model, str(model_path),
-                                                            calibration_images)
+                                                            calibration_images, shape)
         knobs["honoured"]["int8_calibrator"] = "IInt8EntropyCalibrator2 (legacy)"
+        knobs["honoured"]["calibration_shape"] = shape
     timing = _load_timing_cache(builder_config, config.timing_cache) if features.timing_cache else {"path": None}
     if features.progress_monitor and isinstance(display, PhaseDisplay):
         builder_config.progress_monitor = _progress_monitor(display)
@@ -371,10 +406,6 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     timing["saved_bytes"] = _save_timing_cache(builder_config, config.timing_cache) if timing.get("path") else 0
     display(f"writing {out}")
     layer_info = _inspect(logger, engine_bytes, features)
-    if device is None:
-        from edge.trt.cuda import device_identity
-
-        device = device_identity()
     write_atomic(engine_bytes, out)
     write_atomic(json.dumps(layer_info, indent=1).encode(), layers_path(out))
     manifest = {
@@ -397,6 +428,17 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     }
     write_atomic(json.dumps(manifest, indent=2).encode(), manifest_path(out))
     return manifest
+
+
+def _check_output(out: Path) -> None:
+    """The engine can be written where asked (checked before the build, not after it)."""
+    if out.is_dir():
+        raise EdgeError(f"--out {out} is a folder", expected="an engine file name",
+                        fix=f"pass e.g. --out {out}/model.engine")
+    folder = next((p for p in (out.parent, *out.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise EdgeError(f"cannot write the engine {out}: {folder} is not a writable folder",
+                        fix="pass an --out in a folder you can write to")
 
 
 def _inspect(logger: tensorrt.ILogger, engine_bytes: bytes, features: TensorRTFeatures) -> Any:

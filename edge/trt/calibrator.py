@@ -5,6 +5,10 @@ that works everywhere. This class exists only where the installed TensorRT still
 class; :func:`make_entropy_calibrator` says so clearly otherwise. Batches go to the GPU through
 cuda-python; the calibration cache is read and written so a rebuild skips calibration.
 
+TensorRT 10 reads each batch at the network input's shape (its batch dimension, or the
+calibration profile's opt shape for a dynamic batch): ``get_batch_size`` is a leftover of
+implicit batch. So the batch is that shape's first dimension, never a constant of ours.
+
 It takes the images as an array: which images and how they are preprocessed is the caller's
 business (``edge build`` passes ``calib.data.calibration_images``), so ``edge.trt`` never imports ``calib``.
 """
@@ -18,11 +22,22 @@ import numpy as np
 from edge.errors import EdgeError
 from edge.trt.features import load_tensorrt
 
-BATCH = 8
 
+def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, shape: list[int] | tuple[int, ...]):
+    """An ``IInt8EntropyCalibrator2`` over ``images`` (float32 NCHW) in batches of the input ``shape``.
 
-def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: int = BATCH):
-    """An ``IInt8EntropyCalibrator2`` over ``images`` (float32 NCHW) with a read/write cache at ``cache_file``."""
+    ``shape`` is the network input's shape TensorRT calibrates at (batch first); each image must
+    hold as many values as one sample of it. Images left over after the last full batch are not used.
+    """
+    shape = [int(d) for d in shape]
+    batch, sample = shape[0], int(np.prod(shape[1:]))
+    if images.ndim < 2 or int(np.prod(images.shape[1:])) != sample:
+        raise EdgeError(f"calibration images of shape {list(images.shape)} do not fit the network input {shape}",
+                        expected=f"images of {sample} values each",
+                        fix="calibrate on the data the model was trained on")
+    if len(images) < batch:
+        raise EdgeError(f"--samples {len(images)} is fewer than one calibration batch ({batch}, the input's batch)",
+                        fix=f"pass --samples {batch} or more, or calibrate at a smaller --opt-batch")
     load_tensorrt()
     import tensorrt as trt
 
@@ -36,13 +51,13 @@ def make_entropy_calibrator(images: np.ndarray, cache_file: str | Path, batch: i
     class EntropyCalibrator(trt.IInt8EntropyCalibrator2):
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
-            self.images = np.ascontiguousarray(images, dtype=np.float32)
-            self.batch = min(batch, len(self.images))
+            self.images = np.ascontiguousarray(images, dtype=np.float32).reshape(len(images), *shape[1:])
+            self.batch = batch
             self.cache_file = Path(cache_file)
             self.position = 0
             self.device = check(cudart.cudaMalloc(self.images[: self.batch].nbytes), "cudaMalloc")
 
-        def get_batch_size(self) -> int:
+        def get_batch_size(self) -> int:  # deprecated, still abstract in 10.x: the input's batch
             return self.batch
 
         def get_batch(self, names: list[str]) -> list[int]:

@@ -1,14 +1,18 @@
 """Finding TensorRT, and what the installed version can do (feature detection, never version guessing).
 
 The main target is TensorRT 10.3 (JetPack 6.1/6.2 on the Orin Nano); users also have 10.16
-(JetPack 7.2) and 11.x (x86). TensorRT 11 removed weak typing (the FP16/INT8 builder flags), the
-INT8 calibrators and ``platform_has_fast_*``; 10.6 added Python plugins, 10.8 tiling
-optimisation and the editable timing cache. Every such knob is looked up with ``hasattr`` on the
-module actually loaded, so the same code runs on all of them (and on the test fake).
+(JetPack 7.2) and 11.x (x86). TensorRT 11 removed weak typing (the FP16/INT8/BF16/FP8 builder
+flags; TF32 stays, it is not weak typing), the INT8 calibrators and ``platform_has_fast_*``, and
+made every network strongly typed (``STRONGLY_TYPED`` is kept, deprecated and ignored); 10.6
+added Python plugins, 10.8 tiling optimisation and the editable timing cache. Every such knob is
+looked up with ``hasattr`` on the module actually loaded, so the same code runs on all of them
+(and on the test fake); the one thing no attribute tells, strong typing being always on, comes
+from the major version.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
 from types import ModuleType
 
@@ -51,6 +55,7 @@ class TensorRTFeatures:
 
     version: str
     strongly_typed: bool            # NetworkDefinitionCreationFlag.STRONGLY_TYPED (8.6+)
+    always_strongly_typed: bool     # 11+: every network is strongly typed, the flag is ignored
     weak_typing_flags: tuple[str, ...]  # precision BuilderFlags still present (FP16, INT8, BF16, ...): gone in 11
     int8_calibrator: bool           # IInt8EntropyCalibrator2 (deprecated 10.1, removed in 11)
     memory_pool_limit: bool         # IBuilderConfig.set_memory_pool_limit + MemoryPoolType.WORKSPACE
@@ -75,8 +80,17 @@ class TensorRTFeatures:
         return asdict(self)
 
 
-PRECISION_FLAGS = ("FP16", "BF16", "INT8", "FP8", "INT4", "FP4", "TF32", "OBEY_PRECISION_CONSTRAINTS",
+#: the weak-typing builder flags TensorRT 11 removed (TF32 is not one: it stays, on by default)
+PRECISION_FLAGS = ("FP16", "BF16", "INT8", "FP8", "INT4", "FP4", "OBEY_PRECISION_CONSTRAINTS",
                    "PREFER_PRECISION_CONSTRAINTS")
+
+
+def has_python_plugins(trt: ModuleType) -> bool:
+    """Whether ``tensorrt.plugin`` (10.6+) exists, without importing it (importing logs an "experimental" warning)."""
+    try:
+        return importlib.util.find_spec(f"{trt.__name__}.plugin") is not None
+    except (ImportError, ValueError):  # a parent without __path__ (not a package), or a spec-less module
+        return False
 
 
 def detect_features(trt: ModuleType) -> TensorRTFeatures:
@@ -86,16 +100,12 @@ def detect_features(trt: ModuleType) -> TensorRTFeatures:
     engine_cls = getattr(trt, "ICudaEngine", None)
     parser_error = getattr(trt, "ParserError", None)
     info_format = getattr(trt, "LayerInformationFormat", None)
-    try:
-        import importlib
-
-        importlib.import_module(f"{trt.__name__}.plugin")
-        python_plugins = True
-    except ImportError:
-        python_plugins = False
+    version = str(trt.__version__)
+    always_strongly_typed = parse_version(version)[0] >= 11
     return TensorRTFeatures(
-        version=str(trt.__version__),
-        strongly_typed=creation is not None and hasattr(creation, "STRONGLY_TYPED"),
+        version=version,
+        strongly_typed=always_strongly_typed or (creation is not None and hasattr(creation, "STRONGLY_TYPED")),
+        always_strongly_typed=always_strongly_typed,
         weak_typing_flags=tuple(f for f in PRECISION_FLAGS if flags is not None and hasattr(flags, f)),
         int8_calibrator=hasattr(trt, "IInt8EntropyCalibrator2"),
         memory_pool_limit=config_cls is not None and hasattr(config_cls, "set_memory_pool_limit")
@@ -107,7 +117,7 @@ def detect_features(trt: ModuleType) -> TensorRTFeatures:
         progress_monitor=hasattr(trt, "IProgressMonitor"),
         engine_inspector=engine_cls is not None and hasattr(engine_cls, "create_engine_inspector")
         and hasattr(info_format, "JSON"),
-        python_plugins=python_plugins,
+        python_plugins=has_python_plugins(trt),
         device_memory_size_v2=engine_cls is not None and hasattr(engine_cls, "device_memory_size_v2"),
         parser_error_node_names=parser_error is not None and hasattr(parser_error, "node_name"),
     )

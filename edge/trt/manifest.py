@@ -2,7 +2,10 @@
 
 TensorRT engines are tied to the TensorRT version and the GPU they were built on (hardware
 compatibility modes do not cover JetPack), so ``edge build`` records what it built with and
-``edge profile`` refuses an engine whose manifest does not match the running TensorRT and GPU.
+``edge profile`` refuses an engine whose manifest does not match the running TensorRT and device.
+The GPU name and compute capability do not tell Orin modules apart (every one says "Orin", 8.7):
+the SM count, the memory and the board's device-tree model do, so an engine tuned on an AGX Orin
+is refused on an Orin Nano.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from pathlib import Path
 from edge.errors import EdgeError
 from edge.fileio import sha256_file
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: SM count, memory and board in the identity; CUDA versions labelled
+#: what an engine is tied to: a difference in any of these refuses it
+IDENTITY = ("tensorrt", "gpu", "compute_capability", "sm_count", "memory_gib", "device_model")
 
 
 def manifest_path(engine: str | Path) -> Path:
@@ -42,18 +47,27 @@ def read_manifest(engine: str | Path) -> dict:
 
 def mismatches(manifest: dict, running: dict) -> list[tuple[str, str, str]]:
     """(field, built with, running) for every identity field that differs."""
-    fields = ("tensorrt", "gpu", "compute_capability")
     built = manifest.get("runtime", {})
-    return [(f, str(built.get(f)), str(running.get(f))) for f in fields
+    return [(f, str(built.get(f)), str(running.get(f))) for f in IDENTITY
             if running.get(f) is not None and built.get(f) != running.get(f)]
 
 
+def describe_device(identity: dict) -> str:
+    """ "NVIDIA Jetson Orin Nano Developer Kit (Orin, sm 8.7, 8 SMs, 7 GiB)" from an identity."""
+    board = identity.get("device_model") or identity.get("gpu")
+    return (f"{board} ({identity.get('gpu')}, sm {identity.get('compute_capability')}, "
+            f"{identity.get('sm_count')} SMs, {identity.get('memory_gib')} GiB)")
+
+
 def check_compatible(engine: str | Path, manifest: dict, running: dict) -> None:
-    """Refuse an engine built with another TensorRT version or on another GPU."""
+    """Refuse an engine built with another TensorRT version or on another device."""
     different = mismatches(manifest, running)
     if different:
         onnx = manifest.get("onnx", {}).get("path", "MODEL.onnx")
-        raise EdgeError(f"{engine} was built for another TensorRT or GPU and cannot run here",
+        built = manifest.get("runtime", {})
+        raise EdgeError(f"{engine} was built for another TensorRT or GPU and cannot run here: built on "
+                        f"{describe_device(built)} with TensorRT {built.get('tensorrt')}, this is "
+                        f"{describe_device(running)} with TensorRT {running.get('tensorrt')}",
                         expected=", ".join(f"{f} {b}" for f, b, _ in different),
                         found=", ".join(f"{f} {r}" for f, _, r in different),
                         fix=f"engines are not portable: rebuild on this device with `edge build {onnx} --out {engine}`")

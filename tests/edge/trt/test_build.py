@@ -16,7 +16,14 @@ from edge.cli import main
 from edge.errors import EdgeError
 from edge.trt import BuildConfig, build_engine, detect_features
 from edge.trt.manifest import check_compatible, manifest_path, read_manifest
-from tests.fake_tensorrt import FAKE_DEVICE, FakeCudart, make_fake_tensorrt
+from tests.fake_cuda import FakeCudaRuntime
+from tests.fake_tensorrt import make_fake_tensorrt
+
+#: the identity FakeCudaRuntime gives on an Orin Nano 8GB (what device_identity reads there)
+NANO_MODEL = "NVIDIA Jetson Orin Nano Developer Kit"
+FAKE_DEVICE = {"gpu": "Orin", "compute_capability": "8.7", "sm_count": 8, "memory_gib": 7,
+               "memory_bytes": 7620 << 20, "device_model": NANO_MODEL, "cuda_driver": "12.6",
+               "cuda_runtime": "12.6", "cuda_python_runtime": "12.6", "l4t": "36.4.3"}
 
 
 def tiny_onnx(path, batch="1"):
@@ -43,11 +50,19 @@ def tiny_onnx(path, batch="1"):
 
 
 @pytest.fixture
-def fake_trt(monkeypatch):
-    """Install a FakeTensorRT of a feature set as `tensorrt`; returns the module."""
+def fake_trt(monkeypatch, tmp_path):
+    """Install a FakeTensorRT of a feature set as `tensorrt`, and its FakeCudaRuntime as cuda-python's runtime
+    on an Orin Nano (device tree included); returns the TensorRT module (its runtime: ``module.cuda``)."""
+    from edge.trt import cuda as cuda_module
+
+    model = tmp_path / "device-tree-model"
+    model.write_bytes(NANO_MODEL.encode() + b"\x00")
+    monkeypatch.setattr(cuda_module, "DEVICE_TREE_MODEL", str(model))
+
     def install(feature_set="10.3", **kwargs):
         module = make_fake_tensorrt(feature_set, **kwargs)
         monkeypatch.setitem(sys.modules, "tensorrt", module)
+        monkeypatch.setattr(cuda_module, "load_cudart", lambda: module.cuda)
         return module
     return install
 
@@ -102,7 +117,8 @@ def test_strongly_typed_is_the_default_and_fp16_uses_the_fp16_onnx(tmp_path, fak
     trt = fake_trt(feature_set)
     out, manifest = build(tmp_path, BuildConfig(precision="fp16"))
     request = request_of(out)
-    assert request["flags"] == 1 << 1  # 1 << STRONGLY_TYPED, nothing else
+    # 10.3: 1 << STRONGLY_TYPED (= 1), nothing else; 11: no flag (STRONGLY_TYPED = 0 is deprecated, always on)
+    assert request["flags"] == {"10.3": 1 << 1, "11.0": 0}[feature_set]
     assert request["builder_flags"] == []  # no weak-typing flag on a strongly typed build
     assert request["precision"] == "float16"  # the graph parsed is the fp16 variant
     parsed = [c for c in trt.calls if c[0] == "parse"]
@@ -113,7 +129,9 @@ def test_strongly_typed_is_the_default_and_fp16_uses_the_fp16_onnx(tmp_path, fak
     assert manifest["shapes"]["input"]["shape"] == [1, 16] and manifest["shapes"]["logits"]["io"] == "output"
     assert len(manifest["onnx"]["sha256"]) == 64 and manifest["engine"]["bytes"] == out.stat().st_size
     layers = json.loads((tmp_path / "m.engine.layers.json").read_text())
-    assert layers["Layers"][0]["Name"] == "fake layer"
+    assert layers["Layers"][0]["Name"] == "fake gemm"
+    # TensorRT 11's inspector names the engine's inputs and outputs "I/O Tensors" (10.x: "Bindings")
+    assert layers[{"10.3": "Bindings", "11.0": "I/O Tensors"}[feature_set]] == ["input", "logits"]
 
 
 def test_legacy_weakly_typed_fp16_sets_the_builder_flag_on_10_3(tmp_path, fake_trt):
@@ -140,23 +158,11 @@ def test_legacy_int8_needs_the_calibrator_class(tmp_path, fake_trt):
         build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="fmnist-mini"))
 
 
-class CalibratingCudart(FakeCudart):
-    """FakeCudart plus the buffer the legacy calibrator allocates (nothing is copied: the fake never calibrates)."""
-
-    def cudaMalloc(self, nbytes: int):
-        return 0, 4096
-
-    def cudaFree(self, pointer: int):
-        return (0,)
-
-
 def test_legacy_int8_calibrates_on_the_images_edge_build_supplies(tmp_path, fake_trt, monkeypatch, capsys):
     """edge build hands calib's seeded sampler to the builder; edge.trt itself never imports calib."""
     import calib.data
-    from edge.trt import cuda as cuda_module
 
     fake_trt("10.3")
-    monkeypatch.setattr(cuda_module, "load_cudart", lambda: CalibratingCudart())
     sampled = []
     sampler = calib.data.calibration_images
 
@@ -248,18 +254,20 @@ def test_failed_build_writes_nothing(tmp_path, fake_trt):
 
 
 def test_profile_refuses_an_engine_built_for_another_gpu_or_tensorrt(tmp_path, fake_trt, monkeypatch):
-    fake_trt("10.3")
+    trt = fake_trt("10.3")
     engine, manifest = build(tmp_path)
     from edge.trt import cuda as cuda_module
 
-    monkeypatch.setattr(cuda_module, "load_cudart", lambda: FakeCudart("NVIDIA H100", 9, 0))
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "multiProcessorCount": 132,
+            "totalGlobalMem": 80 << 30}
+    monkeypatch.setattr(cuda_module, "load_cudart", lambda: FakeCudaRuntime(h100))
     from edge.profile.tensorrt import TensorRTBackend
 
     with pytest.raises(EdgeError, match="built for another TensorRT or GPU") as e:
         TensorRTBackend(engine)
     text = str(e.value)
     assert "compute_capability 8.7" in text and "compute_capability 9.0" in text and "edge build" in text
-    monkeypatch.setattr(cuda_module, "load_cudart", lambda: FakeCudart())
+    monkeypatch.setattr(cuda_module, "load_cudart", lambda: trt.cuda)
     fake_trt("11.0")
     with pytest.raises(EdgeError, match="tensorrt 10.3.0.30"):
         TensorRTBackend(engine)
@@ -276,3 +284,148 @@ def test_layer_table_shares_and_order():
     rows = layer_table({"a": [1.0, 1.0], "b": [3.0, 5.0]}, runs=2)
     assert [r["name"] for r in rows] == ["b", "a"]
     assert rows[0]["average_ms"] == 4.0 and rows[0]["median_ms"] == 4.0 and rows[0]["percentage"] == 80.0
+
+
+def int8_onnx(path):
+    """The tiny graph tagged as `edge quantize --precision int8` output (the fake parser reads only the tag)."""
+    from edge.onnx_metadata import set_precision_metadata
+
+    model = onnx.load(str(tiny_onnx(path)))
+    set_precision_metadata(model, "int8")
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("feature_set", ["10.3", "11.0"])
+def test_best_builds_the_int8_qdq_graph(tmp_path, fake_trt, feature_set):
+    """best = the int8 Q/DQ graph, float16 where it is not quantized (INT8+FP16), never an fp16 conversion."""
+    trt = fake_trt(feature_set)
+    out, manifest = build(tmp_path, BuildConfig(precision="best"), model=int8_onnx(tmp_path / "m.int8.onnx"))
+    assert request_of(out)["precision"] == "int8" and manifest["onnx"]["variant"] == "int8"
+    assert manifest["onnx"]["conversion"] is None
+    trt.calls.clear()
+    with pytest.raises(EdgeError, match="strongly typed best build needs the Q/DQ graph") as e:
+        build(tmp_path, BuildConfig(precision="best"))  # a float32 graph
+    assert "edge quantize" in str(e.value) and "float16 elsewhere" in str(e.value)
+    assert ("build",) not in trt.calls
+
+
+def test_cuda_python_and_the_device_are_checked_before_the_build(tmp_path, fake_trt, monkeypatch):
+    """A missing cuda-python must stop `edge build` before TensorRT's minutes-long build, not throw the engine away."""
+    from edge.trt import cuda as cuda_module
+
+    real_loader = cuda_module.load_cudart
+    trt = fake_trt("10.3")
+    monkeypatch.setattr(cuda_module, "load_cudart", real_loader)
+    monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-python not installed
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    model, out = tiny_onnx(tmp_path / "m.onnx"), tmp_path / "m.engine"
+    with pytest.raises(EdgeError, match="cuda-python was not found") as e:
+        build_engine(model, out, BuildConfig(), display=lambda phase: None)
+    assert "cuda-python>=12.6,<13" in str(e.value)
+    assert ("build",) not in trt.calls and not out.exists()
+    monkeypatch.setattr(cuda_module, "load_cudart", lambda: trt.cuda)
+    (tmp_path / "folder.engine").mkdir()
+    with pytest.raises(EdgeError, match="is a folder"):
+        build_engine(model, tmp_path / "folder.engine", BuildConfig(), display=lambda phase: None)
+    assert ("build",) not in trt.calls
+    build_engine(model, out, BuildConfig(), display=lambda phase: None)  # device=None: read through cuda-python
+    assert trt.calls.count(("build",)) == 1 and read_manifest(out)["runtime"]["sm_count"] == 8
+
+
+def test_legacy_calibrator_batches_at_the_network_input_shape(tmp_path, fake_trt, monkeypatch):
+    """TensorRT 10 reads each calibration batch at the input's shape: batch 1 here (it used to get 8 images)."""
+    trt = fake_trt("10.3")
+    images = np.random.default_rng(0).standard_normal((20, 1, 4, 4)).astype(np.float32)
+    out, manifest = build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="d",
+                                                calibration_samples=20),
+                          calibration_images=lambda *args: images)
+    calibration = request_of(out)["calibration"]
+    assert calibration == {"batches": 20, "images": 20, "shapes": {"input": [1, 16]}}
+    assert manifest["knobs"]["honoured"]["calibration_shape"] == [1, 16]
+    assert (tmp_path / "m.onnx.calib.cache").read_bytes() == b"FAKE-CALIBRATION"
+    assert trt.cuda.copies.count(("cudaMemcpyHostToDevice", 16 * 4)) == 20
+
+
+def test_dynamic_graph_calibrates_at_the_calibration_profile(tmp_path, fake_trt):
+    """A dynamic batch needs a calibration profile; TensorRT calibrates at its opt shape (batch 4 here)."""
+    fake_trt("10.3")
+    model = tiny_onnx(tmp_path / "dyn.onnx", batch="batch")
+    images = np.random.default_rng(0).standard_normal((10, 1, 4, 4)).astype(np.float32)
+    config = BuildConfig(precision="int8", strongly_typed=False, calibration_data="d", calibration_samples=10,
+                         min_batch=1, opt_batch=4, max_batch=8)
+    out, manifest = build(tmp_path, config, model=model, calibration_images=lambda *args: images)
+    assert request_of(out)["calibration"] == {"batches": 2, "images": 8, "shapes": {"input": [4, 16]}}
+    config.opt_batch = config.max_batch = 16
+    with pytest.raises(EdgeError, match="fewer than one calibration batch"):
+        build(tmp_path, config, model=model, calibration_images=lambda *args: images)
+
+
+def test_profiler_registers_plugins_before_deserialising(tmp_path, fake_trt, monkeypatch):
+    """An engine with TensorRT plugin layers and a plugin library loads in a fresh process only after both are
+    registered, as at build time (the fake's registry is per module, TensorRT's per process)."""
+    from edge.profile.tensorrt import TensorRTBackend
+
+    library = tmp_path / "libmy_plugin.so"
+    library.write_bytes(b"not really a library")
+    fake_trt("10.3", plugin_layers=("LayerNormalization",))
+    engine, manifest = build(tmp_path, BuildConfig(plugins=(str(library),)))
+    assert manifest["plugins"] == [str(library)]
+    trt = fake_trt("10.3", plugin_layers=("LayerNormalization",))  # a new process: nothing registered yet
+    backend = TensorRTBackend(engine, layer_runs=0)
+    assert ("init_libnvinfer_plugins", "") in trt.calls and ("load_library", str(library)) in trt.calls
+    assert backend.plugins == [str(library)]
+    backend.close()
+    library.unlink()
+    fake_trt("10.3", plugin_layers=("LayerNormalization",))
+    with pytest.raises(EdgeError, match="libmy_plugin.so, which does not exist here") as e:
+        TensorRTBackend(engine)
+    assert "--plugin" in str(e.value)
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_profiler_runs_the_engine_on_the_fake_gpu(tmp_path, fake_trt, cuda_graph):
+    """The execution lines (buffers, copies, stream, events, CUDA graph, layer profiler, release) on FakeCudaRuntime."""
+    from edge.profile.tensorrt import TensorRTBackend
+
+    trt = fake_trt("11.0")
+    model = tiny_onnx(tmp_path / "dyn.onnx", batch="batch")
+    engine, _ = build(tmp_path, BuildConfig(min_batch=1, opt_batch=4, max_batch=8), model=model)
+    cuda = trt.cuda
+    backend = TensorRTBackend(engine, batch=4, cuda_graph=cuda_graph, layer_runs=3)
+    assert backend.batch == 4 and backend.io["logits"]["shape"] == [4, 4]
+    assert {cuda.allocation_size(p) for p in backend.buffers.values()} == {4 * 16 * 4, 4 * 4 * 4}
+    assert cuda.copies == [("cudaMemcpyHostToDevice", 4 * 16 * 4)]  # the input, filled once
+    for _ in range(5):
+        backend.infer()
+    assert backend.gpu_ms == [1.0] * 5  # the fake layers' 0.75 + 0.25 ms per inference, timed by the events
+    report = backend.report()
+    assert report["gpu_latency"]["median_ms"] == 1.0 and report["gpu_latency"]["throughput_images_per_s"] == 4000.0
+    assert [(r["name"], r["average_ms"]) for r in report["layers"]] == [("fake gemm", 0.75), ("fake norm", 0.25)]
+    assert backend.describe()["cuda_graph"] is cuda_graph
+    backend.close()
+    assert cuda.leaks() == {}
+    with pytest.raises(EdgeError, match="outside the engine's optimisation profile"):
+        TensorRTBackend(engine, batch=16)
+
+
+def test_feature_detection_finds_python_plugins_without_importing_them(tmp_path, fake_trt, monkeypatch):
+    """Importing tensorrt.plugin logs an "experimental" warning on every run: detection must not import it."""
+    package = tmp_path / "pkg" / "tensorrt"
+    package.mkdir(parents=True)
+    (package / "plugin.py").write_text("raise AssertionError('tensorrt.plugin was imported')\n")
+    trt = fake_trt("11.0")
+    trt.__path__ = [str(package)]  # the real module is a package; tensorrt.plugin is a submodule
+    monkeypatch.delitem(sys.modules, "tensorrt.plugin", raising=False)
+    assert detect_features(trt).python_plugins
+    assert "tensorrt.plugin" not in sys.modules
+    assert not detect_features(fake_trt("10.3")).python_plugins  # no such submodule
+
+
+def test_tf32_is_not_a_removed_weak_typing_flag(fake_trt):
+    """TensorRT 11 kept BuilderFlag.TF32: only FP16/INT8/BF16/FP8/... and the precision constraints went."""
+    new = fake_trt("11.0")
+    assert hasattr(new.BuilderFlag, "TF32")
+    features = detect_features(new)
+    assert features.weak_typing_flags == () and features.always_strongly_typed
+    assert not detect_features(fake_trt("10.3")).always_strongly_typed

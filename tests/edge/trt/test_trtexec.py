@@ -11,7 +11,7 @@ import pytest
 from edge.errors import EdgeError
 from edge.profile.trtexec import parse_profile, parse_summary, parse_times, trtexec_result
 from edge.trt import BuildConfig
-from edge.trt.trtexec import shape_arguments, trtexec_command
+from edge.trt.trtexec import banner_version, left_out, shape_arguments, trtexec_command
 
 STAT = ("min = {0} ms, max = 5.82495 ms, mean = 4.29966 ms, median = 4.29718 ms, percentile(90%) = 4.30725 ms, "
         "percentile(95%) = 4.31128 ms, percentile(99%) = 4.32874 ms")
@@ -101,8 +101,8 @@ def test_command_matches_the_build_config():
     assert "--memPoolSize=workspace:1024M" in strong and "--builderOptimizationLevel=4" in strong
     assert "--timingCacheFile=t.cache" in strong and "--useCudaGraph" in strong
     assert "--exportTimes=m.times.json" in strong and "--exportProfile=m.profile.json" in strong
-    weak = trtexec_command("m.onnx", "m.engine", BuildConfig(precision="int8", strongly_typed=False), benchmark=False)
-    assert "--int8" in weak and "--stronglyTyped" not in weak and "--useCudaGraph" not in weak
+    weak = trtexec_command("m.onnx", "m.engine", BuildConfig(precision="fp16", strongly_typed=False), benchmark=False)
+    assert "--fp16" in weak and "--stronglyTyped" not in weak and "--useCudaGraph" not in weak
     dynamic = trtexec_command("m.onnx", "m.engine", BuildConfig(min_batch=1, opt_batch=8, max_batch=32))
     filled = shape_arguments(dynamic, [-1, 1, 28, 28])
     assert "--minShapes=input:1x1x28x28" in filled and "--maxShapes=input:32x1x28x28" in filled
@@ -134,3 +134,121 @@ def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph
     converted = onnx.load(str(fp16))
     assert TensorProto.FLOAT16 in {t.data_type for t in converted.graph.initializer}
     assert not engine.exists()
+
+
+def test_version_from_the_trtexec_banner():
+    """trtexec's first line: "&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # ..." (logging.h, defineTest)."""
+    assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # trtexec --help") == (10, 3, 0)
+    assert banner_version("&&&& PASSED TensorRT.trtexec [TensorRT v101600] # trtexec") == (10, 16, 0)
+    assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v110000] [b114] # trtexec") == (11, 0, 0)
+    assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v8601] # trtexec") == (8, 6, 1)
+    assert banner_version("[I] Engine built") is None
+
+
+def test_tiling_level_is_passed_only_to_trtexec_10_8_and_later():
+    """--tilingOptimizationLevel exists from 10.8 (sampleOptions.cpp); trtexec 10.3 stops with "Unknown option"."""
+    config = BuildConfig(tiling_optimization_level=2)
+    assert "--tilingOptimizationLevel=2" in trtexec_command("m.onnx", "m.engine", config, version=(10, 8, 0))
+    assert "--tilingOptimizationLevel=2" in trtexec_command("m.onnx", "m.engine", config, version=(11, 0, 0))
+    for version in ((10, 3, 0), (10, 7, 0), None):
+        argv = trtexec_command("m.onnx", "m.engine", config, version=version)
+        assert not any(a.startswith("--tilingOptimizationLevel") for a in argv)
+        assert "10.8" in left_out(config, version)["--tilingOptimizationLevel"]
+
+
+def test_flags_that_are_no_ops_in_trtexec_11_are_left_out_there():
+    """trtexec 11: --stronglyTyped, --useCudaGraph, --noDataTransfers, --useSpinWait, --separateProfileRun are
+    deprecated no-ops (their behaviour is the default); 10.x needs them."""
+    no_ops = {"--stronglyTyped", "--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun"}
+    old = trtexec_command("m.onnx", "m.engine", BuildConfig(), version=(10, 3, 0))
+    new = trtexec_command("m.onnx", "m.engine", BuildConfig(), version=(11, 0, 0))
+    assert no_ops <= set(old) and not no_ops & set(new)
+    assert "--dumpProfile" in new and "--profilingVerbosity=detailed" in new and "--exportTimes=m.times.json" in new
+
+
+def test_weakly_typed_trtexec_commands_check_the_version_and_calibrate(tmp_path):
+    """--fp16/--int8/--best are gone from trtexec 11; --int8 without --calib quantizes with placeholder scales."""
+    with pytest.raises(EdgeError, match="removed in TensorRT 11") as e:
+        trtexec_command("m.onnx", "m.engine", BuildConfig(precision="fp16", strongly_typed=False), version=(11, 0, 0))
+    assert "drop --weakly-typed" in str(e.value)
+    onnx_path = str(tmp_path / "m.onnx")
+    int8 = BuildConfig(precision="int8", strongly_typed=False)
+    with pytest.raises(EdgeError, match="needs a calibration cache") as e:
+        trtexec_command(onnx_path, "m.engine", int8, version=(10, 3, 0))
+    assert "placeholder scales" in str(e.value) and "--weakly-typed --data" in str(e.value)
+    cache = tmp_path / "m.onnx.calib.cache"  # what `edge build --weakly-typed --precision int8` writes
+    cache.write_bytes(b"TRT-100300-EntropyCalibration2")
+    argv = trtexec_command(onnx_path, "m.engine", int8, version=(10, 3, 0))
+    assert "--int8" in argv and f"--calib={cache}" in argv
+    best = trtexec_command(onnx_path, "m.engine", BuildConfig(precision="best", strongly_typed=False,
+                                                              calibration_cache=str(cache)), version=(10, 3, 0))
+    assert "--best" in best and f"--calib={cache}" in best
+
+
+def test_exported_times_are_batch_aware_and_keep_trtexec_throughput():
+    """Each --exportTimes record is one inference of the whole batch: images/s = batch / latency; trtexec's own
+    throughput (which overlaps inferences) stays beside the figures computed from the exported times."""
+    parsed = parse_times(times_records([4.0, 4.0]), batch=8)
+    assert parsed["latency"]["throughput_qps"] == pytest.approx(250.0)
+    assert parsed["latency"]["throughput_images_per_s"] == pytest.approx(2000.0)
+    result = trtexec_result(LOG, times_records([4.0, 4.0]), batch=8)
+    latency = result["latency"]
+    assert latency["throughput_images_per_s"] == pytest.approx(2000.0) and latency["iterations"] == 2
+    assert latency["trtexec_throughput_qps"] == 234.19
+    assert latency["trtexec_throughput_images_per_s"] == pytest.approx(234.19 * 8)
+
+
+FAKE_TRTEXEC = r"""#!{python}
+# FakeTrtexec: NOT trtexec. Prints trtexec 10.3's banner and performance summary on stdout, its [W] lines on
+# stderr (as trtexec does), and writes the --exportTimes/--exportProfile files it is asked for.
+import json, sys
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+print("&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # trtexec", flush=True)
+if "--help" in sys.argv:
+    sys.exit(0)
+if "--tilingOptimizationLevel" in args:
+    print("[E] Unknown option: --tilingOptimizationLevel", file=sys.stderr)
+    sys.exit(1)
+print({summary!r}, flush=True)
+print("[11/08/2026-10:21:33] [W] * GPU compute time is unstable, with coefficient of variance = 12.5%.",
+      file=sys.stderr, flush=True)
+print("&&&& PASSED TensorRT.trtexec [TensorRT v100300] # trtexec", flush=True)
+json.dump({times!r}, open(args["--exportTimes"], "w"))
+json.dump([{{"count": 2}}, {{"name": "fc", "timeMs": 8.0, "averageMs": 4.0, "medianMs": 4.0, "percentage": 100.0}}],
+          open(args["--exportProfile"], "w"))
+"""
+
+
+def test_trtexec_run_reads_its_warnings_from_stderr(tmp_path, capsys, monkeypatch):
+    """The coefficient-of-variance warning is a [W] line on trtexec's stderr: it must reach the result."""
+    import sys
+
+    from edge.cli import main
+    from edge.trt import trtexec as trtexec_module
+
+    summary = "\n".join(line for line in LOG.splitlines() if "[W]" not in line and "&&&&" not in line)
+    script = tmp_path / "trtexec"
+    script.write_text(FAKE_TRTEXEC.format(python=sys.executable, summary=summary, times=times_records([4.0, 6.0])))
+    script.chmod(0o755)
+    monkeypatch.setattr(trtexec_module, "find_trtexec", lambda: str(script))
+    source = tiny_graph(tmp_path / "m.onnx")
+    engine = tmp_path / "m.engine"
+    assert main(["build", str(source), "--trtexec", "--tiling-level", "2", "--out", str(engine), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["summary"]["gpu_compute_cv_warning"] == pytest.approx(0.125)
+    assert any("coefficient of variance = 12.5%" in w for w in result["warnings"])
+    assert result["trtexec_version"] == "10.3.0" and "--tilingOptimizationLevel" in result["left_out"]
+    assert result["latency"]["median_ms"] == pytest.approx(5.0) and result["latency"]["trtexec_throughput_qps"]
+
+
+def tiny_graph(path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["pixels", "w"], ["logits"])], "g",
+                              [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+    return path
