@@ -140,7 +140,7 @@ class TegrastatsSampler:
                     self._lines.append((arrived, line))
                     self._lock.notify_all()
                 if log is not None:
-                    log.write(f"{arrived:.6f}\t{line}\n")
+                    log.write(f"{arrived!r}\t{line}\n")
                     log.flush()
         finally:
             if log is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +43,13 @@ class FakeJetson:
 
 def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.conf",
                   trace: Path = DATA / "jp6_orin_nano_user_trace.log") -> FakeJetson:
-    """Symlinks ``root/bin/{tegrastats,nvpmodel,jetson_clocks}`` to the fakes."""
+    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks}`` that run the fakes with this
+    interpreter, isolated and without site (a tenth of the start-up time of ``python3`` via PATH)."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for real, fake in REAL_NAMES.items():
-        (bin_dir / real).symlink_to(BIN / fake)
+        wrapper = bin_dir / real
+        command = f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(BIN / fake))}"
+        wrapper.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        wrapper.chmod(0o755)
     return FakeJetson(bin_dir, root / "calls.jsonl", root / "nvpmodel.state", conf, trace)
