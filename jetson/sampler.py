@@ -46,6 +46,7 @@ class TegrastatsSampler:
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._stderr: IO[bytes] | None = None
+        self._log: IO[str] | None = None
         self._stopping = False
 
     def __enter__(self) -> TegrastatsSampler:
@@ -59,12 +60,16 @@ class TegrastatsSampler:
     def start(self) -> None:
         """Start tegrastats and wait until its first line arrives."""
         argv = [self.program, "--interval", str(self.interval_ms)]
+        if self.log_path is not None:
+            self._log = open(self.log_path, "w")
         self._stderr = tempfile.TemporaryFile()
         try:
             self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=self._stderr, text=True, bufsize=1,
                                              preexec_fn=_stop_with_parent())
         except FileNotFoundError:
+            if self._log is not None:
+                self._log.close()
             raise JetsonError(f"{self.program} was not found on PATH",
                               expected="tegrastats, which JetPack installs in /usr/bin",
                               fix="run on a Jetson, or leave power measurement off") from None
@@ -115,7 +120,7 @@ class TegrastatsSampler:
         return [TimedSample(t, parse_line(line, where=f"tegrastats line {n}"))
                 for n, (t, line) in enumerate(lines, start=1)]
 
-    def _wait(self, ready, timeout_s: float) -> bool:
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while not ready():
@@ -127,7 +132,7 @@ class TegrastatsSampler:
 
     def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None
-        log = open(self.log_path, "w") if self.log_path is not None else None
+        log = self._log
         try:
             for raw in self._process.stdout:
                 arrived = time.monotonic()
