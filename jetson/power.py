@@ -1,0 +1,243 @@
+"""Power mode by name and locked clocks, always put back: ``with DeviceSettings(power_mode="15W",
+lock_clocks=True):`` around a benchmark.
+
+A mode's id differs between modules (MAXN_SUPER is 2 on an Orin Nano 8 GB "super" configuration,
+15W is 0 there, 7W exists only before "super"), so names are mapped to ids from the module's own
+``/etc/nvpmodel.conf`` and never hard-coded. Entering stores the clocks (``jetson_clocks --store``
+to a fresh file: an existing one would make it ask before overwriting), sets the mode
+(``nvpmodel -m``) and locks the clocks (``jetson_clocks``); leaving sets the original mode back and
+restores the stored clocks, on success, on an exception, on Ctrl-C and on SIGTERM or SIGHUP (a
+dropped SSH session), which inside the block raise Interrupted.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from jetson.errors import JetsonError
+
+NVPMODEL_CONF = Path("/etc/nvpmodel.conf")
+TOOL_TIMEOUT_S = 120
+
+_MODE_HEADER = re.compile(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([^\s>]+)\s*>")
+_QUERY_NAME = re.compile(r"NV Power Mode:\s*(\S+)")
+_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class PowerMode:
+    """An nvpmodel power mode: its id on this module and its name."""
+
+    id: int
+    name: str
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP arrived inside DeviceSettings; raised there so that the settings are put
+    back. A runner catches it, marks its results partial and exits with ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+def parse_nvpmodel_query(text: str, *, where: str = "`nvpmodel -q`") -> PowerMode:
+    """The current mode in ``nvpmodel -q`` output: ``NV Power Mode: NAME`` then the id on the next
+    line (also with ``--verbose``, where NVPM lines come around them)."""
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        name = _QUERY_NAME.search(line)
+        if name:
+            following = next((x.strip() for x in lines[n + 1:] if x.strip()), "")
+            if following.isdigit():
+                return PowerMode(int(following), name.group(1))
+            break
+    raise JetsonError(f"{where} does not say the current power mode",
+                      expected="a line `NV Power Mode: NAME` followed by the mode's id",
+                      found=text.strip()[:300] or "no output")
+
+
+def parse_nvpmodel_conf(text: str, *, where: str = str(NVPMODEL_CONF)) -> dict[str, int]:
+    """Name to id of every ``< POWER_MODEL ID=n NAME=name >`` in an nvpmodel configuration."""
+    modes: dict[str, int] = {}
+    for mode_id, name in _MODE_HEADER.findall(text):
+        if name in modes:
+            raise JetsonError(f"{where} defines power mode {name} twice (ids {modes[name]} and {mode_id})")
+        modes[name] = int(mode_id)
+    if not modes:
+        raise JetsonError(f"{where} defines no power mode", expected="lines `< POWER_MODEL ID=n NAME=name >`",
+                          fix="point at this module's nvpmodel configuration")
+    return modes
+
+
+def read_power_modes(conf: Path = NVPMODEL_CONF) -> dict[str, int]:
+    """Name to id of the power modes this module's nvpmodel configuration defines."""
+    try:
+        text = Path(conf).read_text()
+    except OSError as e:
+        raise JetsonError(f"cannot read the nvpmodel configuration {conf}: {e.strerror}",
+                          fix="run on a Jetson with JetPack (it installs /etc/nvpmodel.conf)") from e
+    return parse_nvpmodel_conf(text, where=str(conf))
+
+
+def resolve_power_mode(name: str, modes: Mapping[str, int], *, where: str = str(NVPMODEL_CONF)) -> PowerMode:
+    """The mode called ``name`` (case aside) among ``modes``; an unknown name lists the known ones."""
+    if name in modes:
+        return PowerMode(modes[name], name)
+    folded = [known for known in modes if known.lower() == name.lower()]
+    if len(folded) == 1:
+        return PowerMode(modes[folded[0]], folded[0])
+    raise JetsonError(f"power mode {name!r} is not defined on this module ({where})",
+                      expected=f"one of {', '.join(modes)}", found=name,
+                      fix="pass --power-mode with one of those names")
+
+
+def run_tool(argv: list[str]) -> str:
+    """Run a JetPack tool without a terminal (a question it asks reads end-of-file) and return its
+    output; a missing tool or a failure is a JetsonError with what the tool said."""
+    command = " ".join(argv)
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=TOOL_TIMEOUT_S)
+    except FileNotFoundError:
+        raise JetsonError(f"{argv[0]} was not found on PATH",
+                          expected=f"{argv[0]}, which JetPack installs",
+                          fix="run on a Jetson, or leave --power-mode and --lock-clocks off") from None
+    except subprocess.TimeoutExpired:
+        raise JetsonError(f"`{command}` did not finish within {TOOL_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip() + "\n" + done.stdout.strip()).strip()[-500:]
+        raise JetsonError(f"`{command}` failed with exit code {done.returncode}", found=said or "no output",
+                          fix="power mode and clock changes need root: run the device runner with sudo")
+    return done.stdout
+
+
+def query_power_mode() -> PowerMode:
+    """The current power mode (``nvpmodel -q``)."""
+    return parse_nvpmodel_query(run_tool(["nvpmodel", "-q"]))
+
+
+def set_power_mode(mode: PowerMode) -> None:
+    """Switch to ``mode`` (``nvpmodel -m ID``) and check that it took: a mode that needs a reboot
+    asks for one, reads no answer and stays where it was."""
+    said = run_tool(["nvpmodel", "-m", str(mode.id)])
+    now = query_power_mode()
+    if now.id != mode.id:
+        raise JetsonError(f"power mode {mode.name} (id {mode.id}) did not take effect; still {now.name} "
+                          f"(id {now.id})", found=said.strip()[-300:] or None,
+                          fix=f"switch once by hand (`sudo nvpmodel -m {mode.id}`, reboot if it asks), then rerun")
+
+
+@dataclass(frozen=True)
+class SettingsRecord:
+    """What DeviceSettings did, for the results: the mode before, the mode during, clocks locked."""
+
+    original_mode: PowerMode | None
+    power_mode: PowerMode | None
+    clocks_locked: bool
+
+
+class DeviceSettings:
+    """Set a power mode by name and/or lock the clocks for the ``with`` block, then put both back.
+
+    ``conf`` is the module's nvpmodel configuration, read for the name-to-id map. Signal handlers
+    are installed only in the main thread (Python allows no other).
+    """
+
+    def __init__(self, power_mode: str | None = None, lock_clocks: bool = False, *,
+                 conf: Path = NVPMODEL_CONF) -> None:
+        self.power_mode = power_mode
+        self.lock_clocks = lock_clocks
+        self.conf = conf
+        self._original: PowerMode | None = None
+        self._target: PowerMode | None = None
+        self._mode_changed = False
+        self._store_dir: Path | None = None
+        self._saved_handlers: dict[int, object] = {}
+
+    def __enter__(self) -> SettingsRecord:
+        if self.power_mode is not None:
+            self._target = resolve_power_mode(self.power_mode, read_power_modes(self.conf), where=str(self.conf))
+            self._original = query_power_mode()
+        self._raise_on_signals()
+        try:
+            if self.lock_clocks:
+                self._store_dir = Path(tempfile.mkdtemp(prefix="jetson-clocks-"))
+                run_tool(["jetson_clocks", "--store", str(self._store_file)])
+            if self._target is not None and self._original is not None and self._target.id != self._original.id:
+                self._mode_changed = True
+                set_power_mode(self._target)
+            if self.lock_clocks:
+                run_tool(["jetson_clocks"])
+        except BaseException:
+            self._put_back(raising=False)
+            raise
+        return SettingsRecord(self._original, self._target, self.lock_clocks)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._put_back(raising=exc_type is None)
+
+    @property
+    def _store_file(self) -> Path:
+        assert self._store_dir is not None
+        return self._store_dir / "l4t_dfs.conf"
+
+    def _put_back(self, *, raising: bool) -> None:
+        """The original mode, then the stored clocks (stored under that mode), with Ctrl-C and the
+        handled signals ignored meanwhile; a failure is raised only if nothing else is."""
+        self._ignore_signals()
+        failures: list[JetsonError] = []
+        try:
+            if self._mode_changed and self._original is not None:
+                try:
+                    set_power_mode(self._original)
+                    self._mode_changed = False
+                except JetsonError as e:
+                    failures.append(e)
+            if self._store_dir is not None:
+                try:
+                    if self._store_file.exists():
+                        run_tool(["jetson_clocks", "--restore", str(self._store_file)])
+                except JetsonError as e:
+                    failures.append(e)
+                shutil.rmtree(self._store_dir, ignore_errors=True)
+                self._store_dir = None
+        finally:
+            self._restore_handlers()
+        for failure in failures:
+            print(f"could not put the device back: {failure}", file=sys.stderr)
+        if failures and raising:
+            raise failures[0]
+
+    def _raise_on_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in _HANDLED_SIGNALS:
+            self._saved_handlers[signum] = signal.signal(signum, _raise_interrupted)
+
+    def _ignore_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (*_HANDLED_SIGNALS, signal.SIGINT):
+            previous = signal.signal(signum, signal.SIG_IGN)
+            self._saved_handlers.setdefault(signum, previous)
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._saved_handlers.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._saved_handlers.clear()
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)

@@ -1,0 +1,40 @@
+"""The device side imports nothing but the standard library and numpy: it is copied into bundles
+and run by a stock JetPack's Python, where edge, torch and onnx are absent."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# In a fresh interpreter: import every module of the package and list the top-level packages that
+# the imports brought in (what the interpreter had loaded at start-up does not count).
+LIST_IMPORTS = """
+import sys
+before = set(sys.modules)
+import importlib, json, pkgutil, jetson
+names = sorted("jetson." + m.name for m in pkgutil.iter_modules(jetson.__path__))
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({"modules": names, "imported": sorted({m.split(".")[0] for m in set(sys.modules) - before})}))
+"""
+
+
+def cython(name: str) -> bool:
+    """The runtime that Cython-built extensions register as modules: JetPack 6's numpy 1.21 adds
+    `cython_runtime` and `_cython_0_29_24` (no package is imported)."""
+    return name == "cython_runtime" or name.startswith("_cython_")
+
+
+def test_every_jetson_module_imports_only_the_standard_library_and_numpy():
+    done = subprocess.run([sys.executable, "-c", LIST_IMPORTS], cwd=REPO, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert {"jetson.energy", "jetson.errors", "jetson.power", "jetson.sampler", "jetson.tegrastats"} <= set(
+        found["modules"])
+    outside = [name for name in found["imported"]
+               if name not in sys.stdlib_module_names and name not in ("jetson", "numpy") and not cython(name)]
+    assert outside == [], f"jetson imports {outside}"
+    assert "numpy" in found["imported"]
