@@ -22,7 +22,8 @@ def register(subparsers) -> None:
                          "A graph below opset 17 is first upgraded to 17 with onnx.version_converter, checked\n"
                          "the same way (the output says so). Inputs: random values of the declared shapes\n"
                          "(dynamic dimensions: 2), and the sample inputs stored next to the model as\n"
-                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.", EXAMPLES)
+                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.",
+                         EXAMPLES)
     parser.add_argument("model", help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
     parser.add_argument("--out", required=True, help="the cleaned ONNX file")
     parser.add_argument("--skip-pass", action="append", default=[], choices=PASSES.names(), metavar="PASS",

@@ -2,9 +2,9 @@
 
 A graph from elsewhere may have several inputs and outputs, integer or string tensors and
 dynamic dimensions. Floating-point inputs can be made up (seeded normal values; a dynamic
-dimension becomes 2); other inputs cannot (an index or a shape must be valid), so they come from
-the sample inputs stored next to the model in the ONNX model zoo layout,
-``test_data_set_N/input_K.pb``, which are used whenever present.
+dimension becomes 2, or its size in the stored inputs); other inputs cannot (an index or a
+shape must be valid), so they come from the sample inputs stored next to the model in the ONNX
+model zoo layout, ``test_data_set_N/input_K.pb``, which are used whenever present.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def floating_inputs(model: onnx.ModelProto) -> bool:
     return all(np.issubdtype(_dtype(v), np.floating) for v in graph_inputs(model))
 
 
-def random_feeds(model: onnx.ModelProto, seed: int, scale: float = 1.0, source: str = "the model") -> Feeds:
-    """Seeded normal values of each input's declared shape; refused for a non-float input."""
+def random_feeds(model: onnx.ModelProto, seed: int, scale: float = 1.0, source: str = "the model",
+                 like: Feeds | None = None) -> Feeds:
+    """Seeded normal values of each input's declared shape, or of its shape in ``like`` (stored
+    sample inputs, which fix the dynamic dimensions); refused for a non-float input."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for value in graph_inputs(model):
@@ -72,7 +74,8 @@ def random_feeds(model: onnx.ModelProto, seed: int, scale: float = 1.0, source: 
             raise EdgeError(f"{source}: input {value.name!r} is {dtype} and no sample inputs are stored with it",
                             expected="floating-point inputs (random values stand in for them), or sample inputs",
                             fix=f"put sample inputs next to the model: {SAMPLE_LAYOUT}")
-        dims = [d.dim_value if d.dim_value > 0 else DYNAMIC_DIM for d in value.type.tensor_type.shape.dim]
+        dims = like[value.name].shape if like else \
+            [d.dim_value if d.dim_value > 0 else DYNAMIC_DIM for d in value.type.tensor_type.shape.dim]
         feeds[value.name] = (rng.standard_normal(dims) * scale).astype(dtype)
     return feeds
 
@@ -111,11 +114,13 @@ def stored_sets(model_path: Path, model: onnx.ModelProto) -> list[InputSet]:
 
 def input_sets(model_path: Path | None, model: onnx.ModelProto, randoms: Sequence[tuple[str, int, float]],
                source: str = "the model") -> list[InputSet]:
-    """The stored sample inputs, then ``randoms`` (name, seed, scale) if every input is floating-point."""
+    """The stored sample inputs, then ``randoms`` (name, seed, scale) if every input is floating-point,
+    shaped like the first stored set if there is one."""
     stored = stored_sets(model_path, model) if model_path is not None else []
     if stored and not floating_inputs(model):
         return stored
-    return stored + [InputSet(name, random_feeds(model, seed, scale, source)) for name, seed, scale in randoms]
+    like = stored[0].feeds if stored else None
+    return stored + [InputSet(name, random_feeds(model, seed, scale, source, like)) for name, seed, scale in randoms]
 
 
 def _session(model: onnx.ModelProto):

@@ -2,8 +2,9 @@
 
 After each pass that reports a change, the graph is run in ONNX Runtime on fixed inputs and
 compared with the raw export; a pass that moves the outputs beyond tolerance is named in the
-error (and nothing is written by the caller). Finally shapes are inferred and the graph is
-sorted topologically; the raw model's opset, metadata and producer are kept.
+error (and nothing is written by the caller). Every input and output of the graph is compared.
+Finally shapes are inferred and the graph is sorted topologically; the raw model's opset,
+metadata and producer are kept, and its IR version unless its opset needs a newer one.
 
 A graph below :data:`MIN_OPSET` is first upgraded to it with ``onnx.version_converter``
 (:mod:`edge.graph.upgrade`) and checked like a pass, against the graph as given. The upgrade is
@@ -52,7 +53,8 @@ class CleanReport:
     passes: dict[str, PassStats] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"rounds": self.rounds, "upgraded": self.upgraded, "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+        return {"rounds": self.rounds, "upgraded": self.upgraded, "nodes_before": self.nodes_before,
+                "nodes_after": self.nodes_after,
                 "initializers_before": self.initializers_before, "initializers_after": self.initializers_after,
                 "passes": {k: vars(v) for k, v in self.passes.items()}}
 

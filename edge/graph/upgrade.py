@@ -14,7 +14,6 @@ from edge.compare import Tolerance
 from edge.errors import EdgeError
 from edge.graph.feeds import SAMPLE_LAYOUT, InputSet, compare_sets, reference_outputs, run_graph
 
-
 OWN_OUTPUTS, STORED_OUTPUTS = "its own outputs", "the outputs stored with it"
 
 
@@ -38,7 +37,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int, source: str = "the model"
     opset = default_opset(model)
     try:
         upgraded = version_converter.convert_version(model, target)
-    except Exception as e:  # noqa: BLE001 - the converter raises ConvertError, RuntimeError, ValueError
+    except Exception as e:  # noqa: BLE001 - the converter raises ConvertError and C++ errors of other types
         raise EdgeError(f"{source} uses opset {opset} and onnx.version_converter cannot upgrade it to {target}",
                         found=str(e).strip()[:300],
                         fix=f"re-export the model at opset {target} or later from the framework it came from") from e

@@ -17,7 +17,6 @@ import onnx_graphsurgeon as gs
 from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import infer_shapes
 
-
 MIN_SIZE_THRESHOLD = 1 << 20  # bytes; onnx-graphsurgeon's own limit for its note
 
 

@@ -38,11 +38,11 @@ def label(model: Path) -> str:
 
 
 def clean_outcome(model: Path, out: Path) -> tuple[str, str]:
-    """("cleaned", note) or ("refused", the error's first line); anything else raises."""
+    """("cleaned", note) or ("refused", the error's message); anything else raises."""
     try:
         result = clean_file(model, out)
     except EdgeError as e:
-        return "refused", str(e).splitlines()[0].replace(str(model), "MODEL")
+        return "refused", str(e).replace(str(model), "MODEL")
     upgraded = result["report"]["upgraded"]
     return "cleaned", f"upgraded from opset {upgraded['from']}" if upgraded else "at its opset"
 
@@ -53,7 +53,7 @@ def main() -> int:
         for model in backend_models():
             outcome, reason = clean_outcome(model, Path(folder) / "clean.onnx")
             outcomes[outcome] += 1
-            print(f"{outcome:<8} {label(model):<60} {reason}")
+            print(f"{outcome:<8} {label(model):<60} {reason.splitlines()[0]}")
     print(", ".join(f"{n} {k}" for k, n in outcomes.most_common()), f"of {sum(outcomes.values())}")
     return 0
 
