@@ -31,6 +31,7 @@ class InputSet:
     feeds: Feeds
     expected: list[np.ndarray] | None = None
 
+
 # dimensions of unknown size are 2 in made-up inputs: a batch of 2 shows batch mix-ups that 1 hides
 DYNAMIC_DIM = 2
 
