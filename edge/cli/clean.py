@@ -17,9 +17,14 @@ def register(subparsers) -> None:
                          "Passes (one per file in edge/graph/passes/), in the order each round runs them:\n"
                          f"{listing}\n"
                          "Rounds run to a fixed point, each change checked in ONNX Runtime against the input\n"
-                         "graph. The output is written only if onnx.checker passes and its outputs match the\n"
-                         "input graph (max abs <= 1e-4, relative L2 <= 1e-5).", EXAMPLES)
-    parser.add_argument("model", help="an ONNX file (e.g. from edge export)")
+                         "graph, on all its outputs. The output is written only if onnx.checker passes and its\n"
+                         "outputs match the input graph's (max abs <= 1e-4, relative L2 <= 1e-5).\n"
+                         "A graph below opset 17 is first upgraded to 17 with onnx.version_converter, checked\n"
+                         "the same way (the output says so). Inputs: random values of the declared shapes\n"
+                         "(dynamic dimensions: 2), and the sample inputs stored next to the model as\n"
+                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.",
+                         EXAMPLES)
+    parser.add_argument("model", help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
     parser.add_argument("--out", required=True, help="the cleaned ONNX file")
     parser.add_argument("--skip-pass", action="append", default=[], choices=PASSES.names(), metavar="PASS",
                         help="leave out a pass (repeatable; one of the passes listed above)")
@@ -35,6 +40,10 @@ def run(args) -> int:
     result = clean_file(Path(args.model), Path(args.out), PASSES.select(skip=args.skip_pass))
     rep = result["report"]
     lines = [f"{rep['nodes_before']} -> {rep['nodes_after']} nodes in {rep['rounds']} rounds; wrote {args.out}"]
+    if rep["upgraded"]:
+        up = rep["upgraded"]
+        lines.insert(0, f"note: upgraded from opset {up['from']} to {up['to']} with {up['by']} first "
+                        f"(checked in ONNX Runtime against {up['checked']}, like every pass)")
     lines += [f"  {name:<20} changed {s['changes']}x, removed {s['nodes_removed']} nodes" for name, s in
               rep["passes"].items()]
     lines += [f"  verified ({v['inputs']}): max abs {v['max_abs']:.1e}, rel L2 {v['rel_l2']:.1e}"

@@ -2,11 +2,15 @@
 
 After each pass that reports a change, the graph is run in ONNX Runtime on fixed inputs and
 compared with the raw export; a pass that moves the outputs beyond tolerance is named in the
-error (and nothing is written by the caller). Finally shapes are inferred and the graph is
-sorted topologically; the raw model's opset, metadata and producer are kept.
+error (and nothing is written by the caller). Every input and output of the graph is compared.
+Finally shapes are inferred and the graph is sorted topologically; the raw model's opset,
+metadata and producer are kept, and its IR version unless its opset needs a newer one.
 
-Before any pass runs, the manager checks the graph's opset: at least :data:`MIN_OPSET`, and at
-least each pass's own ``min_opset``.
+A graph below :data:`MIN_OPSET` is first upgraded to it with ``onnx.version_converter``
+(:mod:`edge.graph.upgrade`) and checked like a pass, against the graph as given. The upgrade is
+automatic, with a note in the report: it is verified exactly as the passes are, the input file is
+never touched, and refusing until the user adds a flag would cost a rerun and add no safety.
+Then the manager checks each pass's own ``min_opset``.
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
+from edge.compare import Tolerance
 from edge.errors import EdgeError, InternalError
+from edge.graph.feeds import InputSet, check_tensor_io, compare_sets, random_feeds, reference_outputs, run_graph
 from edge.graph.graph_pass import GraphPass, PassResult
 from edge.graph.passes import PASSES
+from edge.graph.upgrade import default_opset, needed_ir_version, upgrade_checked
 
 # The opset the passes are written and tested at (edge export's default): from 17 on,
 # LayerNormalization is one node, not the ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add it decomposes to.
@@ -44,10 +49,12 @@ class CleanReport:
     nodes_after: int = 0
     initializers_before: int = 0
     initializers_after: int = 0
+    upgraded: dict | None = None  # {"from": opset, "to": opset, "by": "onnx.version_converter"}
     passes: dict[str, PassStats] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"rounds": self.rounds, "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+        return {"rounds": self.rounds, "upgraded": self.upgraded, "nodes_before": self.nodes_before,
+                "nodes_after": self.nodes_after,
                 "initializers_before": self.initializers_before, "initializers_after": self.initializers_after,
                 "passes": {k: vars(v) for k, v in self.passes.items()}}
 
@@ -56,33 +63,20 @@ def _export(graph: gs.Graph, raw: onnx.ModelProto) -> onnx.ModelProto:
     model = gs.export_onnx(graph.cleanup(remove_unused_graph_inputs=False).toposort())
     del model.opset_import[:]
     model.opset_import.extend(raw.opset_import)
-    model.ir_version = raw.ir_version
+    model.ir_version = max(raw.ir_version, needed_ir_version(model))
     model.producer_name, model.producer_version = raw.producer_name, raw.producer_version
     del model.metadata_props[:]
     model.metadata_props.extend(raw.metadata_props)
     return model
 
 
-def _probe_inputs(raw: onnx.ModelProto, seed: int = 0) -> np.ndarray:
-    dims = [d.dim_value if d.dim_value > 0 else 2 for d in raw.graph.input[0].type.tensor_type.shape.dim]
-    return np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
-
-
 def count_nodes(model: onnx.ModelProto) -> int:
     return sum(1 for n in model.graph.node if n.op_type != "Constant")
 
 
-def default_opset(model: onnx.ModelProto) -> int:
-    """The version of the default (ai.onnx) domain the model imports; 0 if none."""
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
 def check_requirements(model: onnx.ModelProto, passes: Sequence[GraphPass], source: str = "the model") -> None:
-    """Refuse a graph below the manager's :data:`MIN_OPSET` or below any pass's ``min_opset``."""
+    """Refuse a graph below any pass's ``min_opset`` (the manager has upgraded it to :data:`MIN_OPSET`)."""
     opset = default_opset(model)
-    if opset < MIN_OPSET:
-        raise EdgeError(f"{source} uses opset {opset}", expected=f"opset >= {MIN_OPSET} (native LayerNormalization)",
-                        fix="re-export with `edge export` (opset 17 by default)")
     for p in passes:
         if p.min_opset is not None and opset < p.min_opset:
             raise EdgeError(f"{source} uses opset {opset}", expected=f"opset >= {p.min_opset} (pass {p.name!r})",
@@ -98,16 +92,22 @@ def _run_pass(graph_pass: GraphPass, graph: gs.Graph) -> PassResult:
 
 def clean_graph(raw: onnx.ModelProto, passes: Sequence[GraphPass] | None = None, max_rounds: int = 10,
                 tolerance: Tolerance | None = None, check: bool = True, log: Callable[[str], None] | None = None,
-                source: str = "the model") -> tuple[onnx.ModelProto, CleanReport]:
+                source: str = "the model", inputs: Sequence[InputSet] | None = None,
+                ) -> tuple[onnx.ModelProto, CleanReport]:
     """Run ``passes`` (default: every registered pass, in order) to a fixed point; ``source`` names
-    the model in error messages."""
+    the model in error messages; ``inputs`` are the named input sets every change is checked on
+    (default: one set of random values)."""
     passes = PASSES.select() if passes is None else tuple(passes)
-    check_requirements(raw, passes, source)
     tolerance = tolerance or Tolerance()
+    check_tensor_io(raw, source)
+    inputs = list(inputs) if inputs is not None else [InputSet("random", random_feeds(raw, 0, source=source))]
     report = CleanReport(nodes_before=count_nodes(raw), initializers_before=len(raw.graph.initializer))
     report.passes = {p.name: PassStats() for p in passes}
-    probe = _probe_inputs(raw)
-    reference = run_ort(ort_session(raw.SerializeToString()), probe) if check else None
+    if default_opset(raw) < MIN_OPSET:
+        raw, reference, report.upgraded = upgrade_checked(raw, MIN_OPSET, inputs, tolerance, source)
+    else:
+        reference = reference_outputs(raw, inputs, source) if check else None
+    check_requirements(raw, passes, source)
     graph = gs.import_onnx(raw)
     for round_index in range(max_rounds):
         report.rounds = round_index + 1
@@ -127,9 +127,7 @@ def clean_graph(raw: onnx.ModelProto, passes: Sequence[GraphPass] | None = None,
             stats.nodes_removed += before - len([n for n in graph.nodes if n.op != "Constant"])
             changed_round = True
             if check:
-                candidate = _export(graph, raw)
-                comparison = compare_arrays(reference, run_ort(ort_session(candidate.SerializeToString()), probe),
-                                            tolerance, "random")
+                comparison = compare_sets(reference, run_graph(_export(graph, raw), inputs), inputs, tolerance)
                 if not comparison.passed:
                     raise EdgeError(f"cleaning pass {p.name!r} changed the model's outputs beyond tolerance",
                                     expected=f"max abs <= {tolerance.max_abs}, relative L2 <= {tolerance.rel_l2}",

@@ -358,10 +358,8 @@ def test_the_manager_checks_each_pass_requirements_before_running():
     assert "--skip-pass drop-double-relu" in str(caught.value)
     assert clean_graph(_relu_chain(), passes=(DropDoubleRelu(min_opset=17),))[1].passes["drop-double-relu"].changes
     old = make_model([helper.make_node("Relu", ["x"], ["y"])], {}, opset=13)
-    with pytest.raises(EdgeError, match="old.onnx uses opset 13") as caught:
-        clean_graph(old, passes=(), source="old.onnx")  # the manager's own minimum holds with no pass at all
-    assert str(caught.value) == ("old.onnx uses opset 13\n  expected: opset >= 17 (native LayerNormalization)\n"
-                                 "  fix: re-export with `edge export` (opset 17 by default)")
+    cleaned, report = clean_graph(old, passes=(), source="old.onnx")  # below the manager's minimum: upgraded
+    assert [o.version for o in cleaned.opset_import] == [17] and report.upgraded["from"] == 13
 
 
 def test_a_pass_that_breaks_the_contract_is_an_internal_error():
@@ -522,10 +520,14 @@ def test_clean_rejects_bad_input(tmp_path, capsys):
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x01junk")
     assert main(["clean", str(tmp_path / "junk.onnx"), "--out", str(tmp_path / "o.onnx")]) == 2
     assert "is not an ONNX model" in capsys.readouterr().err
-    old = make_model([helper.make_node("Relu", ["x"], ["y"])], {}, opset=13)
-    onnx.save(old, str(tmp_path / "old.onnx"))
-    assert main(["clean", str(tmp_path / "old.onnx"), "--out", str(tmp_path / "o.onnx")]) == 2
-    assert "opset 13" in capsys.readouterr().err and not (tmp_path / "o.onnx").exists()
+    (tmp_path / "data").mkdir()
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], {}), str(tmp_path / "data" / "model.onnx"))
+    (tmp_path / "data" / "test_data_set_0").mkdir()  # stored inputs, one too many
+    for k in range(2):
+        onnx.save_tensor(numpy_helper.from_array(np.ones((2, 3, 4), np.float32)),
+                         str(tmp_path / "data" / "test_data_set_0" / f"input_{k}.pb"))
+    assert main(["clean", str(tmp_path / "data" / "model.onnx"), "--out", str(tmp_path / "o.onnx")]) == 2
+    assert "test_data_set_0 holds 2 inputs" in capsys.readouterr().err and not (tmp_path / "o.onnx").exists()
     good = make_model([helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])], {})
     onnx.save(good, str(tmp_path / "good.onnx"))
     (tmp_path / "file").write_text("")
