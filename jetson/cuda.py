@@ -78,11 +78,11 @@ class _PycudaError(int):
 
 class PycudaRuntime:
     """pycuda (the CUDA driver API) behind cuda-python's runtime conventions, on the device's primary
-    context (the one TensorRT's runtime calls use). No CUDA graphs (``graphs = False``): the runner
+    context (the one TensorRT's runtime calls use). No CUDA graphs (``captures_graphs = False``): the runner
     times plain enqueues and says so."""
 
     binding = "pycuda"
-    graphs = False
+    captures_graphs = False
 
     def __init__(self) -> None:
         try:
