@@ -23,20 +23,20 @@ NV_TEGRA_RELEASE = "/etc/nv_tegra_release"
 IDENTITY = ("tensorrt", "gpu", "compute_capability", "sm_count", "memory_gib", "device_model")
 
 
-def l4t_release(path: str = NV_TEGRA_RELEASE) -> str | None:
+def l4t_release(path: str | None = None) -> str | None:
     """The Jetson Linux release ("R36 (release), REVISION: 4.3" -> "36.4.3"), None off a Jetson."""
     try:
-        text = Path(path).read_text()
+        text = Path(path or NV_TEGRA_RELEASE).read_text()
     except OSError:
         return None
     match = re.search(r"R(\d+) \(release\), REVISION: ([\d.]+)", text)
     return f"{match.group(1)}.{match.group(2)}" if match else text.strip()[:80]
 
 
-def device_model(path: str = DEVICE_TREE_MODEL) -> str | None:
+def device_model(path: str | None = None) -> str | None:
     """The board ("NVIDIA Jetson Orin Nano Developer Kit"), None where there is no device tree (x86)."""
     try:
-        return Path(path).read_bytes().rstrip(b"\x00").decode(errors="replace").strip() or None
+        return Path(path or DEVICE_TREE_MODEL).read_bytes().rstrip(b"\x00").decode(errors="replace").strip() or None
     except OSError:
         return None
 
@@ -73,9 +73,9 @@ def cuda_identity(cudart: Any, device: int = 0, *, model_path: str | None = None
     return {"gpu": name, "compute_capability": f"{props.major}.{props.minor}",
             "sm_count": int(props.multiProcessorCount), "memory_gib": round(int(props.totalGlobalMem) / 2**30),
             "memory_bytes": int(props.totalGlobalMem),
-            "device_model": device_model(model_path or DEVICE_TREE_MODEL),
+            "device_model": device_model(model_path),
             "cuda_driver": cuda_version(driver), "cuda_runtime": local_runtime_version(cudart),
-            "cuda_python_runtime": cuda_version(bundled), "l4t": l4t_release(release_path or NV_TEGRA_RELEASE)}
+            "cuda_python_runtime": cuda_version(bundled), "l4t": l4t_release(release_path)}
 
 
 def host_record() -> dict:
