@@ -29,8 +29,19 @@ import jetson
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.layout import DEPLOYED, VARIANTS, clean_name
-from jetson.bundle import (CACHES, GRAPH_PRECISION, GRAPHS, MANIFEST, PACKAGE, PLUGINS, PRECISIONS, BuildSpec,
-                           Protocol, Variant, manifest_json)
+from jetson.bundle import (
+    CACHES,
+    GRAPH_PRECISION,
+    GRAPHS,
+    MANIFEST,
+    PACKAGE,
+    PLUGINS,
+    PRECISIONS,
+    BuildSpec,
+    Protocol,
+    Variant,
+    manifest_json,
+)
 from jetson.errors import JetsonError
 
 DEFAULT_PRECISIONS = ("fp32", "fp16")
@@ -141,15 +152,10 @@ def _graph_io(path: Path) -> tuple[tuple[dict, ...], str]:
 def _write_precision(source: SourceGraph, precision: str, out: Path, config: BundleConfig,
                      progress: Callable[[str], None]) -> dict | None:
     """The graph of ``source`` at ``precision`` in ``out``; how it was made (int8: the calibration)."""
-    _, have = _graph_io(source.path)
-    wanted = GRAPH_PRECISION[precision]
     out.parent.mkdir(parents=True, exist_ok=True)
-    if have == wanted:
+    if _check_convertible(source, precision) == GRAPH_PRECISION[precision]:
         shutil.copyfile(source.path, out)
         return None
-    if have != "float32":
-        raise EdgeError(f"{source.path} is a {have} graph; the {precision} variant is made from a float32 one",
-                        fix=f"bundle the float32 graph, or ask only --precision {_bundle_precision(have)}")
     from edge.quantize import quantize_file
 
     progress(f"{source.name}: making the {precision} graph")
@@ -161,6 +167,17 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
                            check_data=config.check_data, progress=progress)
     return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
+
+
+def _check_convertible(source: SourceGraph, precision: str) -> str:
+    """The graph's own precision, if the bundle's ``precision`` is it or can be made from it."""
+    _, have = _graph_io(source.path)
+    if have not in (GRAPH_PRECISION[precision], "float32"):
+        raise EdgeError(f"{source.path} is a {have} graph, which cannot make the {precision} variant",
+                        expected=f"a float32 graph (each precision is made from it) or a {GRAPH_PRECISION[precision]}"
+                                 " one",
+                        fix=f"bundle the float32 graph, or ask only --precision {_bundle_precision(have)}")
+    return have
 
 
 def _bundle_precision(graph_precision: str) -> str:
@@ -201,6 +218,9 @@ def make_bundle(inputs: list[str | Path], out: str | Path, config: BundleConfig 
     if out.exists() and not force:
         raise EdgeError(f"{out} exists", expected="a new folder for the bundle", fix="pass another --out, or --force")
     graphs = source_graphs(inputs)
+    for source in graphs:  # before minutes of calibration, not after
+        for precision in config.precisions:
+            _check_convertible(source, precision)
     with atomic_folder(out) as tmp:
         plugins = _ship(config.plugins, PLUGINS, tmp)
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None

@@ -59,11 +59,12 @@ class cudaStreamCaptureMode(enum.IntEnum):  # noqa: N801
     cudaStreamCaptureModeRelaxed = 2
 
 
-def find_libcudart(names: Sequence[str] = LIBRARY_NAMES) -> ctypes.CDLL:
-    """The first of ``names`` that loads; a JetsonError listing them all when none does."""
+def find_libcudart(names: Sequence[str] | None = None) -> ctypes.CDLL:
+    """The first of ``names`` (default :data:`LIBRARY_NAMES`) that loads; a JetsonError listing them all
+    when none does."""
     tried = []
     found = ctypes.util.find_library("cudart")
-    for name in ([found] if found else []) + list(names):
+    for name in ([found] if found else []) + list(names or LIBRARY_NAMES):
         try:
             return ctypes.CDLL(name)
         except OSError as e:
@@ -119,7 +120,7 @@ class CtypesCudaRuntime:
         error = self._call(function, buffer, ctypes.c_int(device))
         if error:
             return error, None
-        props = {"name": buffer.raw[:256].split(b"\x00", 1)[0]}
+        props: dict[str, bytes | int] = {"name": buffer.raw[:256].split(b"\x00", 1)[0]}
         for field, attribute in _ATTRIBUTES.items():
             value = ctypes.c_int()
             error = self._call("cudaDeviceGetAttribute", ctypes.byref(value), ctypes.c_int(attribute),

@@ -16,9 +16,10 @@ settings), ``partial`` (true when the benchmark stopped early: then ``error`` sa
 ``latency`` covers what was measured, or is null), ``power`` (jetson.energy's PowerSummary:
 energy per inference total and above idle, per rail, peak RAM and temperatures, plus
 ``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
-the figures can be checked against the samples; null without tegrastats), and per backend: TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``,
-``layers``, ``cuda_graph``, ``cuda_binding`` and ``engine`` (cache key, path, whether it was cached,
-build facts); ONNX Runtime adds ``onnxruntime`` and ``providers``.
+the figures can be checked against the samples; null without tegrastats), and per backend:
+TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
+``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts); ONNX Runtime
+adds ``onnxruntime`` and ``providers``.
 
 ``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
 with the power mode read from ``nvpmodel -q``), ``settings`` (the power mode set and the clocks
@@ -436,7 +437,7 @@ class Runner:
         """The variant's result in ``edge profile``'s schema plus the device runner's fields."""
         info = backend.describe() if backend is not None else {"backend": self.options.backend,
                                                                "precision": variant.precision}
-        batch = info.get("batch") or 1
+        batch = int(info.get("batch") or 1)
         latencies = measured.latencies_ms
         extra = backend.report(self.protocol.warmup) if backend is not None and latencies and not partial else {}
         return {

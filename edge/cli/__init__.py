@@ -7,8 +7,21 @@ import sys
 import traceback
 
 from edge import __version__
-from edge.cli import (analyze, build, bundle, clean, compress, export, info, models, pipeline, profile, quantize, train,
-                      verify)
+from edge.cli import (
+    analyze,
+    build,
+    bundle,
+    clean,
+    compress,
+    export,
+    info,
+    models,
+    pipeline,
+    profile,
+    quantize,
+    train,
+    verify,
+)
 from edge.cli import eval as eval_cmd
 from edge.cli import finetune as finetune_cmd
 from edge.errors import PLEASE_REPORT, EdgeError, InternalError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edge.cli.common import add_command, emit
 
-EXAMPLES = """  edge bundle runs/demo --out bundles/demo                       # every variant of a pipeline run, fp32 + fp16
+EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant of a pipeline run, fp32 + fp16
   edge bundle runs/demo --out bundles/demo --precision fp16,int8 --data fmnist --samples 500 --tar
   edge bundle runs/ref.onnx runs/small.onnx --out bundles/two --precision fp16 --iterations 500
   # on the device: cd demo && python3 -m jetson run   (or: edge deploy bundles/demo --host user@jetson)"""

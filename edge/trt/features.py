@@ -7,8 +7,14 @@ from types import ModuleType
 
 from edge.errors import EdgeError
 from jetson.errors import JetsonError
-from jetson.features import (INSTALL_HINT, PRECISION_FLAGS, TensorRTFeatures, detect_features, has_python_plugins,
-                             parse_version)
+from jetson.features import (
+    INSTALL_HINT,
+    PRECISION_FLAGS,
+    TensorRTFeatures,
+    detect_features,
+    has_python_plugins,
+    parse_version,
+)
 from jetson.features import load_tensorrt as _load_tensorrt
 
 __all__ = ["INSTALL_HINT", "PRECISION_FLAGS", "TensorRTFeatures", "detect_features", "has_python_plugins",
