@@ -113,3 +113,113 @@ def test_a_real_libcudart_without_a_gpu_answers_a_named_error():
     if int(error) == 0:
         pytest.skip("this machine has a GPU")
     assert props is None and error.name.startswith("cudaError")
+
+
+def fake_pycuda_driver():
+    """A FAKE ``pycuda.driver`` (NOT pycuda): the driver-API objects PycudaRuntime uses, over host memory."""
+    import types
+
+    driver = types.ModuleType("pycuda.driver")
+    driver.Error = RuntimeError
+    driver.device_attribute = types.SimpleNamespace(MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
+    driver.memory = {}
+    driver.clock = [0.0]
+    driver.init = lambda: None
+    driver.get_version = lambda: (12, 6, 0)
+    driver.get_driver_version = lambda: 12080
+
+    class Context:
+        def push(self):
+            driver.pushed = True
+
+        def pop(self):
+            driver.pushed = False
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def retain_primary_context(self):
+            return Context()
+
+        name = staticmethod(lambda: "Orin")
+        compute_capability = staticmethod(lambda: (8, 7))
+        get_attribute = staticmethod(lambda attribute: 8)
+        total_memory = staticmethod(lambda: 7620 << 20)
+
+    class Allocation:
+        def __init__(self, nbytes):
+            self.buffer = ctypes.create_string_buffer(nbytes)
+            driver.memory[int(self)] = self
+
+        def __int__(self):
+            return ctypes.addressof(self.buffer)
+
+        def free(self):
+            driver.memory.pop(int(self))
+
+    def memcpy_htod(dst, src):
+        ctypes.memmove(dst, bytes(src), len(src))
+
+    def memcpy_dtoh(dst, src):
+        ctypes.memmove(ctypes.addressof(dst), src, len(dst))
+
+    class Stream:
+        handle = 0x100
+
+        def synchronize(self):
+            pass
+
+    class Event:
+        count = 0
+
+        def __init__(self):
+            Event.count += 1
+            self.handle = 0x200 + Event.count
+
+        def record(self, stream):
+            self.at = driver.clock[0]
+
+        def time_since(self, other):
+            return self.at - other.at
+
+    driver.Device, driver.mem_alloc, driver.Stream, driver.Event = Device, Allocation, Stream, Event
+    driver.memcpy_htod, driver.memcpy_dtoh = memcpy_htod, memcpy_dtoh
+    return driver
+
+
+def test_pycuda_speaks_cuda_pythons_conventions(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    driver = fake_pycuda_driver()
+    package = types.ModuleType("pycuda")
+    package.driver = driver
+    monkeypatch.setitem(sys.modules, "pycuda", package)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-python absent: pycuda is next
+    cuda = load_cuda_runtime()
+    assert cuda.binding == "pycuda" and cuda.captures_graphs is False and driver.pushed
+    host = np.arange(8, dtype=np.float32)
+    pointer = check(cuda.cudaMalloc(host.nbytes), "cudaMalloc")
+    check(cuda.cudaMemcpy(pointer, host.ctypes.data, host.nbytes, 1), "cudaMemcpy")
+    back = np.zeros_like(host)
+    check(cuda.cudaMemcpy(back.ctypes.data, pointer, host.nbytes, 2), "cudaMemcpy")
+    np.testing.assert_array_equal(back, host)
+    stream = check(cuda.cudaStreamCreate(), "cudaStreamCreate")
+    start, end = check(cuda.cudaEventCreate(), "cudaEventCreate"), check(cuda.cudaEventCreate(), "cudaEventCreate")
+    check(cuda.cudaEventRecord(start, stream), "cudaEventRecord")
+    driver.clock[0] += 1.5
+    check(cuda.cudaEventRecord(end, stream), "cudaEventRecord")
+    check(cuda.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+    assert check(cuda.cudaEventElapsedTime(start, end), "cudaEventElapsedTime") == 1.5
+    check(cuda.cudaFree(pointer), "cudaFree")
+    assert driver.memory == {}
+    model = tmp_path / "model"
+    model.write_bytes(b"NVIDIA Jetson Orin Nano Developer Kit\x00")
+    identity = cuda_identity(cuda, model_path=str(model))
+    assert (identity["gpu"], identity["compute_capability"], identity["sm_count"], identity["memory_gib"]) == (
+        "Orin", "8.7", 8, 7)
+    assert identity["cuda_python_runtime"] == "12.6" and identity["cuda_driver"] == "12.8"
+    cuda.close()
+    assert not driver.pushed
