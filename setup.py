@@ -14,7 +14,7 @@ setup(
     long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*"]),
+    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*", "jetson", "jetson.*"]),
     package_data={"edge": ["models/weights/*.safetensors", "models/weights/*.json", "data/fmnist_mini/*.gz",
                            "pipeline/*.yaml"]},
     install_requires=[

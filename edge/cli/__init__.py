@@ -7,13 +7,28 @@ import sys
 import traceback
 
 from edge import __version__
-from edge.cli import analyze, build, clean, compress, export, info, models, pipeline, profile, quantize, train, verify
+from edge.cli import (
+    analyze,
+    build,
+    bundle,
+    clean,
+    compress,
+    export,
+    info,
+    models,
+    pipeline,
+    profile,
+    quantize,
+    train,
+    verify,
+)
 from edge.cli import eval as eval_cmd
 from edge.cli import finetune as finetune_cmd
 from edge.errors import PLEASE_REPORT, EdgeError, InternalError
+from jetson.errors import JetsonError
 
 COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, export, clean, verify, quantize, build,
-            profile, pipeline)
+            profile, pipeline, bundle)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except EdgeError as e:
         print(f"edge {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except JetsonError as e:  # the device-side code edge shares (jetson/) reports bad input its own way
+        print(f"edge {args.command}: error: {e}", file=sys.stderr)
+        return EdgeError.exit_code
     except KeyboardInterrupt:
         print(f"edge {args.command}: interrupted", file=sys.stderr)
         return 130

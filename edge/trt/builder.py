@@ -35,6 +35,7 @@ from edge.fileio import sha256_file
 from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
+from jetson.engine import network_flags, parser_errors
 
 if TYPE_CHECKING:
     import tensorrt
@@ -122,21 +123,6 @@ def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
     return Monitor()
 
 
-def parser_errors(parser: tensorrt.OnnxParser, features: TensorRTFeatures) -> list[str]:
-    """One line per parser error, naming the node (index, name, operator where TensorRT says them)."""
-    lines = []
-    for i in range(parser.num_errors):
-        error = parser.get_error(i)
-        node = error.node()
-        where = f"node {node}" if node >= 0 else "graph"
-        if features.parser_error_node_names:
-            name, op = error.node_name(), error.node_operator()
-            if name or op:
-                where += f" ({name or '?'}: {op or '?'})"
-        lines.append(f"{where}: {error.desc()} [{error.code()}]")
-    return lines
-
-
 def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> tuple[onnx.ModelProto, str, dict]:
     """The ONNX the builder parses: for strongly typed builds, the variant of the asked precision."""
     from edge.fp16 import convert_to_fp16
@@ -167,15 +153,6 @@ def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> 
     raise EdgeError(f"{model_path} is a {have} graph, --precision {config.precision} asked for",
                     expected=f"a {' or '.join(wanted)} graph", fix="build the float32 export, or pass --precision "
                     f"{ {'float16': 'fp16', 'int8': 'int8', 'float32': 'fp32'}.get(have, 'fp32') }")
-
-
-def _network_flags(strongly_typed: bool, features: TensorRTFeatures) -> int:
-    """``1 << STRONGLY_TYPED`` on 10.x; nothing on 11+ (the flag is deprecated there, every network strongly typed)."""
-    import tensorrt as trt
-
-    if not strongly_typed or features.always_strongly_typed:
-        return 0
-    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 
 
 def _weak_typing_flags(config: BuildConfig, features: TensorRTFeatures) -> list[str]:
@@ -371,7 +348,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     logger = trt.Logger(trt.Logger.VERBOSE if config.verbose else trt.Logger.WARNING)
     builder = trt.Builder(logger)
     plugins = _load_plugins(builder, logger, config.plugins)
-    network = builder.create_network(_network_flags(strongly_typed, features))
+    network = builder.create_network(network_flags(strongly_typed, features))
     parser = trt.OnnxParser(network, logger)
     display("parsing ONNX")
     if not parser.parse(model_bytes, str(model_path)):

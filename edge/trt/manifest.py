@@ -15,10 +15,9 @@ from pathlib import Path
 
 from edge.errors import EdgeError
 from edge.fileio import sha256_file
+from jetson.device import IDENTITY
 
 MANIFEST_VERSION = 2  # 2: SM count, memory and board in the identity; CUDA versions labelled
-#: what an engine is tied to: a difference in any of these refuses it
-IDENTITY = ("tensorrt", "gpu", "compute_capability", "sm_count", "memory_gib", "device_model")
 
 
 def manifest_path(engine: str | Path) -> Path:

@@ -1,0 +1,269 @@
+"""``edge bundle``: what a Jetson needs to build and benchmark model variants, in one folder.
+
+The inputs are pipeline run folders (each variant's cleaned static-batch graph, as report.json
+names it, else ``variants/NAME/model.clean.onnx``) and ONNX files (the variant is the file's name).
+Each variant is written at every precision asked for: fp32 is the graph itself, fp16 and int8 (Q/DQ)
+are made by edge.quantize (int8 calibrates on ``--data``/``--samples``, recorded in the manifest),
+and each carries its TensorRT build config. The device-side package ``jetson/`` is copied in, so the
+bundle runs with ``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
+is defined once, in :mod:`jetson.bundle`.
+
+The bundle is written into a temporary folder beside ``--out`` and renamed at the end, so an
+error leaves no half-written bundle; ``--tar`` also writes ``OUT.tar.gz`` (the folder inside), the
+same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jetson
+from edge.errors import EdgeError
+from edge.fileio import atomic_folder, sha256_file
+from edge.pipeline.layout import DEPLOYED, VARIANTS, clean_name
+from jetson.bundle import (
+    CACHES,
+    GRAPH_PRECISION,
+    GRAPHS,
+    MANIFEST,
+    PACKAGE,
+    PLUGINS,
+    PRECISIONS,
+    BuildSpec,
+    Protocol,
+    Variant,
+    manifest_json,
+)
+from jetson.errors import JetsonError
+
+DEFAULT_PRECISIONS = ("fp32", "fp16")
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    """What goes into a bundle besides the graphs: precisions, the build config, the benchmark protocol."""
+
+    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
+    data: str = "fmnist"                # int8 calibration data
+    samples: int = 500                  # int8 calibration samples
+    check_data: str = "fmnist-mini"     # images the fp16/int8 graphs are checked on before they are written
+    workspace_mib: int = 2048
+    optimization_level: int = 3
+    tiling_optimization_level: int | None = None
+    timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
+    plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
+    protocol: Protocol = field(default_factory=Protocol)
+
+    def check(self) -> None:
+        if not self.precisions:
+            raise EdgeError("no --precision given", expected=f"some of {', '.join(PRECISIONS)}")
+        unknown = [p for p in self.precisions if p not in PRECISIONS]
+        if unknown:
+            raise EdgeError(f"--precision {','.join(unknown)}", expected=f"some of {', '.join(PRECISIONS)}",
+                            fix="pass e.g. --precision fp32,fp16,int8")
+        for path in (self.timing_cache, *self.plugins):
+            if path is not None and not Path(path).is_file():
+                raise EdgeError(f"{path} does not exist", expected="a file to ship in the bundle")
+
+
+@dataclass(frozen=True)
+class SourceGraph:
+    """A graph to bundle, and the name its variant gets."""
+
+    name: str
+    path: Path
+
+
+def _variant_name(path: Path) -> str:
+    name = path.name.removesuffix(".onnx").removesuffix(".clean")
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in name).lstrip(".") or "model"
+
+
+def pipeline_graphs(run: Path) -> list[SourceGraph]:
+    """The cleaned static-batch graph of every variant of a pipeline run (report.json's order)."""
+    report = run / "report.json"
+    if report.is_file():
+        try:
+            variants = json.loads(report.read_text())["variants"]
+            found = [SourceGraph(v["name"], run / v["graphs"][DEPLOYED]["clean_file"]) for v in variants]
+        except (ValueError, KeyError, TypeError) as e:
+            raise EdgeError(f"{report} does not list the variants' graphs", found=f"{type(e).__name__}: {e}",
+                            fix="rerun `edge pipeline` into this folder, or bundle the ONNX files themselves") from e
+    else:  # an unfinished run: the graphs the clean step wrote
+        found = [SourceGraph(p.parent.name, p)
+                 for p in sorted((run / VARIANTS).glob(f"*/{clean_name(DEPLOYED)}"))]
+    if not found:
+        raise EdgeError(f"{run} holds no cleaned graph", expected=f"a pipeline run folder ({VARIANTS}/NAME/"
+                        f"{clean_name(DEPLOYED)}) or an .onnx file", fix="run `edge pipeline --out` into it first")
+    missing = [g.path for g in found if not g.path.is_file()]
+    if missing:
+        raise EdgeError(f"the pipeline run {run} lists {missing[0]}, which does not exist",
+                        fix="rerun `edge pipeline` to complete the run")
+    return found
+
+
+def source_graphs(inputs: list[str | Path]) -> list[SourceGraph]:
+    """Every graph the inputs name; a name given twice is an error (variants are named uniquely)."""
+    graphs: list[SourceGraph] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            graphs += pipeline_graphs(item)
+        elif item.suffix == ".onnx" and item.is_file():
+            graphs.append(SourceGraph(_variant_name(item), item))
+        else:
+            raise EdgeError(f"{item} is neither a pipeline run folder nor an ONNX file",
+                            fix="pass the --out folder of `edge pipeline`, or .onnx files")
+    names = [g.name for g in graphs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise EdgeError(f"two graphs would be variant {twice[0]!r}",
+                        fix="rename one of the ONNX files, or bundle the runs separately")
+    return graphs
+
+
+def _graph_io(path: Path) -> tuple[tuple[dict, ...], str]:
+    """The inputs (name, shape, dtype) and the edge.precision of a graph."""
+    import onnx
+
+    from edge.onnx_metadata import source_precision
+
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        inputs.append({"name": value.name,
+                       "shape": [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                 for d in tensor.shape.dim],
+                       "dtype": onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name})
+    return tuple(inputs), source_precision(model)
+
+
+def _write_precision(source: SourceGraph, precision: str, out: Path, config: BundleConfig,
+                     progress: Callable[[str], None]) -> dict | None:
+    """The graph of ``source`` at ``precision`` in ``out``; how it was made (int8: the calibration)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if _check_convertible(source, precision) == GRAPH_PRECISION[precision]:
+        shutil.copyfile(source.path, out)
+        return None
+    from edge.quantize import quantize_file
+
+    progress(f"{source.name}: making the {precision} graph")
+    if precision == "fp16":
+        result = quantize_file(source.path, out, "fp16", check_data=config.check_data)
+        return {"conversion": "edge.quantize fp16", "check": result["check"]}
+    from calib.qdq import Int8Config
+
+    result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
+                           check_data=config.check_data, progress=progress)
+    return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
+
+
+def _check_convertible(source: SourceGraph, precision: str) -> str:
+    """The graph's own precision, if the bundle's ``precision`` is it or can be made from it."""
+    _, have = _graph_io(source.path)
+    if have not in (GRAPH_PRECISION[precision], "float32"):
+        raise EdgeError(f"{source.path} is a {have} graph, which cannot make the {precision} variant",
+                        expected=f"a float32 graph (each precision is made from it) or a {GRAPH_PRECISION[precision]}"
+                                 " one",
+                        fix=f"bundle the float32 graph, or ask only --precision {_bundle_precision(have)}")
+    return have
+
+
+def _bundle_precision(graph_precision: str) -> str:
+    return {v: k for k, v in GRAPH_PRECISION.items()}.get(graph_precision, "fp32")
+
+
+def _copy_package(out: Path) -> None:
+    """The device-side package, sources only."""
+    source = Path(jetson.__file__).parent
+    for path in sorted(source.glob("*.py")):
+        target = out / PACKAGE / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+
+
+def _ship(files: tuple[str, ...], folder: str, out: Path) -> list[str]:
+    """Copy files into ``out/folder``; their paths relative to the bundle."""
+    shipped = []
+    for path in map(Path, files):
+        relative = f"{folder}/{path.name}"
+        if relative in shipped:
+            raise EdgeError(f"two files named {path.name} would go to {folder}/", fix="rename one of them")
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, out / relative)
+        shipped.append(relative)
+    return shipped
+
+
+def make_bundle(inputs: list[str | Path], out: str | Path, config: BundleConfig | None = None, *,
+                tar: bool = False, force: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+    """Write the bundle folder ``out`` (and ``out.tar.gz`` with ``tar``); its manifest."""
+    from edge import __version__
+
+    config = config or BundleConfig()
+    config.check()
+    progress = progress or (lambda message: None)
+    out = Path(out)
+    if out.exists() and not force:
+        raise EdgeError(f"{out} exists", expected="a new folder for the bundle", fix="pass another --out, or --force")
+    graphs = source_graphs(inputs)
+    for source in graphs:  # before minutes of calibration, not after
+        for precision in config.precisions:
+            _check_convertible(source, precision)
+    with atomic_folder(out) as tmp:
+        plugins = _ship(config.plugins, PLUGINS, tmp)
+        timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
+        variants = []
+        for source in graphs:
+            for precision in config.precisions:
+                relative = f"{GRAPHS}/{source.name}/{precision}.onnx"
+                made = _write_precision(source, precision, tmp / relative, config, progress)
+                inputs_io, _ = _graph_io(tmp / relative)
+                build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
+                                  optimization_level=config.optimization_level,
+                                  tiling_optimization_level=config.tiling_optimization_level,
+                                  timing_cache=timing, plugins=tuple(plugins))
+                variants.append(Variant(name=source.name, precision=precision, graph=relative,
+                                        graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
+                                        calibration=(made or {}).get("calibration"), source=str(source.path)))
+                progress(f"{source.name}.{precision}: {relative}")
+        _copy_package(tmp)
+        kind = "pipeline" if any(Path(i).is_dir() for i in inputs) else "onnx"
+        try:
+            manifest = manifest_json(tmp, variants, config.protocol,
+                                     {"edge": __version__, "created": datetime.now(timezone.utc).isoformat(
+                                         timespec="seconds")},
+                                     {"kind": kind, "paths": [str(i) for i in inputs]})
+        except JetsonError as e:
+            raise EdgeError(e.what, fix=e.fix) from e
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    if tar:
+        manifest["tar"] = str(write_tar(out))
+    return manifest
+
+
+def write_tar(folder: Path) -> Path:
+    """``FOLDER.tar.gz`` holding ``FOLDER/``, written to a temporary file and renamed."""
+    target = folder.with_name(folder.name + ".tar.gz")
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder.parent)
+    os.close(handle)
+    try:
+        with tarfile.open(temporary, "w:gz") as archive:
+            archive.add(folder, arcname=folder.name)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,252 @@
+"""Engines on the device: built from a bundle's graph with TensorRT's ONNX parser and the variant's
+recorded build config, and kept in a cache keyed by what makes an engine valid.
+
+The build is strongly typed (the precision is the graph's own: ``edge bundle`` wrote fp16 and int8
+Q/DQ graphs), which is the path TensorRT 11 still builds and works the same from 10.3 on; the knobs
+(workspace, optimisation level, tiling level, dynamic-batch profile, timing cache, plugin
+libraries) are applied where the loaded TensorRT has them and listed as not available where not,
+as ``edge build`` does (edge.trt.builder shares :func:`parser_errors` and :func:`network_flags`).
+
+The cache (``~/.cache/edge-jetson/engines``, or ``$EDGE_JETSON_CACHE/engines``) holds
+``KEY.engine`` and ``KEY.engine.json``, the latter in ``edge build``'s manifest format (version 2:
+``runtime`` holds the TensorRT version and the device identity), so ``edge profile`` runs a cached
+engine as it is. KEY is the sha256 of the graph's sha256, the build config (plugin and cache files
+by their sha256), the TensorRT version and the device identity (jetson.device.IDENTITY): another
+device, TensorRT or config never finds the entry. An entry whose manifest names another identity
+(an engine copied in from another device) is refused; one whose engine no longer matches its
+sha256 is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jetson.bundle import GRAPH_PRECISION, BuildSpec, sha256_file
+from jetson.device import IDENTITY
+from jetson.errors import JetsonError
+from jetson.features import TensorRTFeatures, detect_features, dims_list, load_tensorrt
+
+if TYPE_CHECKING:
+    import tensorrt
+
+ENGINE_MANIFEST_VERSION = 2  # edge.trt.manifest.MANIFEST_VERSION: the same format
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("EDGE_JETSON_CACHE") or Path.home() / ".cache" / "edge-jetson")
+
+
+def parser_errors(parser: tensorrt.OnnxParser, features: TensorRTFeatures) -> list[str]:
+    """One line per parser error, naming the node (index, name, operator where TensorRT says them)."""
+    lines = []
+    for i in range(parser.num_errors):
+        error = parser.get_error(i)
+        node = error.node()
+        where = f"node {node}" if node >= 0 else "graph"
+        if features.parser_error_node_names:
+            name, op = error.node_name(), error.node_operator()
+            if name or op:
+                where += f" ({name or '?'}: {op or '?'})"
+        lines.append(f"{where}: {error.desc()} [{error.code()}]")
+    return lines
+
+
+def network_flags(strongly_typed: bool, features: TensorRTFeatures) -> int:
+    """``1 << STRONGLY_TYPED`` on 10.x; nothing on 11+ (the flag is deprecated there, every network strongly typed)."""
+    import tensorrt as trt
+
+    if not strongly_typed or features.always_strongly_typed:
+        return 0
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+
+def _configure(config: tensorrt.IBuilderConfig, spec: BuildSpec, features: TensorRTFeatures) -> dict:
+    import tensorrt as trt
+
+    honoured: dict[str, Any] = {}
+    ignored: dict[str, str] = {}
+    if features.memory_pool_limit:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace_mib << 20)
+        honoured["workspace_mib"] = spec.workspace_mib
+    else:
+        ignored["workspace_mib"] = "no IBuilderConfig.set_memory_pool_limit"
+    if features.optimization_level:
+        config.builder_optimization_level = spec.optimization_level
+        honoured["optimization_level"] = spec.optimization_level
+    else:
+        ignored["optimization_level"] = "no builder_optimization_level"
+    if spec.tiling_optimization_level is not None:
+        if features.tiling_optimization_level:
+            config.tiling_optimization_level = trt.TilingOptimizationLevel(spec.tiling_optimization_level)
+            honoured["tiling_optimization_level"] = spec.tiling_optimization_level
+        else:
+            ignored["tiling_optimization_level"] = f"TensorRT {features.version} has no tiling optimisation (10.8+)"
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    return {"honoured": honoured, "not_available": ignored}
+
+
+def _profile(builder: tensorrt.Builder, network: tensorrt.INetworkDefinition,
+             spec: BuildSpec) -> tensorrt.IOptimizationProfile | None:
+    """A profile for inputs with a dynamic batch: min/opt/max from the spec, or its fixed batch (1 by default)."""
+    import tensorrt as trt
+
+    dynamic = [network.get_input(i) for i in range(network.num_inputs) if -1 in dims_list(network.get_input(i).shape)]
+    if not dynamic:
+        return None
+    if spec.min_batch is not None:
+        low, mid, high = int(spec.min_batch), int(spec.opt_batch or spec.min_batch), int(spec.max_batch or 0)
+    else:
+        low = mid = high = spec.batch or 1
+    profile = builder.create_optimization_profile()
+    for tensor in dynamic:
+        dims = dims_list(tensor.shape)
+        if -1 in dims[1:]:
+            raise JetsonError(f"input {tensor.name} has dynamic dimensions besides the batch: {dims}",
+                              fix="bundle a graph exported with a fixed image size")
+        shapes = [trt.Dims([b, *dims[1:]]) for b in (low, mid, high)]
+        profile.set_shape(tensor.name, shapes[0], shapes[1], shapes[2])
+    return profile
+
+
+def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = (),
+                       timing_cache: Path | None = None, log: Callable[[str], None] = print) -> tuple[bytes, dict]:
+    """Parse ``graph`` and build a serialised engine with ``spec``; the build facts for the manifest.
+
+    ``timing_cache`` is read when it exists and written after the build (a device-local file).
+    """
+    trt = load_tensorrt()
+    features = detect_features(trt)
+    if not features.strongly_typed:
+        raise JetsonError(f"TensorRT {features.version} cannot build strongly typed networks",
+                          expected="TensorRT >= 8.6 (10.3 on JetPack 6)", fix="upgrade JetPack")
+    started = time.perf_counter()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    trt.init_libnvinfer_plugins(logger, "")
+    for library in plugins:
+        builder.get_plugin_registry().load_library(str(library))
+    network = builder.create_network(network_flags(spec.strongly_typed, features))
+    parser = trt.OnnxParser(network, logger)
+    log(f"parsing {graph}")
+    if not parser.parse(graph.read_bytes(), str(graph)):
+        errors = parser_errors(parser, features)
+        raise JetsonError(f"TensorRT {features.version} cannot parse {graph} ({len(errors)} errors)",
+                          found="\n    " + "\n    ".join(errors[:20]),
+                          fix="the node named is unsupported here: bundle the graph with the plugin library it needs, "
+                              "or check its opset (17+)")
+    config = builder.create_builder_config()
+    knobs = _configure(config, spec, features)
+    profile = _profile(builder, network, spec)
+    if profile is not None:
+        config.add_optimization_profile(profile)
+    cache_info: dict[str, Any] = {"path": None}
+    if timing_cache is not None and features.timing_cache:
+        data = timing_cache.read_bytes() if timing_cache.is_file() else b""
+        accepted = config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
+        cache_info = {"path": str(timing_cache), "loaded_bytes": len(data), "hit": bool(data) and bool(accepted)}
+        if data and not accepted:
+            log(f"the timing cache {timing_cache} was made by another TensorRT or GPU: building without it")
+            config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+    log(f"building the engine of {graph} (TensorRT tries tactics: minutes on an Orin Nano)")
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise JetsonError(f"TensorRT could not build an engine from {graph}", found="see TensorRT's log above",
+                          fix=f"if it ran out of memory, close other programs or bundle with a smaller workspace "
+                              f"(now {spec.workspace_mib} MiB)")
+    engine = bytes(serialized)
+    if cache_info["path"] is not None and timing_cache is not None:
+        _write_atomic(timing_cache, bytes(config.get_timing_cache().serialize()))
+    return engine, {"knobs": knobs, "timing_cache": cache_info, "features": features.as_dict(),
+                    "build_seconds": round(time.perf_counter() - started, 2)}
+
+
+def cache_key(graph_sha256: str, spec: BuildSpec, file_sha256: dict[str, str], identity: dict) -> str:
+    """The engine cache key: graph, build config (files by content), TensorRT version and device identity."""
+    build = spec.to_json()
+    for field in ("timing_cache", "calibration_cache"):
+        build[field] = file_sha256.get(build[field]) if build[field] else None
+    build["plugins"] = [file_sha256.get(p, p) for p in build["plugins"]]
+    build.pop("timing_cache")  # speeds the build up, makes no other engine
+    text = json.dumps({"graph": graph_sha256, "build": build, "identity": {f: identity.get(f) for f in IDENTITY}},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class EngineCache:
+    """``root/KEY.engine`` with its manifest ``root/KEY.engine.json``."""
+
+    root: Path
+
+    def engine_path(self, key: str) -> Path:
+        return self.root / f"{key}.engine"
+
+    def manifest_path(self, key: str) -> Path:
+        return self.root / f"{key}.engine.json"
+
+    def load(self, key: str, identity: dict, log: Callable[[str], None] = print) -> tuple[bytes, dict] | None:
+        """The cached engine and its manifest; None when absent or damaged (then removed); a JetsonError
+        when the entry was built for another device or TensorRT."""
+        engine_path, manifest_path = self.engine_path(key), self.manifest_path(key)
+        if not (engine_path.is_file() and manifest_path.is_file()):
+            return None
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            expected = manifest["engine"]["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            expected, manifest = None, {}
+        data = engine_path.read_bytes()
+        if expected != hashlib.sha256(data).hexdigest():
+            log(f"the cached engine {engine_path} does not match its manifest: rebuilding it")
+            engine_path.unlink(missing_ok=True)
+            manifest_path.unlink(missing_ok=True)
+            return None
+        built = manifest.get("runtime", {})
+        different = [f for f in IDENTITY if built.get(f) != identity.get(f)]
+        if different:
+            raise JetsonError(f"the cached engine {engine_path} was built for another device or TensorRT",
+                              expected=", ".join(f"{f} {identity.get(f)}" for f in different),
+                              found=", ".join(f"{f} {built.get(f)}" for f in different),
+                              fix=f"engines are not portable: delete {engine_path} (it is rebuilt here), and copy "
+                                  "engines only between devices of the same identity")
+        return data, manifest
+
+    def store(self, key: str, engine: bytes, manifest: dict) -> Path:
+        """Write the engine, then its manifest (an engine without a manifest is never used)."""
+        path = self.engine_path(key)
+        _write_atomic(path, engine)
+        manifest = {**manifest, "engine": {"path": str(path), "sha256": hashlib.sha256(engine).hexdigest(),
+                                           "bytes": len(engine)}}
+        _write_atomic(self.manifest_path(key), (json.dumps(manifest, indent=2) + "\n").encode())
+        return path
+
+
+def engine_manifest(graph: Path, spec: BuildSpec, identity: dict, facts: dict, *, key: str, plugins: Sequence[Path],
+                    variant: str, bundle_sha256: str) -> dict:
+    """An engine manifest in ``edge build``'s format (edge.trt.manifest), plus where it came from."""
+    return {"manifest_version": ENGINE_MANIFEST_VERSION, "edge": None, "built_by": "jetson runner",
+            "onnx": {"path": str(graph), "sha256": sha256_file(graph), "variant": GRAPH_PRECISION[spec.precision],
+                     "conversion": None},
+            "runtime": {**identity}, "precision": spec.precision, "strongly_typed": spec.strongly_typed,
+            "config": spec.to_json(), "plugins": [str(p) for p in plugins], "cache_key": key,
+            "bundle": {"sha256": bundle_sha256, "variant": variant}, **facts}

@@ -1,0 +1,474 @@
+"""The device runner: check a bundle, record the device, build each engine (cached), benchmark it, and
+write results JSON and logs. ``python3 -m jetson run`` (jetson.__main__) is its command line.
+
+Results (``--out``, by default ``BUNDLE/results``)::
+
+    results/run.json              the run summary (format edge-jetson-run, version 1)
+    results/NAME.PRECISION.json   one per variant and precision (format edge-jetson-result, version 1)
+    results/logs/run.log          what the runner printed, with times
+    results/logs/NAME.PRECISION.tegrastats.log   the tegrastats samples (``<monotonic s>\\t<line>``)
+
+A variant's result has the keys of ``edge profile``'s result (``backend``, ``device``,
+``precision``, ``batch``, ``threads``, ``model``, ``latency``: the jetson.stats schema on the host
+clock, ``warmup``, ``seconds``, ``weight_bytes``, ``peak_rss_mb``, ``clock``) and: ``variant``,
+``bundle_sha256``, ``config`` and ``config_key`` (what was asked: backend, protocol, power
+settings), ``partial`` (true when the benchmark stopped early: then ``error`` says why and
+``latency`` covers what was measured, or is null), ``power`` (jetson.energy's PowerSummary:
+energy per inference total and above idle, per rail, peak RAM and temperatures, plus
+``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
+the figures can be checked against the samples; null without tegrastats), and per backend:
+TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
+``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts); ONNX Runtime
+adds ``onnxruntime`` and ``providers``.
+
+``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
+with the power mode read from ``nvpmodel -q``), ``settings`` (the power mode set and the clocks
+locked, if asked), ``variants`` (per id: ``status`` done | cached | failed | interrupted, ``result``
+file, ``error``), ``partial``, ``exit_code``, ``started`` and ``finished``.
+
+Re-running continues: a variant whose result file holds the same bundle sha256 and config key and
+is not partial is not recomputed (``status: cached``); ``--force`` recomputes everything.
+
+Exit codes: 0 every variant done, 1 at least one variant failed (the others ran; see run.json),
+2 bad usage or a bad bundle (nothing ran), 3 a bug in the runner, 128 + N when signal N
+interrupted it (130: Ctrl-C), after putting the power mode and clocks back and marking the results
+partial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
+from jetson.errors import JetsonError
+from jetson.power import NVPMODEL_CONF, DeviceSettings, Interrupted, query_power_mode
+from jetson.stats import latency_stats
+
+RUN_FORMAT, RESULT_FORMAT, FORMAT_VERSION = "edge-jetson-run", "edge-jetson-result", 1
+BACKENDS = ("tensorrt", "ort")
+ENERGY = ("auto", "on", "off")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``python3 -m jetson run`` was asked; None takes the bundle's protocol default."""
+
+    bundle: Path
+    out: Path | None = None
+    backend: str = "tensorrt"
+    warmup: int | None = None
+    iterations: int | None = None
+    duration_s: float | None = None
+    cuda_graph: bool | None = None
+    idle_s: float | None = None
+    energy: str = "auto"
+    power_mode: str | None = None
+    lock_clocks: bool = False
+    variants: tuple[str, ...] = ()
+    cache_dir: Path | None = None
+    cuda: str | None = None
+    threads: int | None = None
+    layer_runs: int = 20
+    force: bool = False
+    nvpmodel_conf: Path = NVPMODEL_CONF
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise JetsonError(f"--backend {self.backend!r}", expected=f"one of {', '.join(BACKENDS)}")
+        if self.energy not in ENERGY:
+            raise JetsonError(f"--energy {self.energy!r}", expected=f"one of {', '.join(ENERGY)}")
+
+    def protocol(self, bundle: Bundle) -> Protocol:
+        """The bundle's protocol with this run's overrides (--iterations without --duration drops the duration)."""
+        base = bundle.protocol
+        overrides: dict[str, Any] = {k: v for k, v in (("warmup", self.warmup), ("iterations", self.iterations),
+                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s))
+                                     if v is not None}
+        if self.duration_s is not None or self.iterations is not None:
+            overrides["duration_s"] = self.duration_s
+        if self.duration_s is not None and self.iterations is None:
+            overrides["iterations"] = 1
+        return replace(base, **overrides)
+
+
+class RunLog:
+    """Lines to stderr and to ``logs/run.log``, each with the time since the run started."""
+
+    def __init__(self, path: Path, stream: TextIO | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a")
+        self.stream = stream or sys.stderr
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        line = f"[{time.monotonic() - self.start:8.1f} s] {message}"
+        print(line, file=self.stream, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as indented JSON, written to a temporary file and renamed (never half written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as f:
+            json.dump(value, f, indent=1)
+            f.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a dropped SSH session) raise Interrupted for the whole run, as Ctrl-C raises
+    KeyboardInterrupt, so partial results are written and the device is put back."""
+    saved = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+@dataclass
+class Measurement:
+    """What a benchmark measured so far: kept by the caller, so an interrupted one still reports."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    warmup_seconds: float = 0.0
+    seconds: float = 0.0
+    power: dict | None = None
+
+
+class Runner:
+    """One run over a bundle: :meth:`run` returns the exit code."""
+
+    def __init__(self, options: RunOptions, log: Callable[[str], None] | None = None) -> None:
+        self.options = options
+        self.bundle = read_bundle(options.bundle)
+        self.out = Path(options.out) if options.out else self.bundle.root / "results"
+        self.protocol = options.protocol(self.bundle)
+        self.logger = log
+        self.cudart: Any = None
+        self.trt_version: str | None = None
+        self.device: dict = {}
+        self.summary: dict = {}
+
+    def log(self, message: str) -> None:
+        if self.logger is not None:
+            self.logger(message)
+
+    # what the run needs, checked before anything runs
+    def prepare(self) -> None:
+        verify_bundle(self.bundle)
+        self.log(f"bundle {self.bundle.root}: {len(self.bundle.variants)} variants, sha256 {self.bundle.sha256[:16]}, "
+                 "every file checked")
+        unknown = [v for v in self.options.variants
+                   if not any(v in (x.id, x.name) for x in self.bundle.variants)]
+        if unknown:
+            raise JetsonError(f"--variant {unknown[0]} is not in the bundle",
+                              expected=f"one of {', '.join(v.id for v in self.bundle.variants)}")
+        if self.options.backend == "tensorrt":
+            from jetson.cuda import load_cuda_runtime
+            from jetson.features import load_tensorrt
+
+            try:
+                self.trt_version = str(load_tensorrt().__version__)
+            except JetsonError as e:
+                raise JetsonError(e.what, expected=e.expected, found=e.found,
+                                  fix=f"{e.fix}; or run the same protocol on ONNX Runtime: --backend ort") from e
+            self.cudart = load_cuda_runtime(self.options.cuda)
+        from jetson.device import device_record
+
+        self.device = device_record(self.cudart, self.trt_version)
+        self.device["power_mode"] = self._power_mode()
+
+    def _power_mode(self) -> dict:
+        try:
+            mode = query_power_mode()
+        except JetsonError as e:
+            return {"name": None, "id": None, "note": e.what}
+        return {"name": mode.name, "id": mode.id}
+
+    def config(self) -> dict:
+        """What a result depends on besides the bundle: a result made with another config is recomputed."""
+        return {"backend": self.options.backend, "protocol": asdict(self.protocol),
+                "power_mode": self.options.power_mode, "lock_clocks": self.options.lock_clocks,
+                "energy": self.energy_on(), "threads": self.options.threads, "cuda": self.options.cuda}
+
+    def config_key(self) -> str:
+        return hashlib.sha256(json.dumps(self.config(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def energy_on(self) -> bool:
+        if self.options.energy == "auto":
+            import shutil
+
+            return shutil.which("tegrastats") is not None
+        return self.options.energy == "on"
+
+    def selected(self) -> list[Variant]:
+        wanted = self.options.variants
+        return [v for v in self.bundle.variants if not wanted or v.id in wanted or v.name in wanted]
+
+    def result_path(self, variant: Variant) -> Path:
+        return self.out / f"{variant.id}.json"
+
+    def done_before(self, variant: Variant) -> bool:
+        path = self.result_path(variant)
+        if self.options.force or not path.is_file():
+            return False
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        return (result.get("bundle_sha256") == self.bundle.sha256 and result.get("config_key") == self.config_key()
+                and result.get("partial") is False)
+
+    # the run
+    def run(self) -> int:
+        """Prepare, then each variant in turn, with the device settings held around them all."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.summary = {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "bundle": str(self.bundle.root),
+                        "bundle_sha256": self.bundle.sha256, "bundle_created_by": self.bundle.created_by,
+                        "backend": self.options.backend, "started": _now(), "finished": None, "device": None,
+                        "settings": None, "config": None, "config_key": None, "variants": {}, "partial": True,
+                        "exit_code": None}
+        try:
+            with _signals_interrupt():
+                self.prepare()
+                self.summary.update(device=self.device, config=self.config(), config_key=self.config_key())
+                self.log(f"device: {self.device.get('device_model') or self.device.get('machine')}, L4T "
+                         f"{self.device.get('l4t')}, TensorRT {self.trt_version}, power mode "
+                         f"{self.device['power_mode'].get('name')}; backend {self.options.backend}")
+                with DeviceSettings(self.options.power_mode, self.options.lock_clocks,
+                                    conf=self.options.nvpmodel_conf) as settings:
+                    self.summary["settings"] = {
+                        "original_mode": settings.original_mode and asdict(settings.original_mode),
+                        "power_mode": settings.power_mode and asdict(settings.power_mode),
+                        "clocks_locked": settings.clocks_locked}
+                    for variant in self.selected():
+                        self.run_variant(variant)
+            failed = any(v["status"] == "failed" for v in self.summary["variants"].values())
+            return self.finish(EXIT_FAILED if failed else EXIT_OK, partial=failed)
+        except Interrupted as e:
+            self.log(f"interrupted by {signal.Signals(e.signum).name}: results so far are kept, marked partial")
+            return self.finish(128 + e.signum, partial=True)
+        except KeyboardInterrupt:
+            self.log("interrupted (Ctrl-C): results so far are kept, marked partial")
+            return self.finish(128 + signal.SIGINT, partial=True)
+        except JetsonError as e:
+            self.log(f"error: {e}")
+            self.summary["error"] = str(e)
+            return self.finish(EXIT_USAGE if not self.summary["variants"] else EXIT_FAILED, partial=True)
+        except Exception as e:  # noqa: BLE001 - not swallowed: its traceback goes to the log, exit 3
+            self.log(traceback.format_exc())
+            self.summary["error"] = f"internal error: {type(e).__name__}: {e}"
+            return self.finish(EXIT_INTERNAL, partial=True)
+
+    def finish(self, code: int, *, partial: bool) -> int:
+        self.summary.update(finished=_now(), partial=partial, exit_code=code)
+        write_json(self.out / "run.json", self.summary)
+        return code
+
+    def run_variant(self, variant: Variant) -> None:
+        """Benchmark one variant unless done before; a JetsonError fails it and the run goes on,
+        an interruption writes what was measured (partial) and ends the run."""
+        entry: dict[str, Any] = {"result": self.result_path(variant).name, "error": None}
+        self.summary["variants"][variant.id] = entry
+        if self.done_before(variant):
+            entry["status"] = "cached"
+            self.log(f"{variant.id}: done before with this bundle and config (--force recomputes it)")
+            write_json(self.out / "run.json", self.summary)
+            return
+        measured = Measurement()
+        backend = None
+        try:
+            backend, engine = self.make_backend(variant)
+            self.log(f"{variant.id}: benchmarking ({self.protocol.warmup} warm-up, {self.protocol.iterations} "
+                     f"iterations" + (f", at least {self.protocol.duration_s:g} s" if self.protocol.duration_s else "")
+                     + ")")
+            self.benchmark(backend, variant, measured)
+            result = self.result(variant, backend, measured, engine, partial=False)
+            entry["status"] = "done"
+            self.log(f"{variant.id}: median {result['latency']['median_ms']:.3f} ms, p99 "
+                     f"{result['latency']['p99_ms']:.3f} ms over {result['latency']['iterations']} iterations"
+                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_inference_mj']:.2f} "
+                        f"mJ per inference" if result["power"] and result["power"]["total_rail"] else ""))
+            write_json(self.result_path(variant), result)
+        except JetsonError as e:
+            self.log(f"{variant.id}: failed: {e}")
+            entry.update(status="failed", error=str(e))
+            self.write_partial(variant, backend, measured, str(e))
+        except (Interrupted, KeyboardInterrupt) as e:
+            entry.update(status="interrupted", error=str(e) or "interrupted (Ctrl-C)")
+            self.write_partial(variant, backend, measured, entry["error"])
+            raise
+        finally:
+            if backend is not None:
+                backend.close()
+            write_json(self.out / "run.json", self.summary)
+
+    def write_partial(self, variant: Variant, backend: Any, measured: Measurement, error: str) -> None:
+        result = self.result(variant, backend, measured, None, partial=True)
+        result["error"] = error
+        write_json(self.result_path(variant), result)
+
+    def make_backend(self, variant: Variant) -> tuple[Any, dict | None]:
+        """The backend for the variant (TensorRT: its engine from the cache, or built now)."""
+        graph = self.bundle.path(variant.graph)
+        if self.options.backend == "ort":
+            from jetson.ort_backend import OrtBackend
+
+            return OrtBackend(graph, precision=variant.precision, threads=self.options.threads), None
+        from jetson.trt_backend import TensorRTEngineBackend
+
+        engine, facts = self.engine(variant)
+        plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
+        backend = TensorRTEngineBackend(engine, self.cudart, label=f"{variant.id} ({facts['path']})",
+                                        plugins=plugins, batch=variant.build.batch,
+                                        cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
+                                        precision=variant.precision, device=self.device.get("gpu"))
+        return backend, facts
+
+    def engine(self, variant: Variant) -> tuple[bytes, dict]:
+        """The variant's engine from the device's cache, else built now and cached."""
+        from jetson.engine import EngineCache, build_engine_bytes, cache_key, default_cache_root, engine_manifest
+
+        root = Path(self.options.cache_dir) if self.options.cache_dir else default_cache_root()
+        cache = EngineCache(root / "engines")
+        identity = self.device["identity"]
+        files = {name: entry["sha256"] for name, entry in self.bundle.files.items()}
+        key = cache_key(variant.graph_sha256, variant.build, files, identity)
+        cached = cache.load(key, identity, self.log)
+        if cached is not None:
+            self.log(f"{variant.id}: engine from the cache ({cache.engine_path(key)})")
+            return cached[0], {"cache_key": key, "path": str(cache.engine_path(key)), "cached": True,
+                               "build_seconds": cached[1].get("build_seconds")}
+        plugins = [self.bundle.path(p) for p in variant.build.plugins]
+        device = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        timing_cache = root / "timing" / f"{device}.cache"  # per TensorRT and device; seeded from the bundle's
+        if not timing_cache.exists() and variant.build.timing_cache:
+            timing_cache.parent.mkdir(parents=True, exist_ok=True)
+            timing_cache.write_bytes(self.bundle.path(variant.build.timing_cache).read_bytes())
+        graph = self.bundle.path(variant.graph)
+        engine, facts = build_engine_bytes(graph, variant.build, plugins=plugins, timing_cache=timing_cache,
+                                           log=self.log)
+        manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
+                                   variant=variant.id, bundle_sha256=self.bundle.sha256)
+        path = cache.store(key, engine, manifest)
+        self.log(f"{variant.id}: engine built in {facts['build_seconds']} s, cached as {path}")
+        return engine, {"cache_key": key, "path": str(path), "cached": False, **facts}
+
+    def benchmark(self, backend: Any, variant: Variant, measured: Measurement) -> None:
+        """Warm-up, then timed inferences one at a time (host monotonic clock), with tegrastats around
+        an idle window and the timed window when energy is measured."""
+        protocol = self.protocol
+        if not self.energy_on():
+            self._timed(backend, measured)
+            return
+        from jetson.energy import Window, summarize
+        from jetson.sampler import TegrastatsSampler
+
+        log_path = self.out / "logs" / f"{variant.id}.tegrastats.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with TegrastatsSampler(protocol.tegrastats_interval_ms, log_path=log_path) as sampler:
+            idle = None
+            if protocol.idle_s > 0:
+                idle_start = time.monotonic()
+                time.sleep(protocol.idle_s)
+                idle = Window(idle_start, time.monotonic())
+            start, end = self._timed(backend, measured)
+            sampler.wait_past(end)
+            samples = sampler.samples()
+        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle).to_json()
+        measured.power.update(tegrastats_log=str(log_path.relative_to(self.out)), timed_window_s=[start, end],
+                              idle_window_s=[idle.start_s, idle.end_s] if idle else None)
+
+    def _timed(self, backend: Any, measured: Measurement) -> tuple[float, float]:
+        """Warm up, then time; the monotonic start and end of the timed window."""
+        protocol = self.protocol
+        t0 = time.perf_counter()
+        for _ in range(protocol.warmup):
+            backend.infer()
+        measured.warmup_seconds = time.perf_counter() - t0
+        latencies = measured.latencies_ms
+        window_start = time.monotonic()
+        started = time.perf_counter()
+        while len(latencies) < protocol.iterations or (protocol.duration_s
+                                                       and time.perf_counter() - started < protocol.duration_s):
+            t = time.perf_counter()
+            backend.infer()
+            latencies.append((time.perf_counter() - t) * 1000.0)
+            measured.seconds = time.perf_counter() - started
+        return window_start, time.monotonic()
+
+    def result(self, variant: Variant, backend: Any, measured: Measurement, engine: dict | None, *,
+               partial: bool) -> dict:
+        """The variant's result in ``edge profile``'s schema plus the device runner's fields."""
+        info = backend.describe() if backend is not None else {"backend": self.options.backend,
+                                                               "precision": variant.precision}
+        batch = int(info.get("batch") or 1)
+        latencies = measured.latencies_ms
+        extra = backend.report(self.protocol.warmup) if backend is not None and latencies and not partial else {}
+        return {
+            "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
+            "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,
+            "latency": latency_stats(latencies, batch) if latencies else None,
+            "warmup": {"iterations": self.protocol.warmup, "seconds": measured.warmup_seconds},
+            "seconds": measured.seconds,
+            "weight_bytes": backend.weight_bytes() if backend is not None else None,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "clock": "time.perf_counter (device host clock, synchronous calls)",
+            **extra,
+            "engine": engine,
+            "power": measured.power,
+            "partial": partial,
+            "bundle_sha256": self.bundle.sha256, "config": self.config(), "config_key": self.config_key(),
+            "graph": variant.graph, "graph_sha256": variant.graph_sha256,
+            "finished": _now(),
+        }
+
+
+def run(options: RunOptions, log_stream: TextIO | None = None) -> int:
+    """Run the bundle with ``options``; the exit code. A bad bundle or option is exit 2 (message on stderr)."""
+    try:
+        runner = Runner(options)
+    except JetsonError as e:
+        print(f"jetson run: error: {e}", file=log_stream or sys.stderr)
+        return EXIT_USAGE
+    log = RunLog(runner.out / "logs" / "run.log", log_stream)
+    runner.logger = log
+    try:
+        return runner.run()
+    finally:
+        log.close()

@@ -1,0 +1,121 @@
+"""``edge bundle``: from ONNX files and from a pipeline run folder, with a manifest whose checksums the
+device runner checks, written atomically; fp16 and int8 graphs made by edge.quantize on real images."""
+
+import json
+import tarfile
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edge.bundle import BundleConfig, make_bundle
+from edge.cli import main
+from edge.errors import EdgeError
+from edge.fileio import sha256_file
+from jetson.bundle import MANIFEST, Protocol, read_bundle, verify_bundle
+from tests.edge.trt.test_build import tiny_onnx
+
+JETSON = Path(__file__).resolve().parents[2] / "jetson"
+
+
+def test_bundle_of_onnx_files_lists_every_file_with_its_checksum(tmp_path):
+    graphs = [tiny_onnx(tmp_path / "ref.clean.onnx"), tiny_onnx(tmp_path / "small.onnx")]
+    out = tmp_path / "bundle"
+    manifest = make_bundle(graphs, out, BundleConfig(precisions=("fp32",), protocol=Protocol(iterations=50)),
+                           tar=True)
+    assert [(v["name"], v["precision"], v["graph"]) for v in manifest["variants"]] == [
+        ("ref", "fp32", "graphs/ref/fp32.onnx"), ("small", "fp32", "graphs/small/fp32.onnx")]
+    assert manifest["protocol"]["iterations"] == 50 and manifest["source"]["kind"] == "onnx"
+    build = manifest["variants"][0]["build"]
+    assert build == {"precision": "fp32", "strongly_typed": True, "workspace_mib": 2048, "optimization_level": 3,
+                     "tiling_optimization_level": None, "batch": None, "min_batch": None, "opt_batch": None,
+                     "max_batch": None, "timing_cache": None, "plugins": [], "calibration_cache": None}
+    assert manifest["variants"][0]["inputs"] == [{"name": "input", "shape": [1, 16], "dtype": "float32"}]
+    # every file but the manifest, with its sha256 and size; the runner's package is the repository's own
+    on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
+    assert sorted(manifest["files"]) == on_disk
+    for relative, entry in manifest["files"].items():
+        assert entry == {"sha256": sha256_file(out / relative), "bytes": (out / relative).stat().st_size}
+    package = {p for p in manifest["files"] if p.startswith("jetson/")}
+    assert package == {f"jetson/{p.name}" for p in JETSON.glob("*.py")}
+    assert (out / "graphs/ref/fp32.onnx").read_bytes() == graphs[0].read_bytes()
+    assert json.loads((out / MANIFEST).read_text()) == {k: v for k, v in manifest.items() if k != "tar"}
+    verify_bundle(read_bundle(out))
+    with tarfile.open(tmp_path / "bundle.tar.gz") as archive:
+        names = archive.getnames()
+    assert "bundle/manifest.json" in names and "bundle/graphs/ref/fp32.onnx" in names
+    assert not list(tmp_path.glob(".bundle*"))  # no temporary folder or file left
+
+
+def pipeline_run(folder: Path, with_report: bool) -> Path:
+    """A folder laid out as `edge pipeline --out` leaves it (edge.pipeline.layout), with two variants."""
+    for name in ("baseline", "dwconv2"):
+        (folder / "variants" / name).mkdir(parents=True)
+        tiny_onnx(folder / "variants" / name / "model.clean.onnx")
+        tiny_onnx(folder / "variants" / name / "model.batched.clean.onnx", batch="batch")
+    if with_report:
+        variants = [{"name": n, "graphs": {"model.onnx": {"clean_file": f"variants/{n}/model.clean.onnx"}}}
+                    for n in ("dwconv2", "baseline")]
+        (folder / "report.json").write_text(json.dumps({"variants": variants}))
+    return folder
+
+
+@pytest.mark.parametrize("with_report", [True, False])
+def test_bundle_of_a_pipeline_run_takes_each_variants_cleaned_static_graph(tmp_path, with_report):
+    run = pipeline_run(tmp_path / "run", with_report)
+    manifest = make_bundle([run], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    order = ["dwconv2", "baseline"] if with_report else ["baseline", "dwconv2"]  # report.json's order, else sorted
+    assert [v["name"] for v in manifest["variants"]] == order
+    assert {v["source"] for v in manifest["variants"]} == {str(run / f"variants/{n}/model.clean.onnx") for n in order}
+    assert manifest["source"] == {"kind": "pipeline", "paths": [str(run)]}
+    assert manifest["variants"][0]["inputs"][0]["shape"] == [1, 16]  # the static-batch graph, not the batched one
+
+
+def test_an_error_leaves_no_bundle(tmp_path):
+    good = tiny_onnx(tmp_path / "a.onnx")
+    with pytest.raises(EdgeError, match="neither a pipeline run folder nor an ONNX file"):
+        make_bundle([good, tmp_path / "missing.onnx"], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    with pytest.raises(EdgeError, match="two graphs would be variant 'a'"):
+        make_bundle([good, good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    half = tmp_path / "half.onnx"
+    model = onnx.load(str(good))
+    model.metadata_props.add(key="edge.precision", value="float16")
+    onnx.save(model, str(half))
+    with pytest.raises(EdgeError, match="half.onnx is a float16 graph, which cannot make the fp32 variant"):
+        make_bundle([good, half], tmp_path / "bundle", BundleConfig(precisions=("fp32", "int8")))
+    assert not (tmp_path / "bundle").exists() and not list(tmp_path.glob(".bundle*"))
+    make_bundle([good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    with pytest.raises(EdgeError, match="bundle exists"):
+        make_bundle([good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+
+
+@pytest.fixture(scope="module")
+def reference_onnx(tmp_path_factory):
+    """The reference model exported (float32, static batch 1), as a pipeline run's cleaned graph is."""
+    from edge.export import ExportConfig, export
+    from edge.models import create_model, data_config
+
+    path = tmp_path_factory.mktemp("ref") / "ref.onnx"
+    model = create_model("fmnist-deit-tiny")
+    export(model, path, source="fmnist-deit-tiny", plan=None, data_config=data_config(model),
+           config=ExportConfig(verify=False))
+    return path
+
+
+def test_fp16_and_int8_graphs_are_made_by_edge_quantize_and_the_calibration_recorded(reference_onnx, tmp_path):
+    out = tmp_path / "bundle"
+    code = main(["bundle", str(reference_onnx), "--out", str(out), "--precision", "fp16,int8", "--data",
+                 "fmnist-mini", "--samples", "32", "--iterations", "30"])
+    assert code == 0
+    bundle = read_bundle(out)
+    verify_bundle(bundle)
+    by_id = {v.id: v for v in bundle.variants}
+    assert set(by_id) == {"ref.fp16", "ref.int8"} and bundle.protocol.iterations == 30
+    precisions = {i: {p.key: p.value for p in onnx.load(str(out / v.graph)).metadata_props}["edge.precision"]
+                  for i, v in by_id.items()}
+    assert precisions == {"ref.fp16": "float16", "ref.int8": "int8"}
+    int8 = onnx.load(str(out / by_id["ref.int8"].graph))
+    assert sum(n.op_type == "QuantizeLinear" for n in int8.graph.node) > 0
+    assert by_id["ref.fp16"].calibration is None
+    calibration = by_id["ref.int8"].calibration
+    assert calibration["samples"] == 32 and calibration["data"] == "fmnist-mini"
