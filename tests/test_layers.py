@@ -28,7 +28,8 @@ def lint(root: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     result = lint(ROOT)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "BROKEN" not in result.stdout and "6 kept, 0 broken" in result.stdout
+    contracts = (ROOT / ".importlinter").read_text().count("[importlinter:contract:")
+    assert "BROKEN" not in result.stdout and f"{contracts} kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize("file, line, broken", [
