@@ -41,7 +41,7 @@ def test_the_import_contracts_hold():
     ("edge/graph/passes/fold_constants.py", "import torch", ["Graph passes and ONNX helpers"]),
 ])
 def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file, line, broken):
-    for package in ("edge", "calib"):
+    for package in ("edge", "calib", "jetson"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__", "weights",
                                                                                         "fmnist_mini"))
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
@@ -51,7 +51,7 @@ def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file
     result = lint(tmp_path)
     assert result.returncode != 0
     verdicts = [ln for ln in result.stdout.splitlines() if ln.endswith((" KEPT", " BROKEN"))]
-    assert len(verdicts) == 6, result.stdout
+    assert len(verdicts) == (ROOT / ".importlinter").read_text().count("[importlinter:contract:"), result.stdout
     for name in broken:   # at least these (an import can break others through the chains it opens)
         assert any(v.startswith(name) and v.endswith(" BROKEN") for v in verdicts), (name, result.stdout[-3000:])
 
