@@ -10,6 +10,7 @@ scripts/setup.sh installs: a missing tool fails these tests, it does not skip th
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -164,12 +165,16 @@ def instructions(text: str) -> list[Instruction]:
 
 
 def flags_and_words(args: str) -> tuple[dict[str, str], list[str]]:
-    """``--flag=value`` options, then the words (JSON array form or shell words)."""
-    words = [w for w in re.findall(r'"((?:[^"\\]|\\.)*)"', args)] if args.lstrip().startswith("[") else args.split()
+    """The leading ``--flag=value`` options, then the words (of the JSON array form, else of the shell form)."""
     flags = {}
-    while words and words[0].startswith("--"):
-        name, _, value = words.pop(0)[2:].partition("=")
-        flags[name] = value
+    while args.startswith("--"):
+        flag, _, args = args.partition(" ")
+        name, _, value = flag[2:].partition("=")
+        flags[name], args = value, args.lstrip()
+    try:
+        words = json.loads(args) if args.startswith("[") else args.split()
+    except json.JSONDecodeError:  # Docker reads a malformed array as the shell form
+        words = args.split()
     return flags, words
 
 
@@ -216,8 +221,9 @@ def base_problems(name: str, text: str, table: dict[str, str]) -> list[str]:
         elif variable[1] not in table:
             problems.append(f"{name} line {ins.line}: FROM {image}: {variable[1]} is not in docker/tags.env")
         elif declared.get(variable[1]) != table[variable[1]]:
-            problems.append(f"{name} line {ins.line}: ARG {variable[1]} defaults to {declared.get(variable[1])!r}, "
-                            f"docker/tags.env says {table[variable[1]]!r}; make them equal")
+            problems.append(f"{name} line {ins.line}: FROM {image}: ARG {variable[1]} defaults to "
+                            f"{declared.get(variable[1])!r}, docker/tags.env says {table[variable[1]]!r}; "
+                            "make them equal")
         if alias:
             stages.add(alias)
     return problems
@@ -377,12 +383,13 @@ def test_copy_check_reports_missing_ignored_and_fetched_sources(tmp_path):
     (tmp_path / ".dockerignore").write_text("# outputs\nruns\n**/__pycache__\n")
     text = ("FROM x\nCOPY src/ /app/src/\nCOPY --chown=1:1 src/*.py \\\n  missing.txt /app/\n"
             "COPY runs/r.json /app/\nADD https://example.com/f /app/\nCOPY --from=build /out /app/\n"
-            'COPY ["src/a.py", "/app/"]\n')
+            'COPY ["src/a.py", "/app/"]\nCOPY --chmod=644 ["src/gone.py", "/app/"]\n')
     problems = copy_problems("t", text, tmp_path)
-    assert len(problems) == 3, problems
+    assert len(problems) == 4, problems
     assert "line 3: COPY missing.txt: no such path" in problems[0]
     assert "line 5: COPY runs/r.json: left out by .dockerignore" in problems[1]
     assert "line 6: ADD https://example.com/f fetches at build time" in problems[2]
+    assert "line 9: COPY src/gone.py: no such path" in problems[3]
 
 
 def test_dockerignore_rules_follow_docker():
