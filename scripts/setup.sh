@@ -28,7 +28,7 @@ if ! "$PYTHON" -c "import venv, ensurepip" 2>/dev/null; then
   apt_install python3-venv python3-pip
 fi
 
-stamp="$VENV/.edge-setup-$(cat setup.py | sha256sum | cut -c1-16)"
+stamp="$VENV/.edge-setup-$(sha256sum < setup.py | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   echo "setup: creating $VENV (torch 2.13.0 CPU, timm, onnx, onnxruntime, ...)" >&2
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"

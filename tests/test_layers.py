@@ -56,7 +56,8 @@ def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file
         assert any(v.startswith(name) and v.endswith(" BROKEN") for v in verdicts), (name, result.stdout[-3000:])
 
 
-CROSS_CUTTING = {"test_golden.py", "test_layers.py", "test_readme.py"}   # tests of the whole tree, not one module
+# tests of the whole tree, not one module
+CROSS_CUTTING = {"test_docker.py", "test_golden.py", "test_layers.py", "test_readme.py"}
 
 
 def test_tests_mirror_the_package_tree():
