@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from edge.compare import ort_messages
 from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import infer_shapes
 
@@ -15,7 +16,8 @@ from edge.graph.util import infer_shapes
 def run(graph: gs.Graph) -> bool:
     before = sum(1 for n in graph.nodes if n.op != "Constant")
     infer_shapes(graph)
-    graph.fold_constants(fold_shapes=True, error_ok=True).cleanup()
+    with ort_messages():  # folding runs ONNX Runtime sessions on ONNX Runtime's default logger
+        graph.fold_constants(fold_shapes=True, error_ok=True).cleanup()
     return sum(1 for n in graph.nodes if n.op != "Constant") < before
 
 
