@@ -63,7 +63,8 @@ def ort_session(model_bytes_or_path, threads: int | None = None):
         options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # errors only: ORT's optimiser warns about fusions it skips ("UnsqueezeElimination cannot
-    # remove node ..."), which are neither errors nor anything a user of edge can act on
+    # remove node ..."), which are neither errors nor anything a user of edge can act on (sessions
+    # that other libraries create are kept quiet by ort_messages())
     options.log_severity_level = 3
     return ort.InferenceSession(model_bytes_or_path, options, providers=["CPUExecutionProvider"])
 
@@ -132,7 +133,7 @@ def ort_messages() -> Iterator[OrtMessages]:
         return
     root = logging.getLogger()
     # with no handler, logging.warning() would configure the root logger for good (and print around
-    # the filter): a handler that prints as logging's last resort does stands in for the block
+    # the filter): for the block, a handler that prints as logging's last resort does stands in
     stand_in = None if root.handlers else logging.StreamHandler()
     if stand_in is not None:
         stand_in.setLevel(logging.WARNING)
