@@ -47,7 +47,7 @@ from edge.compress import CompressConfig, compress
 from edge.export import ExportConfig, export
 from edge.graph import clean_graph
 from edge.models import create_model, data_config
-from edge.profile import OrtBackend, latency_stats
+from edge.profile import OrtBackend, latency_stats, sidebyside
 from edge.profile.backends import Backend
 from edge.profile.contention import CpuContention
 from edge.progress import log
@@ -156,38 +156,17 @@ def describe_graph(proto: onnx.ModelProto, reference: np.ndarray, probe: np.ndar
 
 def interleave(factories: dict[str, Callable[[], Backend]], *, warmup: int, rounds: int, iterations: int,
                sessions: int = 1) -> dict[str, dict]:
-    """Latency of several backends side by side: warm-up each, then rounds of ``iterations`` calls of each.
+    """Latency of several backends side by side (:func:`edge.profile.sidebyside.interleave`: rounds of
+    ``iterations`` calls of each, the order rotating; ``sessions`` sets created afresh in rotated order).
 
-    The order rotates every round. With ``sessions`` > 1 the backends are created afresh that many
-    times, the creation order rotated each time (an A/A control showed that the order ONNX Runtime
-    sessions are created in can move one graph's latency by several per cent); the rounds are split
-    evenly between the sets. Returns name -> latency statistics (ms) with each round's median.
+    Returns name -> latency statistics (ms) with each round's median and the session set of each round.
     """
-    names = list(factories)
-    latencies: dict[str, list[float]] = {name: [] for name in names}
-    round_medians: dict[str, list[float]] = {name: [] for name in names}
-    per_set = max(1, rounds // sessions)
-    batches: dict[str, int] = {}
-    for s in range(sessions):
-        created = names[s % len(names):] + names[:s % len(names)]
-        backends = {name: factories[name]() for name in created}
-        batches.update({name: b.batch for name, b in backends.items()})
-        for backend in backends.values():
-            for _ in range(warmup):
-                backend.infer()
-        for r in range(per_set):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                backend, start = backends[name], len(latencies[name])
-                for _ in range(iterations):
-                    t0 = time.perf_counter()
-                    backend.infer()
-                    latencies[name].append((time.perf_counter() - t0) * 1000.0)
-                round_medians[name].append(float(np.median(latencies[name][start:])))
-        for backend in backends.values():
-            backend.close()
-    return {name: {**latency_stats(latencies[name], batches[name]), "batch": batches[name],
-                   "round_medians_ms": round_medians[name], "session_sets": sessions}
-            for name in names}
+    timed = sidebyside.interleave(factories, sidebyside.SideBySideConfig(warmup=warmup, rounds=rounds,
+                                                                         sessions=sessions, iterations=iterations))
+    return {name: {**latency_stats(latencies, timed["describe"][name]["batch"]),
+                   "batch": timed["describe"][name]["batch"], "round_medians_ms": timed["round_medians"][name],
+                   "round_sets": timed["round_sets"], "session_sets": sessions}
+            for name, latencies in timed["latencies"].items()}
 
 
 def measure_interleaved(paths: dict[str, Path], *, threads: int, warmup: int, rounds: int, iterations: int,
@@ -246,6 +225,9 @@ def measure_case(case: Case, args, work: Path) -> dict:
         verdict["per_round_vs_best"] = {"median": float(np.median(ratios) - 1.0),
                                         "quartiles": [float(np.quantile(ratios, q) - 1.0) for q in (0.25, 0.75)]}
         verdict["aa_control"] = latency["edge-copy"]["median_ms"] / latency["edge"]["median_ms"] - 1.0
+        verdict["aa_interval"] = sidebyside.speedup_interval(  # edge / edge-copy per round, seeded bootstrap
+            latency["edge"]["round_medians_ms"], latency["edge-copy"]["round_medians_ms"],
+            latency["edge"]["round_sets"], seed=args.seed)
         log(f"{case.name}: median ms raw/edge/onnxslim/onnxsim = "
             + "/".join(f"{latency[n]['median_ms']:.3f}" for n in ("raw", *CLEANERS)))
     return {"model": case.name, **info, "input_shape": dims, "graphs": graphs, "verdict": verdict,

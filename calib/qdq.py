@@ -30,6 +30,7 @@ import onnx
 
 from calib.data import ArrayCalibrationReader, calibration_images, graph_batch
 from calib.placement import GEMM_OPS, qdq_violations, residual_adds, restrict_to_tensorrt_placement
+from edge.compare import ort_messages
 from edge.errors import EdgeError
 from edge.onnx_metadata import CALIBRATION, set_precision_metadata, source_precision
 
@@ -135,7 +136,7 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None
             progress(f"calibrating ({config.method}) on {config.samples} samples of {config.data}")
         if cache_path:
             cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="edge-int8-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edge-int8-") as tmp, ort_messages():  # the quantizer's notes
         out = Path(tmp) / "model.int8.onnx"
         quantize_static(onnx.ModelProto.FromString(model_bytes), str(out), reader, quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=[*GEMM_OPS, "Add"], nodes_to_quantize=names, per_channel=True,

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job on the bundled default: set up, then run `edge pipeline` with its built-in recipe
 # (`edge pipeline --print-recipe` shows it) on the bundled reference model fmnist-deit-tiny: the
-# original and three block-approximation plans, each compressed, exported, cleaned, verified,
+# original and three block-approximation plans, each compressed, exported, cleaned, verified and
 # evaluated with ONNX Runtime on the full Fashion-MNIST test split (the shipped subset, with a
-# notice, if the full set cannot be installed) and profiled. The report goes to runs/pipeline
-# (EDGE_PIPELINE_OUT overrides); running again redoes only what changed. Extra arguments go to
-# `edge pipeline`, e.g. --recipe FILE or --redo profile.
+# notice, if the full set cannot be installed); then all four timed side by side in one run with an
+# A/A control, each with its speedup against the original and a 95 % interval. The report goes to
+# runs/pipeline (EDGE_PIPELINE_OUT overrides); running again redoes only what changed (--redo
+# profile times all variants again). Extra arguments go to `edge pipeline`, e.g. --recipe FILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

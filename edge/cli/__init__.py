@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         _report_bug(args.command, f"{type(e).__name__}: {e}")
         return InternalError.exit_code
+    finally:
+        from edge.compare import log_ort_messages
+
+        log_ort_messages(f"edge {args.command}")  # ONNX Runtime's notes: to a log file, with their count
 
 
 def _report_bug(command: str, message: str) -> None:

@@ -5,12 +5,13 @@ a plan), :data:`DEPLOYED` (static batch: verified, cleaned, profiled), :data:`BA
 batch: accuracy), and the cleaned graph of each (:func:`clean_name`).
 """
 
-VARIANT_STEPS = ("compress", "count", "export", "clean", "verify", "evaluate", "profile")
-STEPS = ("analysis", *VARIANT_STEPS)  # the step names of a run (``--redo`` choices)
+VARIANT_STEPS = ("compress", "count", "export", "clean", "verify", "evaluate")
+STEPS = ("analysis", *VARIANT_STEPS, "profile")  # the step names of a run (``--redo`` choices); profile: all variants
 
 VARIANTS = "variants"  # OUT/variants/NAME/
 ARTIFACT = "model"     # OUT/variants/NAME/model/
 DEPLOYED, BATCHED = "model.onnx", "model.batched.onnx"
+ORT_LOG = "onnxruntime.log"  # OUT/onnxruntime.log: ONNX Runtime's notes, kept off the terminal
 
 
 def clean_name(graph: str) -> str:

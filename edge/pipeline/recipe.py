@@ -71,7 +71,8 @@ SECTIONS = {
     # the recipe's own defaults: bigger evaluation batches than `edge eval`, more timed runs than `edge profile`
     "evaluate": Section("edge.evaluate:EvaluateConfig", ("batch_size", "samples"), own=EvaluateKeys,
                         defaults={"batch_size": 500}),
-    "profile": Section("edge.profile:ProfileConfig", ("warmup", "iterations"), defaults={"iterations": 300}),
+    "profile": Section("edge.profile.sidebyside:SideBySideConfig",
+                       ("warmup", "rounds", "sessions", "iterations", "turn_ms", "aa_tolerance")),
 }
 
 
@@ -120,7 +121,7 @@ class Recipe:
     analysis: typing.Any = _section("analysis")        # enabled; samples of AnalysisConfig
     export: typing.Any = _section("export")            # batch, opset of ExportConfig
     evaluate: typing.Any = _section("evaluate")        # batch_size of EvaluateConfig; samples
-    profile: typing.Any = _section("profile")          # warmup, iterations of ProfileConfig
+    profile: typing.Any = _section("profile")          # warmup, rounds, sessions, ... of SideBySideConfig
     source: str = BUILTIN  # where the recipe was read from (not a recipe key)
 
     def as_dict(self) -> dict:

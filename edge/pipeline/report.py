@@ -13,9 +13,10 @@ from pathlib import Path
 from edge import __version__
 from edge.fileio import write_atomic, write_json_atomic
 from edge.pipeline.layout import ARTIFACT, DEPLOYED, VARIANT_STEPS, VARIANTS, clean_name
+from edge.profile.sidebyside import AA_SUFFIX
 
 FORMAT = "edge-pipeline-report"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: latency side by side (report["latency"], each variant's "speedup")
 
 
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
@@ -45,10 +46,10 @@ def _verification(export: dict, clean: dict, verify: dict) -> dict:
     }
 
 
-def variant_entry(run) -> dict:
+def variant_entry(run, latency: dict) -> dict:
     records = run.ctx.records[run.variant.name]
     count, export, clean = records["count"].result, records["export"].result, records["clean"].result
-    evaluation, latency = records["evaluate"].result, records["profile"].result
+    evaluation, timed = records["evaluate"].result, latency["variants"][run.variant.name]
     compress = records["compress"].result if "compress" in records else None
     graphs = {}
     for graph, exported in export.items():
@@ -58,6 +59,7 @@ def variant_entry(run) -> dict:
                          "batch": exported["batch"], "bytes": exported["bytes"], "nodes_exported": exported["nodes"],
                          "nodes_before_clean": cleaned["nodes_before"], "nodes_after_clean": cleaned["nodes_after"],
                          "clean_rounds": cleaned["rounds"], "clean_passes": cleaned["passes"]}
+    backend = timed["backend"]
     return {
         "name": run.variant.name,
         "plan": run.plan,
@@ -74,10 +76,12 @@ def variant_entry(run) -> dict:
         "accuracy_graph": evaluation["graph"],
         "graphs": graphs,
         "verification": _verification(export, clean, records["verify"].result),
-        "latency": latency["latency"],
-        "profile": {k: latency.get(k) for k in ("backend", "device", "precision", "batch", "threads", "onnxruntime",
-                                            "warmup", "weight_bytes", "peak_rss_mb", "clock", "model",
-                                            "contention")},
+        "latency": timed["latency"],   # this variant's calls in the side-by-side run (report["latency"])
+        "speedup": timed["speedup"],   # against report["latency"]["reference"], with its interval and verdict
+        "profile": {**{k: backend.get(k) for k in ("backend", "device", "precision", "batch", "threads",
+                                                   "onnxruntime")},
+                    "weight_bytes": timed["weight_bytes"],
+                    "model": f"{VARIANTS}/{run.variant.name}/{latency['graph']}"},
         "compression": None if compress is None else {k: compress[k] for k in ("calibration", "fit", "planner",
                                                                                 "seconds")},
         "artifact": f"{VARIANTS}/{run.variant.name}/{ARTIFACT}" if compress is not None else None,
@@ -85,10 +89,33 @@ def variant_entry(run) -> dict:
     }
 
 
-def build_report(ctx, runs, analysis, notice: str | None, seconds: float) -> dict:
+def latency_summary(latency, ctx) -> dict:
+    """The side-by-side run as a whole: settings, the A/A control, whether it was too noisy to rank."""
+    result = latency.result
+    aa = result["variants"][result["reference"] + AA_SUFFIX]
+    return {
+        "reference": result["reference"],
+        "aa_control": {**result["aa_control"], "median_ms": aa["latency"]["median_ms"]},
+        "noisy": result["noisy"],
+        "method": result["method"],
+        "settings": result["settings"],
+        "iterations_per_round": result["iterations_per_round"],
+        "timed_calls_per_variant": aa["latency"]["iterations"],
+        "creation_orders": result["creation_orders"],
+        "onnxruntime": aa["backend"].get("onnxruntime"),
+        "threads": aa["backend"].get("threads"),
+        "hardware": result["hardware"],
+        "contention": result["contention"],
+        "clock": result["clock"],
+        "seconds": round(result["seconds"], 2),
+        "steps": {"profile": latency.summary()},
+    }
+
+
+def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None, seconds: float) -> dict:
     from edge.runtime import hardware, versions
 
-    variants = [variant_entry(run) for run in runs]
+    variants = [variant_entry(run, latency.result) for run in runs]
     baseline = next((v["accuracy"] for v in variants if v["requested_plan"] is None), None)
     for v in variants:
         v["accuracy_delta_pt"] = None if baseline is None else round(100 * (v["accuracy"] - baseline), 4)
@@ -107,8 +134,10 @@ def build_report(ctx, runs, analysis, notice: str | None, seconds: float) -> dic
         "versions": versions(),
         "threads": ctx.recipe.threads,
         "analysis": None if analysis is None else {**analysis.result, "steps": {"analysis": analysis.summary()}},
+        "latency": latency_summary(latency, ctx),
         "variants": variants,
         "pareto_front": front,
+        "onnxruntime_log": ort_log,
         "steps": {"ran": sum(r.status == "ran" for r in records), "cached": sum(r.status == "cached" for r in records)},
         "passed": all(v["verification"]["passed"] for v in variants),
         "seconds": round(seconds, 2),
@@ -127,8 +156,16 @@ def _steps_cell(steps: dict) -> str:
     return "all cached" if not ran else ("all ran" if len(ran) == len(steps) else f"ran: {', '.join(ran)}")
 
 
-COLUMNS = ("variant", "plan", "params", "MFLOPs", "accuracy %", "delta pt", "median ms", "p90 ms", "p99 ms", "CV %",
-           "nodes (clean)", "max abs err", "Pareto", "steps")
+COLUMNS = ("variant", "plan", "params", "MFLOPs", "accuracy %", "delta pt", "median ms", "p10-p90 ms", "CV %",
+           "speedup [95 % interval]", "vs reference", "nodes (clean)", "max abs err", "Pareto", "steps")
+
+
+def speedup_cell(speedup: dict) -> str:
+    return f"{speedup['speedup']:.3f}x [{speedup['low']:.3f}, {speedup['high']:.3f}]"
+
+
+def _verdict_cell(report: dict, v: dict) -> str:
+    return "reference" if v["name"] == report["latency"]["reference"] else v["speedup"]["verdict"]
 
 
 def table_rows(report: dict) -> list[tuple[str, ...]]:
@@ -138,30 +175,58 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
         deployed = v["graphs"][DEPLOYED]
         rows.append((v["name"], v["plan"] or "(original)", f"{v['params']:,}", f"{v['flops'] / 1e6:.1f}",
                      f"{100 * v['accuracy']:.2f}", _fmt(v["accuracy_delta_pt"], "+.2f"), f"{s['median_ms']:.3f}",
-                     f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}", f"{100 * s['cv']:.1f}",
+                     f"{s['p10_ms']:.3f}-{s['p90_ms']:.3f}", f"{100 * s['cv']:.1f}",
+                     speedup_cell(v["speedup"]), _verdict_cell(report, v),
                      f"{deployed['nodes_before_clean']} -> {deployed['nodes_after_clean']}",
                      _fmt(v["verification"]["max_abs"], ".1e"), "yes" if v["pareto"] else "",
                      _steps_cell(v["steps"])))
     return rows
 
 
+def latency_conditions(report: dict) -> list[str]:
+    """How latency was measured, and what the A/A control says about the run (ranked, or too noisy)."""
+    lat, first, hw = report["latency"], report["variants"][0], report["hardware"]
+    p, s, aa = first["profile"], lat["settings"], lat["aa_control"]
+    other = lat["contention"].get("other_cpu_share")
+    lines = [
+        f"Latency: all {len(report['variants'])} variants and an A/A control (`{aa['of']}` timed a second time as "
+        f"its own variant) side by side in one run: {p['backend']} {lat['onnxruntime']} on the {p['device']} "
+        f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, {lat['threads']} intra-op "
+        f"threads; {s['sessions']} session sets created afresh in rotated order, each with {s['warmup']} warm-up "
+        f"calls per variant; {s['rounds']} rounds of {lat['iterations_per_round']} timed calls per variant, the "
+        f"order rotating each round ({lat['timed_calls_per_variant']} timed calls per variant, "
+        f"{lat['seconds']:.0f} s); {lat['clock']}. Median and spread over a variant's timed calls."
+        + (f" Other processes used {100 * other:.1f} % of the CPUs while timing"
+           + (" (busy: not a clean figure)." if lat["contention"]["busy"] else ".") if other is not None else ""),
+        f"Speedup against `{lat['reference']}` (above 1: faster): {lat['method']} ({s['resamples']} resamples, "
+        f"seed {s['seed']}, {100 * s['confidence']:.0f} % interval). A variant is called faster or slower only when "
+        "its whole interval lies beyond 1 by more than the A/A control's deviation.",
+    ]
+    control = (f"A/A control: `{aa['of']}` against itself {speedup_cell(aa)}, a deviation of "
+               f"{100 * aa['deviation']:.1f} %")
+    if lat["noisy"]:
+        lines.append(f"**Too noisy to rank variants close to each other.** {control}, more than the "
+                     f"{100 * s['aa_tolerance']:.0f} % bound: speedups within {100 * aa['deviation']:.1f} % of 1 are "
+                     "not told apart (`too noisy to tell`); time again on a quieter machine "
+                     "(`edge pipeline --out OUT --redo profile`).")
+    else:
+        lines.append(f"{control}, within the {100 * s['aa_tolerance']:.0f} % bound.")
+        ranked = sorted((v for v in report["variants"] if v["name"] != lat["reference"]),
+                        key=lambda v: -v["speedup"]["speedup"])
+        lines.append("By speedup: " + ", ".join(f"`{v['name']}` {v['speedup']['speedup']:.3f}x "
+                                                f"({v['speedup']['verdict']})" for v in ranked) + ".")
+    return lines
+
+
 def conditions(report: dict) -> list[str]:
     first = report["variants"][0]
-    p, hw, rec = first["profile"], report["hardware"], report["recipe"]
-    shares = [v["profile"]["contention"]["other_cpu_share"] for v in report["variants"]
-              if (v["profile"].get("contention") or {}).get("other_cpu_share") is not None]
-    busy = any((v["profile"].get("contention") or {}).get("busy") for v in report["variants"])
+    hw, rec, ort_log = report["hardware"], report["recipe"], report["onnxruntime_log"]
     lines = [
         f"Model `{rec['model']}`; data `{report['data']['used']}`"
         + (f" (fallback: {report['data']['fallback_notice']})" if report["data"]["fallback_notice"] else "") + ".",
         f"Accuracy: ONNX Runtime on each variant's cleaned dynamic-batch graph, {first['samples']:,} images of "
         f"`{first['accuracy_data']}`, batch {rec['evaluate']['batch_size']}.",
-        f"Latency: {p['backend']} {report['versions'].get('onnxruntime')} on the {p['device']}, {p['precision']}, "
-        f"batch {p['batch']}, {p['threads']} intra-op threads, {p['warmup']['iterations']} warm-up + "
-        f"{first['latency']['iterations']} timed iterations of the cleaned static-batch graph; {p['clock']}"
-        + (f"; other processes used {100 * min(shares):.1f} to {100 * max(shares):.1f} % of the {hw['cpu_count']} "
-           "CPUs while timing" if shares else "")
-        + (" (other work competed for the cores: these latencies are not clean figures)." if busy else "."),
+        *latency_conditions(report),
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} CPUs), Python {hw['python']}, torch {hw['torch']}, "
         f"edge {report['edge']}.",
         f"Compression: {rec['calibration']['samples']} class-balanced training images, seed {rec['seed']}.",
@@ -169,6 +234,9 @@ def conditions(report: dict) -> list[str]:
         f"{report['seconds']:.1f} s in all. Verification "
         + ("passed for every graph." if report["passed"] else "FAILED for at least one graph (see report.json)."),
     ]
+    if ort_log["lines"]:
+        lines.append(f"ONNX Runtime's notes this run (warnings about its own optimisations, not errors): "
+                     f"{ort_log['lines']}, in {ort_log['file']}.")
     return lines
 
 
@@ -192,7 +260,7 @@ def markdown(report: dict) -> str:
 
 
 def pareto_chart_png(report: dict) -> bytes:
-    """Accuracy against median latency (whiskers: min to p90), the Pareto front joined by a step line."""
+    """Accuracy against median latency (whiskers: p10 to p90), the Pareto front joined by a step line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,7 +272,7 @@ def pareto_chart_png(report: dict) -> bytes:
         s = v["latency"]
         x, y = s["median_ms"], 100 * v["accuracy"]
         color = "#c44e52" if v["pareto"] else "#4c72b0"
-        ax.errorbar([x], [y], xerr=[[x - s["min_ms"]], [s["p90_ms"] - x]], fmt="o", color=color, capsize=3,
+        ax.errorbar([x], [y], xerr=[[x - s["p10_ms"]], [s["p90_ms"] - x]], fmt="o", color=color, capsize=3,
                     markersize=7 if v["pareto"] else 5)
         ax.annotate(v["name"], (x, y), textcoords="offset points", xytext=(6, 5), fontsize=8)
     front = [v for v in variants if v["pareto"]]
@@ -215,7 +283,7 @@ def pareto_chart_png(report: dict) -> bytes:
         ax.legend(loc="lower right", fontsize=8)
     first = variants[0]
     ax.set_xlabel(f"median latency (ms), {first['profile']['backend']} {first['profile']['device']}, batch "
-                  f"{first['profile']['batch']}, {first['profile']['threads']} threads (whiskers: min to p90)")
+                  f"{first['profile']['batch']}, {first['profile']['threads']} threads (whiskers: p10 to p90)")
     ax.set_ylabel(f"top-1 accuracy (%), {first['samples']:,} test images")
     ax.set_title("accuracy vs latency (red: Pareto front)", fontsize=10)
     ax.grid(alpha=0.3)
@@ -239,6 +307,10 @@ figcaption { font-size: 0.8em; color: #555; }
 """
 
 
+def _shared_step(summary: dict) -> str:
+    return f"{summary['status']} ({summary['work_seconds']:.1f} s)"
+
+
 def _img(png: bytes, caption: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
@@ -247,7 +319,7 @@ def _img(png: bytes, caption: str) -> str:
 
 def html_report(report: dict, out: Path) -> str:
     esc = html.escape
-    text_columns = {0, 1, 13}
+    text_columns = {0, 1, 10, 14}
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
     body = []
     for v, row in zip(report["variants"], table_rows(report)):
@@ -269,7 +341,7 @@ def html_report(report: dict, out: Path) -> str:
         '<ul class="conditions">' + "".join(f"<li>{esc(c)}</li>" for c in conditions(report)) + "</ul>",
         "<h2>Variants</h2>", f"<table><tr>{head}</tr>{''.join(body)}</table>",
         "<p>Rows in red are on the Pareto front (lower median latency, higher accuracy).</p>",
-        _img(pareto_chart_png(report), "accuracy vs median latency; whiskers from min to p90"),
+        _img(pareto_chart_png(report), "accuracy vs median latency; whiskers from p10 to p90"),
     ]
     analysis = report["analysis"]
     if analysis:
@@ -279,6 +351,8 @@ def html_report(report: dict, out: Path) -> str:
         for name, path in analysis["pictures"].items():
             parts.append(_img((out / path).read_bytes(), name.replace("_", " ")))
     parts += ["<h2>Steps this run</h2>", f'<table><tr><th>variant</th>{steps_head}</tr>{"".join(steps_rows)}</table>',
+              "<p>profile (all variants side by side): "
+              f"{esc(_shared_step(report['latency']['steps']['profile']))}.</p>",
               "<p>ran: done in this run; cached: its inputs (content hashes) did not change, so it was not redone. "
               "Seconds: the wall time of the work when it ran.</p>", "</body></html>", ""]
     return "\n".join(parts)

@@ -1,12 +1,15 @@
-"""The main job: for every variant of a recipe compress, count, export, clean, verify, evaluate, profile.
+"""The main job: for every variant of a recipe compress, count, export, clean, verify, evaluate; then
+profile all variants together (side by side, with an A/A control).
 
 Every step is one library call (``edge.compress``, ``edge.export``, ``edge.graph.clean``,
-``edge.verify``, ``edge.evaluate``, ``edge.profile``) run through the :class:`StepCache`, so a
-rerun redoes only the steps whose inputs changed. Layout of ``OUT``::
+``edge.verify``, ``edge.evaluate``, ``edge.profile.sidebyside``) run through the :class:`StepCache`,
+so a rerun redoes only the steps whose inputs changed; the profile step is one step over all
+variants, so latency ratios always come from one measurement. Layout of ``OUT``::
 
     OUT/report.json, report.md, report.html
+    OUT/onnxruntime.log                ONNX Runtime's notes of the last run that had any (kept off the terminal)
     OUT/analysis/                      analysis.json and heatmaps of the original model
-    OUT/analysis.done.json             its cache marker
+    OUT/analysis.done.json, profile.done.json   the shared steps' cache markers
     OUT/variants/NAME/model/           the compressed artifact (variants with a plan)
     OUT/variants/NAME/model.onnx       static batch: verified, cleaned, profiled (deployment form)
     OUT/variants/NAME/model.clean.onnx
@@ -19,6 +22,8 @@ Everything the recipe names is checked before anything is written.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import hashlib
 import os
 import time
@@ -31,7 +36,7 @@ from torch import nn
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.cache import StepCache, StepRecord
-from edge.pipeline.layout import ARTIFACT, BATCHED, DEPLOYED, STEPS, VARIANTS, clean_name
+from edge.pipeline.layout import ARTIFACT, BATCHED, DEPLOYED, ORT_LOG, STEPS, VARIANTS, clean_name
 from edge.pipeline.recipe import Recipe, Variant
 from edge.progress import log
 
@@ -322,35 +327,46 @@ class VariantRun:
 
         return self._step("evaluate", inputs, work)
 
-    def profile(self, cleaned: StepRecord) -> StepRecord:
-        from edge.runtime import cpu_name
-
-        recipe = self.ctx.recipe
-        graph = clean_name(DEPLOYED)
-        inputs = {"graph": cleaned.outputs[graph], "warmup": recipe.profile.warmup,
-                  "iterations": recipe.profile.iterations, "threads": recipe.threads,
-                  "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
-
-        def work() -> dict:
-            from edge.profile import OrtBackend, ProfileConfig, profile
-
-            backend = OrtBackend(self.folder / graph, threads=recipe.threads, seed=recipe.seed)
-            try:
-                result = profile(backend, ProfileConfig(recipe.profile.warmup, recipe.profile.iterations))
-            finally:
-                backend.close()
-            return {**result, "model": graph}  # result["contention"]: other processes' CPU share while timing
-
-        return self._step("profile", inputs, work)
-
-    def run(self) -> dict:
+    def run(self) -> StepRecord:
+        """Every step but profiling (all variants are profiled together); the clean step's record."""
         self.compress()
         self.count()
         cleaned = self.clean(self.export())
         self.verify(cleaned)
         self.evaluate(cleaned)
-        self.profile(cleaned)
-        return self.ctx.records[self.variant.name]
+        return cleaned
+
+
+def reference_variant(recipe: Recipe) -> str:
+    """The variant the others' speedups are measured against: the first without a plan, else the first."""
+    return next((v.name for v in recipe.variants if v.plan is None), recipe.variants[0].name)
+
+
+def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord]) -> StepRecord:
+    """Every variant's cleaned static-batch graph timed side by side, in one run, with an A/A control.
+
+    One step for all variants: their latency ratios always come from one measurement, so a variant
+    whose graph changed has every variant timed again.
+    """
+    from edge.runtime import cpu_name
+
+    recipe = ctx.recipe
+    graph = clean_name(DEPLOYED)
+    inputs = {"graphs": {run.variant.name: record.outputs[graph] for run, record in zip(runs, cleaned)},
+              "reference": reference_variant(recipe), "settings": dataclasses.asdict(recipe.profile),
+              "threads": recipe.threads, "seed": recipe.seed,
+              "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
+
+    def work() -> dict:
+        from edge.profile import OrtBackend
+        from edge.profile.sidebyside import SideBySideConfig, side_by_side
+
+        factories = {run.variant.name: functools.partial(OrtBackend, run.folder / graph, threads=recipe.threads,
+                                                         seed=recipe.seed) for run in runs}
+        config = SideBySideConfig(**dataclasses.asdict(recipe.profile), seed=recipe.seed)
+        return {**side_by_side(factories, inputs["reference"], config), "graph": graph}
+
+    return step(ctx, SHARED, "profile", ctx.out, inputs, work)
 
 
 def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ()) -> dict:
@@ -381,8 +397,24 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     log(f"edge pipeline: {len(recipe.variants)} variants of {recipe.model} on {data} -> {out}")
     analysis = run_analysis(ctx)
     runs = [VariantRun(ctx, variant) for variant in recipe.variants]
-    for run in runs:
-        run.run()
-    report = build_report(ctx, runs, analysis, notice, time.perf_counter() - start)
+    cleaned = [run.run() for run in runs]
+    latency = run_profile(ctx, runs, cleaned)
+    ort_log = write_ort_messages(out)
+    report = build_report(ctx, runs, analysis, latency, ort_log, notice, time.perf_counter() - start)
     write_reports(out, report)
     return report
+
+
+def write_ort_messages(out: Path) -> dict:
+    """ONNX Runtime's notes of this run (kept off the terminal) to ``OUT/onnxruntime.log``, with their count."""
+    from edge.compare import ORT_MESSAGES, write_ort_log
+
+    lines = ORT_MESSAGES.take()
+    path = out / ORT_LOG
+    if not lines:
+        path.unlink(missing_ok=True)
+        return {"lines": 0, "file": None}
+    write_ort_log(lines, path)
+    log(f"edge pipeline: {len(lines)} ONNX Runtime notes (warnings about its own optimisations, not errors) "
+        f"are in {path}")
+    return {"lines": len(lines), "file": ORT_LOG}

@@ -27,6 +27,16 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def tensor_bytes(tensor) -> int:
+    """Bytes of an ONNX tensor's values as stored: by its element type (float16 2, int8 1, 4-bit types half a byte)."""
+    import onnx
+
+    count = int(np.prod(tensor.dims))
+    if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1):
+        return (count + 1) // 2
+    return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
 class OrtBackend:
     """ONNX Runtime on the CPU, with all graph optimisations."""
 
@@ -53,7 +63,7 @@ class OrtBackend:
         self.feed = {meta.name: np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
         proto = onnx.load(str(self.path), load_external_data=False)
         self.metadata = metadata_of(proto)
-        self._weights = sum(int(np.prod(t.dims)) * 4 for t in proto.graph.initializer)
+        self._weights = sum(tensor_bytes(t) for t in proto.graph.initializer)
         self.version = ort.__version__
 
     def describe(self) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from edge.compare import ort_messages
 from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import infer_shapes
 
@@ -36,7 +37,8 @@ def run(graph: gs.Graph) -> bool:
         return False
     before = sum(1 for n in graph.nodes if n.op != "Constant")
     infer_shapes(graph)
-    graph.fold_constants(fold_shapes=True, error_ok=True, size_threshold=size_threshold(graph)).cleanup()
+    with ort_messages():  # folding runs ONNX Runtime sessions on ONNX Runtime's default logger
+        graph.fold_constants(fold_shapes=True, error_ok=True, size_threshold=size_threshold(graph)).cleanup()
     return sum(1 for n in graph.nodes if n.op != "Constant") < before
 
 

@@ -20,7 +20,7 @@ data: fmnist-mini
 calibration: {{samples: 40}}
 analysis: {{samples: 40}}
 evaluate: {{samples: 200, batch_size: 100}}
-profile: {{warmup: 2, iterations: 5}}
+profile: {{warmup: 2, rounds: 4, sessions: 2, iterations: 5}}
 {extra}variants:
   - name: original
   - name: lin
@@ -59,20 +59,37 @@ def test_report_files_and_fields(first_run):
         deployed = v["graphs"]["model.onnx"]
         assert deployed["batch"] == 1 and v["graphs"]["model.batched.onnx"]["batch"] == "dynamic"
         assert 0 < deployed["nodes_after_clean"] <= deployed["nodes_before_clean"]
-        latency = v["latency"]
-        assert latency["iterations"] == 5 and latency["min_ms"] <= latency["median_ms"] <= latency["p99_ms"]
-        assert latency["cv"] >= 0 and v["profile"]["threads"] == 2 and v["profile"]["warmup"]["iterations"] == 2
+        latency, speedup = v["latency"], v["speedup"]
+        assert latency["iterations"] == 4 * 5 and latency["min_ms"] <= latency["median_ms"] <= latency["p99_ms"]
+        assert latency["p10_ms"] <= latency["median_ms"] <= latency["p90_ms"] and len(latency["round_medians_ms"]) == 4
+        assert latency["cv"] >= 0 and v["profile"]["threads"] == 2 and v["profile"]["precision"] == "float32"
+        assert speedup["low"] <= speedup["speedup"] <= speedup["high"] and speedup["rounds"] == 4
         assert set(v["steps"]) == set(VARIANT_STEPS) - ({"compress"} if v["plan"] is None else set())
         assert all(s["status"] == "ran" for s in v["steps"].values())
         assert (out / deployed["clean_file"]).is_file()
+    assert original["speedup"] == {**original["speedup"], "speedup": 1.0, "low": 1.0, "high": 1.0}
+    # all variants and the A/A control were timed in one run, their sessions created afresh in rotated order
+    timing = report["latency"]
+    assert timing["reference"] == "original" and timing["steps"]["profile"]["status"] == "ran"
+    assert timing["creation_orders"] == [["original", "lin", "original (A/A)"], ["lin", "original (A/A)", "original"]]
+    aa = timing["aa_control"]
+    assert aa["of"] == "original" and aa["low"] <= aa["speedup"] <= aa["high"]
+    assert aa["deviation"] == max(abs(aa[k] - 1) for k in ("speedup", "low", "high"))
+    assert timing["noisy"] == (aa["deviation"] > 0.03) and timing["settings"]["aa_tolerance"] == 0.03
+    assert timing["onnxruntime"] == report["versions"]["onnxruntime"] and timing["threads"] == 2
+    assert timing["settings"]["warmup"] == 2 and timing["iterations_per_round"] == 5
     assert original["accuracy_delta_pt"] == 0.0
     assert lin["accuracy_delta_pt"] == pytest.approx(100 * (lin["accuracy"] - original["accuracy"]), abs=1e-6)
     assert (out / lin["artifact"] / "edge-model.json").is_file() and original["artifact"] is None
     assert report["pareto_front"] and set(report["pareto_front"]) <= {"original", "lin"}
+    # constant folding of the dynamic-batch graphs makes ONNX Runtime note Unsqueezes it cannot remove
+    assert report["onnxruntime_log"]["lines"] == len((out / "onnxruntime.log").read_text().splitlines()) > 0
     assert report["analysis"]["num_blocks"] == 4 and len(report["analysis"]["block_redundancy"]) == 4
     assert all((out / p).is_file() for p in report["analysis"]["pictures"].values())
     table = (out / "report.md").read_text()
     assert "| lin | linear:1-3 |" in table and f"{100 * lin['accuracy']:.2f}" in table
+    assert f"{lin['speedup']['speedup']:.3f}x [{lin['speedup']['low']:.3f}, {lin['speedup']['high']:.3f}]" in table
+    assert ("Too noisy to rank" in table) == timing["noisy"] and "A/A control" in table
 
 
 def test_html_report_is_self_contained(first_run):
@@ -94,9 +111,10 @@ def test_second_run_is_fully_cached_and_identical(first_run, capsys):
     again = json.loads(captured.out)
     assert again["steps"] == {"ran": 0, "cached": report["steps"]["ran"]}
     assert again["analysis"]["steps"]["analysis"]["status"] == "cached"
+    assert again["latency"]["steps"]["profile"]["status"] == "cached"
     assert all(status == "cached" for steps in _statuses(again).values() for status in steps.values())
     for before, after in zip(report["variants"], again["variants"]):
-        for key in ("plan", "accuracy", "correct", "params", "flops", "latency", "verification"):
+        for key in ("plan", "accuracy", "correct", "params", "flops", "latency", "speedup", "verification"):
             assert before[key] == after[key], key
     assert "[lin] export: cached" in captured.err and "ran in" not in captured.err
     assert [row[:-1] for row in table_rows(again)] == [row[:-1] for row in table_rows(report)]  # all but "steps"
@@ -108,13 +126,12 @@ def test_changing_one_variant_redoes_only_it(first_run, weights, tmp_path, capsy
     shutil.copytree(out, copy)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(recipe_text(weights, lin_plan="affine:1-3"))
-    assert main(["pipeline", "--recipe", str(recipe), "--out", str(copy), "--redo", "profile", "--json"]) == 0
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(copy), "--json"]) == 0
     changed = json.loads(capsys.readouterr().out)
     statuses = _statuses(changed)
     assert all(s == "ran" for s in statuses["lin"].values())
-    assert {k: v for k, v in statuses["original"].items() if k != "profile"} == \
-        {k: "cached" for k in statuses["original"] if k != "profile"}
-    assert statuses["original"]["profile"] == "ran"  # --redo profile
+    assert all(s == "cached" for s in statuses["original"].values())
+    assert changed["latency"]["steps"]["profile"]["status"] == "ran"  # lin changed: both are timed again, together
     assert changed["analysis"]["steps"]["analysis"]["status"] == "cached"
     assert changed["variants"][1]["plan"] == "affine:1-3"
     assert changed["variants"][0]["accuracy"] == report["variants"][0]["accuracy"]
@@ -164,7 +181,7 @@ def test_bad_recipe_exits_2_naming_the_problem_and_writes_nothing(case, weights,
     extra, *needles = BAD_RECIPES[case]
     text = extra + recipe_text(weights)
     if case == "unknown nested key":
-        text = text.replace("iterations: 5", "iters: 5")
+        text = text.replace("iterations: 5", "iters: 5")  # profile.iterations
     elif case == "malformed plan":
         text = text.replace("plan: linear:1-3", "plan: linear:3")
     elif case == "unknown model":
@@ -248,7 +265,7 @@ def test_pareto_front():
     points = {"a": (1.0, 0.80), "b": (2.0, 0.85), "c": (2.5, 0.84), "d": (2.0, 0.85), "e": (0.5, 0.70)}
     # c is beaten by b (faster and more accurate); equal points b and d do not beat each other
     assert pareto_front(points) == ["e", "a", "b", "d"]
-    assert "redo" not in STEPS and STEPS[0] == "analysis"
+    assert "redo" not in STEPS and STEPS[0] == "analysis" and STEPS[-1] == "profile"
 
 
 @pytest.mark.slow
@@ -260,7 +277,7 @@ def test_default_recipe_end_to_end(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["data"]["used"] == "fmnist" and report["passed"]
     for v in report["variants"]:
-        assert v["samples"] == 10000 and v["latency"]["iterations"] == 300
+        assert v["samples"] == 10000 and v["speedup"]["rounds"] == 40
     original = report["variants"][0]
     from edge.models import model_card
 

@@ -119,3 +119,36 @@ def test_profile_records_contention():
 
     result = profile(Sleeper(), ProfileConfig(warmup=1, iterations=5))
     assert set(result["contention"]) >= {"other_cpu_share", "own_cpu_share", "busy", "cpus"}
+
+
+def _matmul_graph(path, weight_nodes, initializers):
+    """x [1, 4] @ W [4, 4], W made by ``weight_nodes`` from ``initializers`` (fp16 or int8 storage)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [*weight_nodes, helper.make_node("MatMul", ["x", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_ort_weight_bytes_count_each_initializer_by_its_type(tmp_path):
+    """16 float16 weights are 32 bytes; 16 int8 weights with a float32 scale and an int8 zero point 21."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge.profile import OrtBackend
+
+    w16 = numpy_helper.from_array(np.eye(4, dtype=np.float16), "w16")
+    fp16 = _matmul_graph(tmp_path / "fp16.onnx", [helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.FLOAT)],
+                         [w16])
+    int8 = _matmul_graph(tmp_path / "int8.onnx", [helper.make_node("DequantizeLinear", ["w8", "scale", "zero"], ["w"])],
+                         [numpy_helper.from_array(np.eye(4, dtype=np.int8), "w8"),
+                          numpy_helper.from_array(np.array(0.5, np.float32), "scale"),
+                          numpy_helper.from_array(np.array(0, np.int8), "zero")])
+    fp32 = _matmul_graph(tmp_path / "fp32.onnx", [helper.make_node("Identity", ["w32"], ["w"])],
+                         [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w32")])
+    for path, expected in ((fp16, 32), (int8, 16 + 4 + 1), (fp32, 64)):
+        backend = OrtBackend(path, threads=1)
+        assert backend.weight_bytes() == expected, path.name
+        backend.close()

@@ -1,0 +1,184 @@
+"""Latency of several models side by side, and each one's speedup against a reference with an interval.
+
+Models timed one after the other are compared across whatever the machine did in between (other
+load, clock and thermal drift): on a shared VM that can make a model with fewer FLOPs look 30 %
+slower. Here every model is timed in the same run, interleaved:
+
+- ``sessions`` times, every backend is created afresh, the creation order rotated each time (the
+  order ONNX Runtime sessions are created in can move one graph's latency by several per cent),
+  and warmed up;
+- then ``rounds / sessions`` rounds: each backend makes ``iterations`` timed calls in turn, the
+  order rotated each round, so drift hits all backends alike.
+
+A backend's speedup against the reference is the median over rounds of the per-round ratio of
+medians (reference / backend: above 1 is faster), with a seeded percentile-bootstrap interval
+(rounds resampled within each session set). An A/A control, the reference created twice and timed
+as two backends, measures the comparison's resolution: its speedup should be 1; when it deviates by
+more than ``aa_tolerance`` the run is too noisy to tell models that close apart, and
+:func:`verdict` says so instead of ranking them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from edge.config import option
+from edge.profile.backends import Backend
+from edge.profile.contention import CpuContention
+from edge.profile.stats import latency_stats
+
+AA_SUFFIX = " (A/A)"  # the control's name: the reference's name plus this (no variant name has a space)
+METHOD = ("median over rounds of the per-round ratio of medians (reference / variant); interval: seeded "
+          "percentile bootstrap over rounds, resampled within each session set")
+
+
+@dataclass(frozen=True)
+class SideBySideConfig:
+    warmup: int = option(10, minimum=0)        # untimed calls of each backend after each creation
+    rounds: int = option(40, minimum=2)        # interleaved rounds, split evenly between the session sets
+    sessions: int = option(5, minimum=1)       # session sets, created afresh in rotated order
+    iterations: int | None = option(None, minimum=1)  # timed calls per backend and round; None: from turn_ms
+    turn_ms: float = option(100.0, above=0)    # iterations=None: about this long per backend and round
+    aa_tolerance: float = option(0.03, above=0)  # A/A deviation above which the run is too noisy to rank
+    confidence: float = option(0.95, above=0, below=1)
+    resamples: int = option(2000, minimum=100)
+    seed: int = option(0, minimum=0)
+
+
+def _rotated(names: list[str], shift: int) -> list[str]:
+    shift %= len(names)
+    return names[shift:] + names[:shift]
+
+
+def _iterations(config: SideBySideConfig, warmup_ms: list[float]) -> int:
+    if config.iterations is not None:
+        return config.iterations
+    typical = float(np.median(warmup_ms)) if warmup_ms else config.turn_ms
+    return max(3, min(200, round(config.turn_ms / max(typical, 1e-3))))
+
+
+def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideConfig) -> dict:
+    """Time the backends side by side (see the module docstring).
+
+    Returns ``{"latencies": name -> every timed call (ms), "round_medians": name -> each round's
+    median, "round_sets": each round's session set, "batches", "describe": name -> backend.describe(),
+    "weight_bytes", "iterations", "creation_orders"}``.
+    """
+    names = list(factories)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    round_medians: dict[str, list[float]] = {name: [] for name in names}
+    round_sets: list[int] = []
+    described: dict[str, dict] = {}
+    weights: dict[str, int] = {}
+    orders = []
+    iterations = config.iterations
+    per_set = max(1, config.rounds // config.sessions)
+    for s in range(config.sessions):
+        created = _rotated(names, s)
+        orders.append(created)
+        backends = {name: factories[name]() for name in created}
+        try:
+            warm: list[float] = []
+            for backend in backends.values():
+                for _ in range(config.warmup):
+                    t0 = time.perf_counter()
+                    backend.infer()
+                    warm.append((time.perf_counter() - t0) * 1000.0)
+            if iterations is None:
+                iterations = _iterations(config, warm)
+            for r in range(per_set):
+                for name in _rotated(names, s * per_set + r):
+                    backend, start = backends[name], len(latencies[name])
+                    for _ in range(iterations):
+                        t0 = time.perf_counter()
+                        backend.infer()
+                        latencies[name].append((time.perf_counter() - t0) * 1000.0)
+                    round_medians[name].append(float(np.median(latencies[name][start:])))
+                round_sets.append(s)
+            for name, backend in backends.items():
+                described.setdefault(name, backend.describe())
+                weights.setdefault(name, backend.weight_bytes())
+        finally:
+            for backend in backends.values():
+                backend.close()
+    return {"latencies": latencies, "round_medians": round_medians, "round_sets": round_sets,
+            "describe": described, "weight_bytes": weights, "iterations": iterations, "creation_orders": orders}
+
+
+def speedup_interval(reference: list[float], candidate: list[float], round_sets: list[int], *,
+                     confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """Speedup of ``candidate`` over ``reference`` from paired per-round medians, with its interval."""
+    ratios = np.asarray(reference, np.float64) / np.asarray(candidate, np.float64)
+    sets = np.asarray(round_sets)
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(sets == s) for s in np.unique(sets)]
+    picks = np.concatenate([rng.choice(g, size=(resamples, len(g))) for g in groups], axis=1)
+    boot = np.median(ratios[picks], axis=1)
+    alpha = (1.0 - confidence) / 2
+    return {"speedup": float(np.median(ratios)), "low": float(np.quantile(boot, alpha)),
+            "high": float(np.quantile(boot, 1.0 - alpha)), "rounds": int(ratios.size),
+            "round_ratio_quartiles": [float(np.quantile(ratios, q)) for q in (0.25, 0.75)]}
+
+
+def aa_deviation(aa: dict) -> float:
+    """How far the A/A control strays from 1 (point or interval bound): the comparison's resolution."""
+    return max(abs(aa["speedup"] - 1.0), abs(aa["low"] - 1.0), abs(aa["high"] - 1.0))
+
+
+def verdict(speedup: dict, resolution: float, noisy: bool) -> str:
+    """``faster`` / ``slower`` only when the whole interval lies beyond 1 by more than the A/A deviation."""
+    if speedup["low"] > 1.0 + resolution:
+        return "faster"
+    if speedup["high"] < 1.0 - resolution:
+        return "slower"
+    return "too noisy to tell" if noisy else "no clear difference"
+
+
+def spread(latencies: list[float]) -> dict:
+    values = np.asarray(latencies, np.float64)
+    p10, p25, p75, p90 = (float(np.percentile(values, q)) for q in (10, 25, 75, 90))
+    return {"p10_ms": p10, "p25_ms": p25, "p75_ms": p75, "iqr_ms": p75 - p25, "p10_p90_ms": [p10, p90]}
+
+
+def summarize(timed: dict, reference: str, config: SideBySideConfig) -> dict:
+    """Per backend: latency statistics, spread, speedup against ``reference``; the A/A control; the verdicts."""
+    rounds, sets = timed["round_medians"], timed["round_sets"]
+    interval = {name: speedup_interval(rounds[reference], rounds[name], sets, confidence=config.confidence,
+                                       resamples=config.resamples, seed=config.seed)
+                for name in rounds}
+    aa = interval[reference + AA_SUFFIX]
+    resolution = aa_deviation(aa)
+    noisy = resolution > config.aa_tolerance
+    results = {}
+    for name, latencies in timed["latencies"].items():
+        stats = latency_stats(latencies, timed["describe"][name]["batch"])
+        results[name] = {"latency": {**stats, **spread(latencies), "round_medians_ms": rounds[name]},
+                         "speedup": {**interval[name], "verdict": verdict(interval[name], resolution, noisy)},
+                         "backend": timed["describe"][name], "weight_bytes": timed["weight_bytes"][name]}
+    return {"reference": reference, "aa_control": {**aa, "deviation": resolution, "of": reference},
+            "noisy": noisy, "variants": results, "iterations_per_round": timed["iterations"],
+            "creation_orders": timed["creation_orders"], "method": METHOD}
+
+
+def side_by_side(factories: dict[str, Callable[[], Backend]], reference: str,
+                 config: SideBySideConfig | None = None) -> dict:
+    """Time ``factories``' backends side by side with an A/A control of ``reference``; see :func:`summarize`."""
+    from edge import __version__
+    from edge.runtime import hardware
+
+    config = config or SideBySideConfig()
+    if reference not in factories:
+        from edge.errors import InternalError
+
+        raise InternalError(f"side_by_side: the reference {reference!r} is not among {sorted(factories)}")
+    factories = {**factories, reference + AA_SUFFIX: factories[reference]}
+    started = time.perf_counter()
+    with CpuContention() as contention:
+        timed = interleave(factories, config)
+    return {**summarize(timed, reference, config), "settings": asdict(config),
+            "seconds": time.perf_counter() - started, "contention": contention.result(),
+            "clock": "time.perf_counter (host, synchronous calls)", "hardware": hardware(), "edge": __version__}

@@ -1,0 +1,123 @@
+"""Side-by-side latency: interleaving, rotation, the A/A control and the verdicts (no timing is asserted)."""
+
+import numpy as np
+import pytest
+
+from edge.profile.sidebyside import (
+    AA_SUFFIX,
+    SideBySideConfig,
+    aa_deviation,
+    interleave,
+    side_by_side,
+    speedup_interval,
+    summarize,
+    verdict,
+)
+
+
+class FakeBackend:
+    """A fake backend that logs its creation and its calls into a shared journal (it computes nothing)."""
+
+    def __init__(self, name, journal):
+        self.name, self.journal = name, journal
+        journal.append(("create", name))
+
+    def describe(self):
+        return {"backend": "fake", "device": "none", "precision": "none", "batch": 1, "threads": 1}
+
+    def weight_bytes(self):
+        return 7
+
+    def infer(self):
+        self.journal.append(("infer", self.name))
+
+    def close(self):
+        self.journal.append(("close", self.name))
+
+
+def _factories(names, journal):
+    return {name: (lambda name=name: FakeBackend(name, journal)) for name in names}
+
+
+def test_interleave_rotates_creation_and_turn_order():
+    journal = []
+    config = SideBySideConfig(warmup=2, rounds=6, sessions=3, iterations=4)
+    timed = interleave(_factories(["a", "b", "c"], journal), config)
+    assert timed["creation_orders"] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert [name for event, name in journal if event == "create"] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    calls = [name for event, name in journal if event == "infer"]
+    assert all(calls.count(n) == 3 * 2 + 6 * 4 for n in "abc")  # warm-up per set + rounds x iterations
+    assert all(len(timed["latencies"][n]) == 24 and len(timed["round_medians"][n]) == 6 for n in "abc")
+    assert timed["round_sets"] == [0, 0, 1, 1, 2, 2]
+    # the timed turns of the first set (after its 3 x 2 warm-up calls): round 0 a b c, round 1 b c a
+    turns = calls[6:6 + 24][::4]
+    assert turns == ["a", "b", "c", "b", "c", "a"]
+    assert journal.count(("close", "a")) == 3
+
+
+def test_iterations_default_to_the_turn_time():
+    journal = []
+    timed = interleave(_factories(["a"], journal), SideBySideConfig(warmup=1, rounds=2, sessions=1, turn_ms=1e9))
+    assert timed["iterations"] == 200  # capped: a call of the fake takes microseconds
+
+
+def test_speedup_interval_on_known_rounds():
+    reference = [10.0] * 8
+    half = [5.0] * 8
+    exact = speedup_interval(reference, half, [0, 0, 0, 0, 1, 1, 1, 1])
+    assert (exact["speedup"], exact["low"], exact["high"]) == (2.0, 2.0, 2.0)
+    rng = np.random.default_rng(0)
+    noisy = list(5.0 * (1 + 0.05 * rng.standard_normal(20)))
+    a = speedup_interval([10.0] * 20, noisy, [i // 4 for i in range(20)], seed=3)
+    b = speedup_interval([10.0] * 20, noisy, [i // 4 for i in range(20)], seed=3)
+    assert a == b  # seeded
+    assert a["low"] < a["speedup"] < a["high"] and a["speedup"] == pytest.approx(np.median(10.0 / np.array(noisy)))
+    assert 1.8 < a["low"] and a["high"] < 2.2
+
+
+@pytest.mark.parametrize("low, high, resolution, noisy, expected", [
+    (1.02, 1.10, 0.01, False, "faster"),
+    (1.005, 1.10, 0.01, False, "no clear difference"),  # within the A/A control's deviation
+    (0.80, 0.95, 0.01, False, "slower"),
+    (0.80, 1.001, 0.0, False, "no clear difference"),   # a variant is slower only when its whole interval is below 1
+    (0.90, 0.96, 0.05, True, "too noisy to tell"),
+    (0.80, 0.90, 0.05, True, "slower"),                 # slower even by more than the noise
+])
+def test_verdict(low, high, resolution, noisy, expected):
+    assert verdict({"speedup": (low + high) / 2, "low": low, "high": high}, resolution, noisy) == expected
+
+
+def _timed(aa_factor: float) -> dict:
+    """Synthetic per-round medians: v is 20 % faster than ref, w 1 % faster, the A/A copy off by aa_factor."""
+    rng = np.random.default_rng(1)
+    base = 10.0 * (1 + 0.002 * rng.standard_normal(10))
+    rounds = {"ref": list(base), "ref" + AA_SUFFIX: list(base * aa_factor), "v": list(base / 1.25),
+              "w": list(base / 1.01)}
+    backend = {"batch": 1}
+    return {"latencies": {n: r * 3 for n, r in rounds.items()}, "round_medians": rounds,
+            "round_sets": [i // 2 for i in range(10)], "describe": dict.fromkeys(rounds, backend),
+            "weight_bytes": dict.fromkeys(rounds, 0), "iterations": 3, "creation_orders": []}
+
+
+def test_a_quiet_run_ranks_and_a_noisy_one_says_so():
+    config = SideBySideConfig()
+    quiet = summarize(_timed(1.0), "ref", config)
+    assert not quiet["noisy"] and quiet["aa_control"]["deviation"] < 0.005
+    assert quiet["variants"]["v"]["speedup"]["verdict"] == "faster"
+    assert quiet["variants"]["v"]["speedup"]["speedup"] == pytest.approx(1.25)
+    assert quiet["variants"]["w"]["speedup"]["verdict"] == "faster"
+    noisy = summarize(_timed(1.05), "ref", config)  # the A/A control is 5 % off
+    assert noisy["noisy"] and aa_deviation(noisy["aa_control"]) == pytest.approx(noisy["aa_control"]["deviation"])
+    assert noisy["variants"]["v"]["speedup"]["verdict"] == "faster"  # 25 % is beyond the noise
+    assert noisy["variants"]["w"]["speedup"]["verdict"] == "too noisy to tell"
+
+
+def test_side_by_side_adds_the_aa_control():
+    journal = []
+    result = side_by_side(_factories(["ref", "v"], journal), "ref",
+                          SideBySideConfig(warmup=1, rounds=4, sessions=2, iterations=2, resamples=100))
+    assert set(result["variants"]) == {"ref", "v", "ref" + AA_SUFFIX}
+    assert result["variants"]["ref"]["speedup"]["speedup"] == 1.0
+    assert result["settings"]["rounds"] == 4 and result["iterations_per_round"] == 2
+    assert set(result["contention"]) >= {"other_cpu_share", "busy"} and "cpu" in result["hardware"]
+    assert [n for e, n in journal if e == "create"].count("ref") == 4  # the reference and its A/A copy, twice
