@@ -12,7 +12,7 @@ largest difference from the raw graph in ONNX Runtime on seeded random inputs.
 
 Latency: ONNX Runtime (CPU, all graph optimisations, fixed intra-op threads), all graphs of one
 model measured side by side in the same process, interleaved: after a warm-up of each, every
-round runs ``--iterations`` timed calls of each graph, the order rotating each round, so drift
+round runs ``--iterations`` timed calls of each graph, in a seeded random order each round, so drift
 (thermal, other load) hits all graphs alike. Median, p90 and CV per graph. An A/A control,
 ``edge-copy`` (a byte-identical copy of our graph, its session created at another point), is
 timed with them: its difference from ``edge`` is the resolution of the comparison.
@@ -157,7 +157,7 @@ def describe_graph(proto: onnx.ModelProto, reference: np.ndarray, probe: np.ndar
 def interleave(factories: dict[str, Callable[[], Backend]], *, warmup: int, rounds: int, iterations: int,
                sessions: int = 1) -> dict[str, dict]:
     """Latency of several backends side by side (:func:`edge.profile.sidebyside.interleave`: rounds of
-    ``iterations`` calls of each, the order rotating; ``sessions`` sets created afresh in rotated order).
+    ``iterations`` calls of each, the order shuffled (seeded); ``sessions`` sets created afresh in rotated order).
 
     Returns name -> latency statistics (ms) with each round's median and the session set of each round.
     """
@@ -266,7 +266,7 @@ def main() -> None:
         "models": rows,
         "settings": {"threads": args.threads, "warmup": args.warmup, "rounds": args.rounds,
                      "iterations_per_round": args.iterations, "timed_iterations": args.rounds * args.iterations,
-                     "order": "interleaved, rotating each round", "session_sets": args.sessions,
+                     "order": "interleaved, shuffled each round (seeded)", "session_sets": args.sessions,
                      "creation_order": "rotated between session sets", "seed": args.seed,
                      "ort_optimization": "ORT_ENABLE_ALL", "provider": "CPUExecutionProvider",
                      "zero_biases_filled": not args.zero_biases, "latency_measured": not args.no_latency},
@@ -290,7 +290,7 @@ def markdown(r: dict) -> str:
         f"onnx-graphsurgeon {v['onnx_graphsurgeon']}, torch {v['torch']}.",
         "",
         (f"Latency: {s['warmup']} warm-up calls per graph, then {s['rounds']} rounds x {s['iterations_per_round']} "
-         f"timed calls of each graph ({s['timed_iterations']} per graph), interleaved with the order rotating each "
+         f"timed calls of each graph ({s['timed_iterations']} per graph), interleaved in a seeded random order each "
          f"round, in {s.get('session_sets', 1)} session set(s) created afresh in rotated order; median, p90 and "
          "coefficient of variation (CV) in ms per inference."
          if s["latency_measured"] else "**Latency not measured in this run** (`--no-latency`): node counts, "

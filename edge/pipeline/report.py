@@ -194,7 +194,7 @@ def latency_conditions(report: dict) -> list[str]:
         f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, {lat['threads']} intra-op "
         f"threads; {s['sessions']} session sets created afresh in rotated order, each with {s['warmup']} warm-up "
         f"calls per variant; {s['rounds']} rounds of {lat['iterations_per_round']} timed calls per variant, the "
-        f"order rotating each round ({lat['timed_calls_per_variant']} timed calls per variant, "
+        f"order shuffled each round, seeded ({lat['timed_calls_per_variant']} timed calls per variant, "
         f"{lat['seconds']:.0f} s); {lat['clock']}. Median and spread over a variant's timed calls."
         + (f" Other processes used {100 * other:.1f} % of the CPUs while timing"
            + (" (busy: not a clean figure)." if lat["contention"]["busy"] else ".") if other is not None else ""),

@@ -7,8 +7,10 @@ slower. Here every model is timed in the same run, interleaved:
 - ``sessions`` times, every backend is created afresh, the creation order rotated each time (the
   order ONNX Runtime sessions are created in can move one graph's latency by several per cent),
   and warmed up;
-- then ``rounds / sessions`` rounds: each backend makes ``iterations`` timed calls in turn, the
-  order rotated each round, so drift hits all backends alike.
+- then ``rounds / sessions`` rounds: each backend makes ``iterations`` timed calls in turn, in a
+  fresh seeded random order each round, so drift hits all backends alike. Not rotated: a rotation
+  keeps every backend's neighbours, so one backend would always run right after the same other
+  one (after its own twin, for the A/A control's reference) and inherit its cache state.
 
 A backend's speedup against the reference is the median over rounds of the per-round ratio of
 medians (reference / backend: above 1 is faster), with a seeded percentile-bootstrap interval
@@ -66,7 +68,7 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
 
     Returns ``{"latencies": name -> every timed call (ms), "round_medians": name -> each round's
     median, "round_sets": each round's session set, "batches", "describe": name -> backend.describe(),
-    "weight_bytes", "iterations", "creation_orders"}``.
+    "weight_bytes", "iterations", "creation_orders", "turn_orders": each round's order}``.
     """
     names = list(factories)
     latencies: dict[str, list[float]] = {name: [] for name in names}
@@ -77,6 +79,8 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
     orders = []
     iterations = config.iterations
     per_set = max(1, config.rounds // config.sessions)
+    shuffle = np.random.default_rng(config.seed)
+    turn_orders: list[list[str]] = []
     for s in range(config.sessions):
         created = _rotated(names, s)
         orders.append(created)
@@ -90,8 +94,9 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
                     warm.append((time.perf_counter() - t0) * 1000.0)
             if iterations is None:
                 iterations = _iterations(config, warm)
-            for r in range(per_set):
-                for name in _rotated(names, s * per_set + r):
+            for _ in range(per_set):
+                turn_orders.append([names[i] for i in shuffle.permutation(len(names))])
+                for name in turn_orders[-1]:
                     backend, start = backends[name], len(latencies[name])
                     for _ in range(iterations):
                         t0 = time.perf_counter()
@@ -106,7 +111,8 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
             for backend in backends.values():
                 backend.close()
     return {"latencies": latencies, "round_medians": round_medians, "round_sets": round_sets,
-            "describe": described, "weight_bytes": weights, "iterations": iterations, "creation_orders": orders}
+            "describe": described, "weight_bytes": weights, "iterations": iterations, "creation_orders": orders,
+            "turn_orders": turn_orders}
 
 
 def speedup_interval(reference: list[float], candidate: list[float], round_sets: list[int], *,

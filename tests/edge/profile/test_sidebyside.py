@@ -49,10 +49,20 @@ def test_interleave_rotates_creation_and_turn_order():
     assert all(calls.count(n) == 3 * 2 + 6 * 4 for n in "abc")  # warm-up per set + rounds x iterations
     assert all(len(timed["latencies"][n]) == 24 and len(timed["round_medians"][n]) == 6 for n in "abc")
     assert timed["round_sets"] == [0, 0, 1, 1, 2, 2]
-    # the timed turns of the first set (after its 3 x 2 warm-up calls): round 0 a b c, round 1 b c a
+    # the timed turns of the first set (after its 3 x 2 warm-up calls) follow the recorded orders
     turns = calls[6:6 + 24][::4]
-    assert turns == ["a", "b", "c", "b", "c", "a"]
+    assert turns == timed["turn_orders"][0] + timed["turn_orders"][1]
+    assert all(sorted(order) == ["a", "b", "c"] for order in timed["turn_orders"])
     assert journal.count(("close", "a")) == 3
+
+
+def test_turn_orders_are_seeded_and_do_not_keep_neighbours():
+    config = SideBySideConfig(warmup=0, rounds=40, sessions=1, iterations=1)
+    first = interleave(_factories(["a", "b", "c", "d"], []), config)["turn_orders"]
+    assert first == interleave(_factories(["a", "b", "c", "d"], []), config)["turn_orders"]
+    # a rotation would always put the same backend before "a"; random orders vary its predecessor
+    before_a = {order[order.index("a") - 1] for order in first if order.index("a") > 0}
+    assert before_a == {"b", "c", "d"}
 
 
 def test_iterations_default_to_the_turn_time():
