@@ -2,7 +2,8 @@
 
 Each step declares the edge modules and packages whose code computes its output (:data:`STEP_CODE`;
 a package stands for every module in it); the pipeline's own step code (:data:`EVERY_STEP`) counts
-for every step. The edge modules those import at module level are followed as well, so a helper
+for every step. The first-party modules (edge, calib, jetson) those import at module level are
+followed as well, so a helper
 moved into a new module stays covered; imports inside functions are not followed, so a module a
 step imports only there must be named in its list. The fingerprint is the sha256 over the sorted
 paths (relative to the folder that holds ``edge``) and contents of those source files, read from
@@ -31,6 +32,8 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "profile": ("edge.profile", "edge.runtime", "edge.compare", "edge.onnx_metadata"),
 }
 EVERY_STEP = ("edge.pipeline.run",)  # where each step's work is written
+#: the packages of this repository (beside edge): their imports are followed, others' are not
+FIRST_PARTY = ("edge", "calib", "jetson")
 
 
 def source_root() -> Path:
@@ -65,7 +68,7 @@ def _module_name(file: Path, root: Path) -> str:
 
 
 def module_level_imports(file: Path, root: Path) -> set[Path]:
-    """The edge source files ``file`` imports at module level (not inside functions)."""
+    """The first-party source files ``file`` imports at module level (not inside functions)."""
     package = _module_name(file, root) if file.name == "__init__.py" else _module_name(file, root).rpartition(".")[0]
     found = set()
     for node in ast.parse(file.read_bytes(), str(file)).body:
@@ -80,7 +83,7 @@ def module_level_imports(file: Path, root: Path) -> set[Path]:
             names = [f"{base}.{alias.name}" if _file(f"{base}.{alias.name}", root) else base for alias in node.names]
         else:
             continue
-        found |= {path for name in names if name.split(".")[0] == "edge" and (path := _file(name, root))}
+        found |= {path for name in names if name.split(".")[0] in FIRST_PARTY and (path := _file(name, root))}
     return found
 
 

@@ -22,9 +22,9 @@ PASS = Path("edge/graph/passes/remove_noops.py")
 
 @pytest.fixture
 def tree(tmp_path) -> Path:
-    """A copy of the edge sources (``.py`` files only) to edit."""
+    """A copy of the first-party sources (``.py`` files only) to edit."""
     root = source_root()
-    for file in (root / "edge").rglob("*.py"):
+    for file in (f for package in ("edge", "calib", "jetson") for f in (root / package).rglob("*.py")):
         copy = tmp_path / file.relative_to(root)
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, copy)
@@ -109,3 +109,12 @@ def test_a_step_whose_code_changed_is_redone(tree, tmp_path):
     (tree / PASS).write_text((tree / PASS).read_text() + "\n# an edited pass\n")
     assert StepCache(code_root=tree).run(folder, "clean", {"x": 1}, work, ("g.onnx",)).status == "ran"
     assert len(calls) == 2
+
+
+def test_first_party_code_outside_edge_is_followed(tree):
+    """The latency statistics live in jetson/ (the device runner shares them): editing them redoes profile."""
+    before = _keys(tree)
+    stats = tree / "jetson" / "stats.py"
+    stats.write_text(stats.read_text() + "\n# edited\n")
+    after = _keys(tree)
+    assert after["profile"] != before["profile"] and after["clean"] == before["clean"]
