@@ -112,7 +112,7 @@ class Recipe:
     variants: tuple[Variant, ...]
     model: str = "fmnist-deit-tiny"
     weights: str | None = None
-    img_size: int | None = option(None, minimum=1)
+    img_size: int | tuple[int, int] | None = None  # N or (H, W): edge.models.ImgSize; a recipe may write 224x320
     data: str = "fmnist"
     fallback_data: str | None = "fmnist-mini"
     seed: int = option(0, minimum=0)
@@ -222,6 +222,16 @@ def _resolve_path(value: str | None, base: Path | None) -> str | None:
     return str(base / Path(value).expanduser())
 
 
+def _img_size(value, source: str) -> int | tuple[int, int]:
+    from edge.models.img_size import parse_img_size  # the models package imports torch: only when asked
+
+    try:
+        return parse_img_size(value)
+    except EdgeError as e:
+        raise EdgeError(f"{_where(source, 'img_size')}: {e.what}", expected=e.expected, found=e.found,
+                        fix=e.fix) from None
+
+
 def parse_recipe(document, source: str = BUILTIN, base: Path | None = None) -> Recipe:
     """Check a loaded YAML document and build the :class:`Recipe` (relative paths against ``base``)."""
     if not isinstance(document, dict):
@@ -246,6 +256,9 @@ def parse_recipe(document, source: str = BUILTIN, base: Path | None = None) -> R
     values = {}
     for key, value in document.items():
         if key == "variants":
+            continue
+        if key == "img_size":
+            values[key] = None if value is None else _img_size(value, source)
             continue
         values[key] = _build(key, value, source) if key in SECTIONS else \
             _check_value(value, hints[key], source, key, bounds(fields[key]))

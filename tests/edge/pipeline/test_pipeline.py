@@ -9,6 +9,7 @@ from edge.errors import EdgeError
 from edge.pipeline import STEPS, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.layout import VARIANT_STEPS
+from edge.pipeline.recipe import parse_recipe
 from edge.pipeline.report import pareto_front, table_rows
 from tests.conftest import TINY, needs_fmnist
 
@@ -173,7 +174,13 @@ BAD_RECIPES = {
     "plan out of range": ("", "variants[1].plan", "out of range for a model with 4 blocks"),
     "wrong type": ("threads: two\n", "key threads has the wrong type", "an integer"),
     "duplicate name": ("", "are both named 'lin'", "give every variant its own name"),
+    "bad input size": ("img_size: 28x\n", "key img_size: input size '28x'", "HxW"),
 }
+
+
+@pytest.mark.parametrize("value, size", [(28, 28), ("28", 28), ("28x42", (28, 42)), ([28, 42], (28, 42)), (None, None)])
+def test_recipe_input_size_is_n_or_hxw(value, size):
+    assert parse_recipe({"variants": [{"name": "original"}], "img_size": value}).img_size == size
 
 
 @pytest.mark.parametrize("case", sorted(BAD_RECIPES))
