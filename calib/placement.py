@@ -7,11 +7,12 @@ axis), per-tensor activations, Q/DQ on the *inputs* of MatMul/Gemm/Conv, never t
 of a residual Add so the Add fuses into the epilogue of the GEMM/Conv producing its other input;
 LayerNorm, Softmax and everything else read float tensors; the classifier head is quantized too.
 
-``modelopt`` (what NVIDIA ModelOpt's ONNX INT8 quantization writes for a ViT, read from its
-output on the reference graph, benchmarks/quant_peers.py): quantize the *branch* input of a
-residual Add (the GEMM's result) and the residual stream where a LayerNorm reads it (the
+``modelopt`` (the default; what NVIDIA ModelOpt's ONNX INT8 quantization writes for a ViT, read
+from its output on the reference graph, benchmarks/quant_peers.py): quantize the *branch* input
+of a residual Add (the GEMM's result) and the residual stream where a LayerNorm reads it (the
 LayerNorm reads the dequantized stream; the skip input of the next Add reads the float one);
 the head (everything downstream of the last LayerNorm, a GEMV at batch 1) stays unquantized.
+Same accuracy on ONNX Runtime, closer agreement with float32 (docs/results/quant-peers.md).
 
 ONNX Runtime's QDQ quantizer shares one Q/DQ pair between all readers of a tensor and quantizes
 every input of an op it quantizes (both Add inputs, a LayerNorm's scale).

@@ -68,7 +68,7 @@ class Int8Config:
     percentile: float = 99.999      # percentile method: the share of |x| kept
     entropy_bins: int = 2048        # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
-    placement: str = "skip"         # skip | modelopt (calib.placement)
+    placement: str = "modelopt"     # modelopt | skip (calib.placement; the choice: docs/results/quant-peers.md)
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)
     exclude_nodes: tuple[str, ...] = ()
     cache_dir: str | None = None    # None: $EDGE_CACHE_DIR/calibration or ~/.cache/edge/calibration

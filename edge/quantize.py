@@ -47,9 +47,11 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
 
 
 def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> np.ndarray:
-    from calib.data import input_spec_of
+    """``count`` test images, or one static batch of the graph when that is larger."""
+    from calib.data import graph_batch, input_spec_of
     from edge.data import ArrayPreprocess, load_dataset
 
+    count = max(count, graph_batch(model) or 0)
     spec = input_spec_of(model, source)
     return ArrayPreprocess(spec)(load_dataset(data, "test").images[:count]).numpy().astype(np.float32)
 

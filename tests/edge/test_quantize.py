@@ -38,9 +38,9 @@ def graphs(tmp_path_factory):
     int8_modelopt = folder / "ref.int8.modelopt.onnx"
     reports = {"fp16": quantize_file(fp32, fp16, "fp16"),
                "int8": quantize_file(fp32, int8, "int8", int8=Int8Config(
-                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"))),
-               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", int8=Int8Config(
-                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="modelopt"))}
+                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="skip")),
+               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", int8=Int8Config(  # the default
+                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache")))}
     return {"fp32": fp32, "fp16": fp16, "int8": int8, "int8_modelopt": int8_modelopt, "reports": reports,
             "folder": folder}
 
@@ -151,7 +151,7 @@ def test_int8_computes_the_unquantized_part_in_float16(graphs):
 
 
 def test_int8_modelopt_placement(graphs):
-    """ModelOpt's: the branch input of each residual Add, the LayerNorm inputs, no Q/DQ in the head."""
+    """ModelOpt's (the default): the branch input of each residual Add, the LayerNorm inputs, no Q/DQ in the head."""
     from calib.placement import _float_view, residual_adds
     from edge.fp16 import head_nodes
 
@@ -234,15 +234,25 @@ def test_accuracy_on_fmnist_mini(graphs):
     data = load_dataset("fmnist-mini", "test")
     images, labels = data.images[:TEST_IMAGES], data.labels[:TEST_IMAGES]
     spec = input_spec_of(onnx.load(str(graphs["fp32"]), load_external_data=False), "ref")
-    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8")}
+    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8", "int8_modelopt")}
     assert acc["fp32"] > 0.8
     assert abs(acc["fp16"] - acc["fp32"]) <= 1 / TEST_IMAGES + 1e-9  # one image (acceptance: 0.2 pt, full split)
-    assert acc["fp32"] - acc["int8"] <= 6 / TEST_IMAGES + 1e-9       # acceptance: 1.0 pt on the full split
-    assert graphs["reports"]["int8"]["check"]["top1_agreement"] >= 0.95
+    for int8 in ("int8", "int8_modelopt"):
+        assert acc["fp32"] - acc[int8] <= 6 / TEST_IMAGES + 1e-9     # acceptance: 1.0 pt on the full split
+        assert graphs["reports"][int8]["check"]["top1_agreement"] >= 0.95
+
+
+def test_agreement_check_covers_a_static_batch_above_64(graphs):
+    from edge.quantize import _check_images
+
+    model = onnx.load(str(graphs["fp32"]))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 100  # as `edge export --batch 100` writes
+    assert _check_images(model, "ref", "fmnist-mini").shape[0] == 100
 
 
 def test_calibration_is_cached_and_deterministic(graphs, tmp_path):
-    config = Int8Config(data="fmnist-mini", samples=CALIBRATION, cache_dir=str(graphs["folder"] / "cache"))
+    config = Int8Config(data="fmnist-mini", samples=CALIBRATION, cache_dir=str(graphs["folder"] / "cache"),
+                        placement="skip")
     report = quantize_file(graphs["fp32"], tmp_path / "again.onnx", "int8", int8=config)
     assert report["calibration"]["cache_hit"] is True
     assert (tmp_path / "again.onnx").read_bytes() == graphs["int8"].read_bytes()
