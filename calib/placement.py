@@ -1,15 +1,23 @@
 """Where Q/DQ pairs go for TensorRT, and a check that a graph follows it.
 
-TensorRT's explicit-quantization rules (Developer Guide, "Q/DQ layer placement"): quantize the
-*inputs* of MatMul/Gemm/Conv, not their outputs; quantize the residual (skip) input of a residual
-Add so the Add fuses into the epilogue of the GEMM/Conv producing its other input; leave
-LayerNorm, Softmax and everything else reading float tensors. Symmetric int8 (zero point 0),
-per-channel weights (the output-channel axis), per-tensor activations.
+Two placements, both symmetric int8 (zero point 0), per-channel weights (the output-channel
+axis), per-tensor activations, Q/DQ on the *inputs* of MatMul/Gemm/Conv, never their outputs:
 
-ONNX Runtime's QDQ quantizer shares one Q/DQ pair between all readers of a tensor, so a tensor
-read by a MatMul and a LayerNorm hands the LayerNorm a dequantized (rounded) input, and it puts
-a pair on both inputs of an Add. ``restrict_to_tensorrt_placement`` rewires every other reader
-back to the float tensor and drops the pairs nobody reads any more.
+``skip`` (TensorRT Developer Guide, "Q/DQ layer placement"): quantize the residual (skip) input
+of a residual Add so the Add fuses into the epilogue of the GEMM/Conv producing its other input;
+LayerNorm, Softmax and everything else read float tensors; the classifier head is quantized too.
+
+``modelopt`` (the default; what NVIDIA ModelOpt's ONNX INT8 quantization writes for a ViT, read
+from its output on the reference graph, benchmarks/quant_peers.py): quantize the *branch* input
+of a residual Add (the GEMM's result) and the residual stream where a LayerNorm reads it (the
+LayerNorm reads the dequantized stream; the skip input of the next Add reads the float one);
+the head (everything downstream of the last LayerNorm, a GEMV at batch 1) stays unquantized.
+Same accuracy on ONNX Runtime, closer agreement with float32 (docs/results/quant-peers.md).
+
+ONNX Runtime's QDQ quantizer shares one Q/DQ pair between all readers of a tensor and quantizes
+every input of an op it quantizes (both Add inputs, a LayerNorm's scale).
+:func:`restrict_to_placement` hands every input the placement does not quantize its float
+tensor back (the float graph's input of the same node) and drops the pairs nobody reads.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 GEMM_OPS = ("MatMul", "Gemm", "Conv")
+PLACEMENTS = ("skip", "modelopt")
 #: ops whose output is the GEMM's result up to a constant (bias, LayerScale, reshape)
 THROUGH_OPS = ("Add", "Mul", "Reshape", "Transpose", "Identity")
 
@@ -71,31 +80,47 @@ def residual_adds(graph: onnx.GraphProto) -> dict[str, str]:
     return found
 
 
+def placement_plan(graph: onnx.GraphProto, placement: str, head: frozenset[str] = frozenset()) -> dict[str, tuple]:
+    """Node name -> the input indices ``placement`` quantizes (``head``: the head's node names)."""
+    residual = residual_adds(graph)
+    plan: dict[str, tuple] = {}
+    for node in graph.node:
+        if node.op_type in GEMM_OPS and not (placement == "modelopt" and node.name in head):
+            plan[node.name] = tuple(range(len(node.input)))[:2]
+        elif node.name in residual:
+            skip = list(node.input).index(residual[node.name])
+            plan[node.name] = (skip,) if placement == "skip" else (1 - skip,)
+        elif placement == "modelopt" and node.op_type == "LayerNormalization" and node.name not in head:
+            plan[node.name] = (0,)
+    return plan
+
+
 def _quantized_source(dq: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> str | None:
     """The float tensor an activation Q->DQ pair rounds (None for a weight: DQ of an int8 initializer)."""
     q = producers.get(dq.input[0])
     return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
 
 
-def restrict_to_tensorrt_placement(model: onnx.ModelProto, residual: dict[str, str]) -> dict:
-    """Rewire readers that TensorRT wants float back to the float tensor; drop unread Q/DQ pairs."""
+def restrict_to_placement(model: onnx.ModelProto, plan: dict[str, tuple], float_model: onnx.ModelProto) -> dict:
+    """Give every input that ``plan`` does not quantize its float tensor back; drop unread Q/DQ pairs."""
     graph = model.graph
     producers = _producers(graph)
+    float_nodes = {n.name: n for n in float_model.graph.node}
+    float_weights = {t.name: t for t in float_model.graph.initializer}
+    present = {t.name for t in graph.initializer}
     rewired = 0
     for node in graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
         for i, name in enumerate(node.input):
             dq = producers.get(name)
-            if dq is None or dq.op_type != "DequantizeLinear":
+            if dq is None or dq.op_type != "DequantizeLinear" or i in plan.get(node.name, ()):
                 continue
-            source = _quantized_source(dq, producers)
-            if source is None:
-                continue  # weights stay quantized for the node that owns them
-            keep = node.op_type in GEMM_OPS or (node.name in residual and residual[node.name] == source)
-            if not keep:
-                node.input[i] = source
-                rewired += 1
+            node.input[i] = original = float_nodes[node.name].input[i]
+            if original in float_weights and original not in present:  # a weight quantized for a float reader
+                graph.initializer.append(float_weights[original])
+                present.add(original)
+            rewired += 1
     removed = _drop_unread(model)
     return {"rewired_to_float": rewired, "qdq_nodes_removed": removed}
 
@@ -119,13 +144,16 @@ def _drop_unread(model: onnx.ModelProto) -> int:
     return removed
 
 
-def qdq_violations(model: onnx.ModelProto, allowed_readers: tuple[str, ...] = (*GEMM_OPS, "Add")) -> list[str]:
-    """Every way the graph breaks TensorRT's Q/DQ rules (an empty list: it follows them).
+def qdq_violations(model: onnx.ModelProto, placement: str = "skip") -> list[str]:
+    """Every way the graph breaks TensorRT's Q/DQ rules and ``placement`` (an empty list: it follows them).
 
     Checks: each Q/DQ is int8 with every zero point 0; per-channel scales sit on weights only;
-    a DQ output is read only by MatMul/Gemm/Conv, or by a residual Add on its skip input; no Q/DQ
-    on a LayerNormalization or Softmax input, nor on a GEMM's output.
+    a DQ output is read only by MatMul/Gemm/Conv, or by a residual Add on its skip input
+    (``skip``) or its branch input and by a LayerNormalization's input (``modelopt``); no Q/DQ
+    on a Softmax input; a GEMM's output is quantized only as a residual Add's branch input
+    (``modelopt``).
     """
+    allowed_readers = (*GEMM_OPS, "Add") + (("LayerNormalization",) if placement == "modelopt" else ())
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producers = _producers(graph)
@@ -152,16 +180,18 @@ def qdq_violations(model: onnx.ModelProto, allowed_readers: tuple[str, ...] = (*
             problems.append(f"{node.name}: per-channel scale on an activation")
         if node.op_type == "QuantizeLinear":
             source = producers.get(node.input[0])
-            if source is not None and source.op_type in GEMM_OPS:
+            if source is not None and source.op_type in GEMM_OPS and placement != "modelopt":
                 problems.append(f"{node.name}: quantizes the output of {source.op_type} {source.name}")
             continue
         for reader in readers[node.output[0]]:
-            if reader.op_type not in allowed_readers:
+            index = list(reader.input).index(node.output[0])
+            if reader.op_type not in allowed_readers or (reader.op_type == "LayerNormalization" and index != 0):
                 problems.append(f"{node.name}: read by {reader.op_type} {reader.name}")
             elif reader.op_type == "Add":
-                source = _quantized_source(node, producers)
-                if residual.get(reader.name) != source:
-                    problems.append(f"{node.name}: on an Add input that is not a residual skip input")
+                is_skip = residual.get(reader.name) == _quantized_source(node, producers)
+                if reader.name not in residual or is_skip != (placement == "skip"):
+                    wanted = "skip" if placement == "skip" else "branch"
+                    problems.append(f"{node.name}: on an Add input that is not a residual {wanted} input")
     return problems
 
 

@@ -3,10 +3,13 @@
 A strongly typed TensorRT network (the only kind TensorRT 11 builds) takes every tensor's type
 from the ONNX graph, so the precision has to be baked into the graph. This pass:
 
-* assigns each node float16 or float32: nodes whose op is in the block list (LayerNormalization,
-  Softmax and the reductions by default) and, optionally, the head (every node downstream of the
-  last LayerNormalization: final norm, pooling, classifier) stay float32; all other nodes that
-  compute on floats become float16;
+* assigns each node float16 or float32: nodes whose op is in the block list (LayerNormalization
+  and the reductions by default; Softmax when ``softmax="float32"``) and, optionally, the head
+  (every node downstream of the last LayerNormalization: final norm, pooling, classifier) stay
+  float32; all other nodes that compute on floats become float16;
+* in a Q/DQ (int8) graph, each QuantizeLinear/DequantizeLinear pair takes the precision of the
+  node that reads it, so a DQ feeds its MatMul directly (the scales follow; float16 scales need
+  opset 19, which :mod:`calib.qdq` asks for);
 * stores each float weight once in the precision of its readers (a weight read by both gets a
   float16 copy beside the float32 one, never a Cast);
 * inserts a Cast only where a tensor crosses from one precision to the other: one Cast per
@@ -32,11 +35,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.errors import EdgeError
+
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)
 
-#: ops kept in float32 by default: normalisations, softmax and reductions (accumulations overflow in fp16)
-DEFAULT_BLOCK_LIST = ("LayerNormalization", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare",
+#: ops kept in float32 by default: normalisations and reductions (accumulations overflow in fp16); Softmax: SOFTMAX
+DEFAULT_BLOCK_LIST = ("LayerNormalization", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare",
                       "ReduceL2", "ReduceLogSumExp", "ReduceProd", "Pow", "Sqrt", "CumSum", "TopK", "NonMaxSuppression",
                       "Range", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial")
 #: (op, input index) that ONNX requires to be float32 whatever the node's precision
@@ -45,12 +50,33 @@ FLOAT32_ONLY_INPUTS = {("Resize", 2), ("Upsample", 1)}
 TYPE_AGNOSTIC = {"Shape", "Size"}
 
 
+#: Softmax precision choices. Between the two attention MatMuls a float32 Softmax puts two Casts in
+#: the MatMul-Softmax-MatMul chain that TensorRT fuses into one attention kernel; ModelOpt keeps it
+#: float16. SOFTMAX_DEFAULT and the accuracy behind it: docs/results/quant-peers.md.
+SOFTMAX_PRECISIONS = ("float16", "float32")
+SOFTMAX_DEFAULT = "float16"
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
 @dataclass
 class Fp16Config:
     block_list: tuple[str, ...] = DEFAULT_BLOCK_LIST
     keep_head_fp32: bool = True
     node_block_list: tuple[str, ...] = ()  # node names kept float32 in addition to the ops above
     keep_io_types: bool = True
+    softmax: str = SOFTMAX_DEFAULT         # float16 | float32
+
+    def check(self) -> None:
+        if self.softmax not in SOFTMAX_PRECISIONS:
+            raise EdgeError(f"Softmax precision {self.softmax!r} is unknown",
+                            expected=f"one of {', '.join(SOFTMAX_PRECISIONS)}", fix="pass --softmax fp16 or fp32")
+
+    def fp32_ops(self) -> tuple[str, ...]:
+        """The op types kept in float32: the block list, and Softmax when asked."""
+        return tuple(sorted(set(self.block_list) | ({"Softmax"} if self.softmax == "float32" else set())))
+
+    def softmax_precision(self) -> str:
+        return "float32" if "Softmax" in self.fp32_ops() else "float16"
 
 
 @dataclass
@@ -128,9 +154,22 @@ def _convert_attributes(node: onnx.NodeProto, report: Fp16Report) -> None:
             attr.t.CopyFrom(numpy_helper.from_array(_to_half(numpy_helper.to_array(attr.t), report), attr.t.name))
 
 
+def _qdq_follow_readers(graph: onnx.GraphProto, node_type: dict[str, int]) -> None:
+    """A DequantizeLinear takes its readers' precision (float16 if any reads float16), a QuantizeLinear its DQ's."""
+    readers: dict[str, list[str]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node.name)
+    for node in reversed(graph.node):  # readers come later in a topologically sorted graph
+        if node.op_type in QDQ_OPS:
+            wanted = {node_type.get(r, FLOAT) for r in readers[node.output[0]]}
+            node_type[node.name] = HALF if HALF in wanted else FLOAT
+
+
 def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) -> tuple[onnx.ModelProto, Fp16Report]:
     """A float16 copy of ``model`` with float32 islands (see the module docstring)."""
     config = config or Fp16Config()
+    config.check()
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     _name_nodes(graph)
@@ -143,13 +182,13 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
 
     # 1. precision of every node that computes on floats
     node_type: dict[str, int] = {}
+    fp32_ops = set(config.fp32_ops())
     for node in graph.node:
         if not any(is_float(t) for t in (*node.input, *node.output)) and node.op_type != "Cast":
             continue
-        fp32 = node.op_type in config.block_list or node.name in blocked_names
-        node_type[node.name] = FLOAT if fp32 else HALF
-        if fp32:
-            report.fp32_nodes.append(node.name)
+        node_type[node.name] = FLOAT if node.op_type in fp32_ops or node.name in blocked_names else HALF
+    _qdq_follow_readers(graph, node_type)
+    report.fp32_nodes = [n.name for n in graph.node if node_type.get(n.name) == FLOAT]
     report.nodes_fp32 = sum(1 for t in node_type.values() if t == FLOAT)
     report.nodes_fp16 = sum(1 for t in node_type.values() if t == HALF)
 

@@ -14,8 +14,8 @@ import onnx
 
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.fp16 import Fp16Config, convert_to_fp16
-from edge.onnx_metadata import FP32_OPS, set_precision_metadata, source_precision
+from edge.fp16 import Fp16Config, convert_to_fp16, head_nodes
+from edge.onnx_metadata import FLOAT_PRECISION, FP32_OPS, SOFTMAX, set_precision_metadata, source_precision
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -47,11 +47,31 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
 
 
 def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> np.ndarray:
-    from calib.data import input_spec_of
+    """``count`` test images, or one static batch of the graph when that is larger."""
+    from calib.data import graph_batch, input_spec_of
     from edge.data import ArrayPreprocess, load_dataset
 
+    count = max(count, graph_batch(model) or 0)
     spec = input_spec_of(model, source)
     return ArrayPreprocess(spec)(load_dataset(data, "test").images[:count]).numpy().astype(np.float32)
+
+
+def fp16_metadata(config: Fp16Config) -> dict[str, str]:
+    """What a float16 conversion records: the ops kept in float32 and Softmax's precision."""
+    return {FP32_OPS: ",".join(config.fp32_ops()), SOFTMAX: config.softmax_precision()}
+
+
+def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config) -> tuple[onnx.ModelProto, dict]:
+    """The unquantized part of an int8 graph in the precision its config asks (float16: the fp16 pass)."""
+    precision = result["config"]["float_precision"]
+    extra = {FLOAT_PRECISION: precision}
+    if precision == "float16":
+        quantized, report = convert_to_fp16(quantized, fp16)
+        result["float16_rest"] = {k: v for k, v in report.as_dict().items() if k != "fp32_nodes"}
+        extra.update(fp16_metadata(fp16))
+    set_precision_metadata(quantized, "int8", **extra)
+    result["float_precision"] = precision
+    return quantized, result
 
 
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
@@ -65,14 +85,16 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
     if precision == "fp16":
+        fp16 = fp16 or Fp16Config()
         converted, report = convert_to_fp16(model, fp16)
-        set_precision_metadata(converted, "float16", **{FP32_OPS: ",".join(sorted(
-            (fp16 or Fp16Config()).block_list))})
-        result = {"precision": "float16", **report.as_dict()}
+        set_precision_metadata(converted, "float16", **fp16_metadata(fp16))
+        result = {"precision": "float16", "softmax": fp16.softmax_precision(), **report.as_dict()}
     else:
         from calib.qdq import quantize_int8
 
-        converted, result = quantize_int8(model, str(model_path), int8, progress=progress)
+        converted, result = quantize_int8(model, str(model_path), int8, progress=progress,
+                                          head=frozenset(head_nodes(model.graph)))
+        converted, result = _int8_float_rest(converted, result, fp16 or Fp16Config())
     try:
         onnx.checker.check_model(converted, full_check=True)
     except onnx.checker.ValidationError as e:

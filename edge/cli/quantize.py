@@ -11,16 +11,20 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
 
 
 def register(subparsers) -> None:
+    from calib.placement import PLACEMENTS
     from calib.qdq import METHODS, Int8Config
+    from edge.fp16 import Fp16Config
 
     parser = add_command(
         subparsers, "quantize", "convert a float32 ONNX graph to fp16, or to int8 with Q/DQ nodes (for TensorRT)",
-        "fp16: float16 weights and activations; LayerNormalization, Softmax, reductions and the head stay\n"
-        "float32, with Casts only where the precision changes; inputs and outputs stay float32.\n"
+        "fp16: float16 weights and activations; LayerNormalization, reductions and the head stay float32\n"
+        "(Softmax too with --softmax fp32), with Casts only where the precision changes; inputs and\n"
+        "outputs stay float32.\n"
         "int8: ONNX Runtime static quantization configured for TensorRT: symmetric int8 (zero point 0),\n"
-        "per-channel weights, per-tensor activations, Q/DQ on the inputs of MatMul/Gemm/Conv and on\n"
-        "residual (skip) inputs, LayerNorm/Softmax unquantized; calibrated on seeded, class-balanced\n"
-        "training images (ranges cached under ~/.cache/edge/calibration or $EDGE_CACHE_DIR).\n"
+        "per-channel weights, per-tensor activations, Q/DQ on the inputs of MatMul/Gemm/Conv and on one\n"
+        "input of each residual Add (--placement); calibrated on seeded, class-balanced training images\n"
+        "(ranges cached under ~/.cache/edge/calibration or $EDGE_CACHE_DIR). What is not quantized is\n"
+        "float16 with the fp16 islands above (TensorRT INT8+FP16), or float32 with --unquantized fp32.\n"
         "The result is checked (onnx.checker, ONNX Runtime on real images) before it is written.", EXAMPLES)
     parser.add_argument("model", help="a float32 ONNX graph (from edge export / edge clean)")
     parser.add_argument("--precision", required=True, choices=["fp16", "int8"])
@@ -28,6 +32,8 @@ def register(subparsers) -> None:
     parser.add_argument("--keep-fp32", action="append", default=[], metavar="OP",
                         help="fp16: also keep this op type in float32 (repeatable)")
     parser.add_argument("--fp16-head", action="store_true", help="fp16: convert the head too (default: float32)")
+    parser.add_argument("--softmax", default=_short(Fp16Config.softmax), choices=["fp16", "fp32"],
+                        help="fp16 and the float16 part of int8: Softmax's precision")
     parser.add_argument("--data", default=Int8Config.data,
                         help="int8: calibration data (fmnist, fmnist-mini, a folder)")
     parser.add_argument("--samples", type=int, default=Int8Config.samples,
@@ -38,11 +44,21 @@ def register(subparsers) -> None:
                         help="int8 percentile method: share kept")
     parser.add_argument("--no-residual", dest="residual", action="store_false",
                         help="int8: leave residual Adds unquantized")
+    parser.add_argument("--placement", default=Int8Config.placement, choices=PLACEMENTS,
+                        help="int8: skip: Q/DQ on each residual Add's skip input, float LayerNorm, quantized head "
+                             "(TensorRT's guide); modelopt: on the branch input and the LayerNorm input, float head "
+                             "(NVIDIA ModelOpt's)")
+    parser.add_argument("--unquantized", default=_short(Int8Config.float_precision), choices=["fp16", "fp32"],
+                        help="int8: precision of everything not quantized")
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE",
                         help="int8: leave this node unquantized (repeatable)")
     parser.add_argument("--cache-dir", help="int8: calibration cache folder")
     parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
     parser.set_defaults(run=run)
+
+
+def _short(precision: str) -> str:
+    return {"float16": "fp16", "float32": "fp32"}[precision]
 
 
 def run(args) -> int:
@@ -52,10 +68,13 @@ def run(args) -> int:
     from edge.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
     from edge.quantize import quantize_file
 
-    fp16 = Fp16Config(block_list=(*DEFAULT_BLOCK_LIST, *args.keep_fp32), keep_head_fp32=not args.fp16_head)
+    full = {"fp16": "float16", "fp32": "float32"}
+    fp16 = Fp16Config(block_list=(*DEFAULT_BLOCK_LIST, *args.keep_fp32), keep_head_fp32=not args.fp16_head,
+                      softmax=full[args.softmax])
     int8 = Int8Config(data=args.data, samples=args.samples, seed=args.seed, method=args.method,
                       percentile=args.percentile, quantize_residual=args.residual, exclude_nodes=tuple(args.exclude),
-                      cache_dir=args.cache_dir, use_cache=args.cache)
+                      cache_dir=args.cache_dir, use_cache=args.cache, placement=args.placement,
+                      float_precision=full[args.unquantized])
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8,
                            progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
@@ -63,8 +82,10 @@ def run(args) -> int:
         detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"
     else:
         calibration = result["calibration"]
-        detail = (f"{result['quantize_nodes']} Q / {result['dequantize_nodes']} DQ, {calibration['method']} on "
-                  f"{calibration['samples']} samples" + (" (cached ranges)" if calibration["cache_hit"] else ""))
+        detail = (f"{result['quantize_nodes']} Q / {result['dequantize_nodes']} DQ ({args.placement} placement), "
+                  f"{calibration['method']} on {calibration['samples']} samples"
+                  + (" (cached ranges)" if calibration["cache_hit"] else "")
+                  + f", the rest {result['float_precision']}")
     emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
                             f"top-1 agreement {check['top1_agreement']:.3f}, max abs {check['max_abs']:.2e}")
     return 0

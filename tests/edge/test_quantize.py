@@ -35,10 +35,14 @@ def graphs(tmp_path_factory):
            config=ExportConfig(dynamic_batch=True, verify=False))
     fp16 = folder / "ref.fp16.onnx"
     int8 = folder / "ref.int8.onnx"
+    int8_modelopt = folder / "ref.int8.modelopt.onnx"
     reports = {"fp16": quantize_file(fp32, fp16, "fp16"),
                "int8": quantize_file(fp32, int8, "int8", int8=Int8Config(
+                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="skip")),
+               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", int8=Int8Config(  # the default
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache")))}
-    return {"fp32": fp32, "fp16": fp16, "int8": int8, "reports": reports, "folder": folder}
+    return {"fp32": fp32, "fp16": fp16, "int8": int8, "int8_modelopt": int8_modelopt, "reports": reports,
+            "folder": folder}
 
 
 def value_types(model):
@@ -56,20 +60,37 @@ def test_fp16_casts_only_at_island_boundaries(graphs):
     producers = {o: n for n in model.graph.node for o in n.output}
     ops = collections.Counter(n.op_type for n in model.graph.node)
     for node in model.graph.node:
-        if node.op_type in ("LayerNormalization", "Softmax", "Gemm"):  # islands: norms, softmax, the head
+        if node.op_type in ("LayerNormalization", "Gemm"):  # islands: norms, the head
             assert all(types[i] == FLOAT for i in node.input if i), node.name
-        if node.op_type == "MatMul":
+        if node.op_type in ("MatMul", "Softmax"):  # Softmax float16 by default: no Casts inside attention
             assert all(types[i] == HALF for i in node.input), node.name
         if node.op_type == "Cast":
             assert {types[node.input[0]], types[node.output[0]]} == {FLOAT, HALF}, node.name  # crosses a boundary
             assert producers.get(node.input[0]) is None or producers[node.input[0]].op_type != "Cast"  # no chains
     assert types[model.graph.input[0].name] == FLOAT and types[model.graph.output[0].name] == FLOAT
-    # 12 blocks x (norm1, softmax, norm2) in and out + the input + the final island (norm -> head): 74 Casts
-    assert ops["Cast"] == 74 == graphs["reports"]["fp16"]["casts"]
+    # 12 blocks x (norm1, norm2) in and out + the input + the final island (norm -> head): 50 Casts
+    assert ops["Cast"] == 50 == graphs["reports"]["fp16"]["casts"]
     weights = {t.name: t.data_type for t in model.graph.initializer}
     matmul_weights = [n.input[1] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
     assert len(matmul_weights) == 48 and all(weights[w] == HALF for w in matmul_weights)  # stored fp16, no Cast
-    assert {p.key: p.value for p in model.metadata_props}["edge.precision"] == "float16"
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert (metadata["edge.precision"], metadata["edge.softmax"]) == ("float16", "float16")
+    assert "Softmax" not in metadata["edge.fp32_ops"].split(",")
+
+
+def test_fp16_softmax_float32_is_an_option(graphs, tmp_path):
+    out = tmp_path / "softmax32.onnx"
+    report = quantize_file(graphs["fp32"], out, "fp16", fp16=Fp16Config(softmax="float32"))
+    model = onnx.load(str(out))
+    types = value_types(model)
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
+    assert len(softmax) == 12 and all(types[n.input[0]] == types[n.output[0]] == onnx.TensorProto.FLOAT
+                                      for n in softmax)
+    assert report["casts"] == 74 and report["softmax"] == "float32"  # 24 more: into and out of each Softmax
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert metadata["edge.softmax"] == "float32" and "Softmax" in metadata["edge.fp32_ops"].split(",")
+    with pytest.raises(EdgeError, match="Softmax precision"):
+        quantize_file(graphs["fp32"], out, "fp16", fp16=Fp16Config(softmax="bf16"))
 
 
 def test_int8_graph_follows_tensorrt_qdq_rules(graphs):
@@ -100,7 +121,87 @@ def test_int8_graph_follows_tensorrt_qdq_rules(graphs):
     assert len(residual) == 24  # 2 residual Adds per block, skip input only
     assert all(sum(i in producers and producers[i].op_type == "DequantizeLinear" for i in n.input) == 1
                for n in residual)
-    assert graphs["reports"]["int8"]["quantized_nodes"] == {"MatMul": 72, "Gemm": 1, "Conv": 1, "Add": 24}
+    assert graphs["reports"]["int8"]["quantized_nodes"] == {"MatMul": 72, "Gemm": 1, "Conv": 1, "Add": 24,
+                                                            "LayerNormalization": 0}
+
+
+def test_int8_computes_the_unquantized_part_in_float16(graphs):
+    """TensorRT INT8+FP16: everything outside Q/DQ is float16 but the fp16 pass's float32 islands."""
+    model = onnx.load(str(graphs["int8"]))
+    types = value_types(model)
+    FLOAT, HALF = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    producers = {o: n for n in model.graph.node for o in n.output}
+    ops = collections.Counter(types[n.output[0]] for n in model.graph.node
+                              if n.op_type in ("MatMul", "Add", "Softmax", "Erf", "Mul", "Reshape")
+                              and types[n.output[0]] in (FLOAT, HALF))  # not the shape arithmetic
+    assert ops[HALF] > 200 and ops[FLOAT] == 0  # every GEMM output, residual Add, GELU, Softmax
+    for node in model.graph.node:
+        if node.op_type == "LayerNormalization":
+            assert types[node.input[0]] == types[node.output[0]] == FLOAT, node.name
+        if node.op_type == "DequantizeLinear":  # a DQ feeds its reader in the reader's type: no Cast between
+            assert all(r.op_type != "Cast" for r in model.graph.node if node.output[0] in r.input), node.name
+        if node.op_type == "MatMul":
+            assert all(producers[i].op_type == "DequantizeLinear" and types[i] == HALF for i in node.input)
+    assert types[model.graph.input[0].name] == FLOAT and types[model.graph.output[0].name] == FLOAT
+    assert max(o.version for o in model.opset_import if o.domain == "") == 19  # float16 Q/DQ scales
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert (metadata["edge.precision"], metadata["edge.float_precision"], metadata["edge.softmax"]) == \
+        ("int8", "float16", "float16")
+    assert graphs["reports"]["int8"]["check"]["top1_agreement"] >= 0.95
+
+
+def test_int8_modelopt_placement(graphs):
+    """ModelOpt's (the default): the branch input of each residual Add, the LayerNorm inputs, no Q/DQ in the head."""
+    from calib.placement import _float_view, residual_adds
+    from edge.fp16 import head_nodes
+
+    model = onnx.load(str(graphs["int8_modelopt"]))
+    skip = residual_adds(_float_view(model))
+    assert qdq_violations(model, "modelopt") == []
+    assert any("not a residual skip input" in p for p in qdq_violations(model, "skip"))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    head = head_nodes(model.graph)
+
+    def dequantized(node):
+        return [i for i, name in enumerate(node.input)
+                if name in producers and producers[name].op_type == "DequantizeLinear"]
+
+    roles = collections.Counter()
+    for node in model.graph.node:
+        if node.name in head:
+            assert not dequantized(node), node.name  # the GEMV head stays float
+        elif node.op_type == "Add" and dequantized(node):
+            branch = node.input[dequantized(node)[0]]
+            source = producers[producers[branch].input[0]].input[0]  # DQ <- Q <- the float tensor
+            roles["Add branch"] += node.name in skip and skip[node.name] != source
+        elif node.op_type == "LayerNormalization":
+            roles["LayerNorm"] += dequantized(node) == [0]
+    assert roles == {"Add branch": 24, "LayerNorm": 24}  # the final norm belongs to the head
+    assert graphs["reports"]["int8_modelopt"]["quantized_nodes"] == {"MatMul": 72, "Gemm": 0, "Conv": 1, "Add": 24,
+                                                                     "LayerNormalization": 24}
+    assert {p.key: p.value for p in model.metadata_props}["edge.qdq_placement"] == "modelopt"
+    assert graphs["reports"]["int8_modelopt"]["check"]["top1_agreement"] >= 0.95
+
+
+def test_int8_cli_keeps_onnxruntime_advice_off_the_terminal(graphs, tmp_path, capfd):
+    """--unquantized fp32 keeps INT8+FP32; ONNX Runtime's pre-processing advice lands in the result."""
+    import json
+
+    from edge.cli import main
+
+    out = tmp_path / "fp32rest.onnx"
+    assert main(["quantize", str(graphs["fp32"]), "--precision", "int8", "--data", "fmnist-mini", "--samples",
+                 str(CALIBRATION), "--cache-dir", str(tmp_path / "cache"), "--unquantized", "fp32", "--out", str(out),
+                 "--json"]) == 0
+    captured = capfd.readouterr()
+    assert "pre-processing" not in captured.err and "WARNING" not in captured.err
+    result = json.loads(captured.out)
+    assert any("pre-processing" in line for line in result["onnxruntime_log"])
+    model = onnx.load(str(out))
+    assert onnx.TensorProto.FLOAT16 not in set(value_types(model).values())
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert (metadata["edge.float_precision"], result["float_precision"]) == ("float32", "float32")
+    assert "edge.softmax" not in metadata
 
 
 def test_structure_check_catches_a_broken_graph(graphs):
@@ -133,15 +234,25 @@ def test_accuracy_on_fmnist_mini(graphs):
     data = load_dataset("fmnist-mini", "test")
     images, labels = data.images[:TEST_IMAGES], data.labels[:TEST_IMAGES]
     spec = input_spec_of(onnx.load(str(graphs["fp32"]), load_external_data=False), "ref")
-    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8")}
+    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8", "int8_modelopt")}
     assert acc["fp32"] > 0.8
     assert abs(acc["fp16"] - acc["fp32"]) <= 1 / TEST_IMAGES + 1e-9  # one image (acceptance: 0.2 pt, full split)
-    assert acc["fp32"] - acc["int8"] <= 6 / TEST_IMAGES + 1e-9       # acceptance: 1.0 pt on the full split
-    assert graphs["reports"]["int8"]["check"]["top1_agreement"] >= 0.95
+    for int8 in ("int8", "int8_modelopt"):
+        assert acc["fp32"] - acc[int8] <= 6 / TEST_IMAGES + 1e-9     # acceptance: 1.0 pt on the full split
+        assert graphs["reports"][int8]["check"]["top1_agreement"] >= 0.95
+
+
+def test_agreement_check_covers_a_static_batch_above_64(graphs):
+    from edge.quantize import _check_images
+
+    model = onnx.load(str(graphs["fp32"]))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 100  # as `edge export --batch 100` writes
+    assert _check_images(model, "ref", "fmnist-mini").shape[0] == 100
 
 
 def test_calibration_is_cached_and_deterministic(graphs, tmp_path):
-    config = Int8Config(data="fmnist-mini", samples=CALIBRATION, cache_dir=str(graphs["folder"] / "cache"))
+    config = Int8Config(data="fmnist-mini", samples=CALIBRATION, cache_dir=str(graphs["folder"] / "cache"),
+                        placement="skip")
     report = quantize_file(graphs["fp32"], tmp_path / "again.onnx", "int8", int8=config)
     assert report["calibration"]["cache_hit"] is True
     assert (tmp_path / "again.onnx").read_bytes() == graphs["int8"].read_bytes()
