@@ -23,6 +23,11 @@ if [ ! -e "$FMNIST" ]; then
   apt_install dataset-fashion-mnist || echo "setup: continuing without the full data set; --data fmnist-mini works" >&2
 fi
 
+if [ ! -x /usr/sbin/sshd ]; then  # the deploy tests start a real sshd on 127.0.0.1
+  echo "setup: installing openssh-server" >&2
+  apt_install openssh-server || echo "setup: continuing without sshd; the deploy tests will be skipped" >&2
+fi
+
 if ! "$PYTHON" -c "import venv, ensurepip" 2>/dev/null; then
   echo "setup: installing python3-venv" >&2
   apt_install python3-venv python3-pip

@@ -13,6 +13,7 @@ from edge.cli import (
     bundle,
     clean,
     compress,
+    deploy,
     export,
     info,
     models,
@@ -28,7 +29,7 @@ from edge.errors import PLEASE_REPORT, EdgeError, InternalError
 from jetson.errors import JetsonError
 
 COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, export, clean, verify, quantize, build,
-            profile, pipeline, bundle)
+            profile, pipeline, bundle, deploy)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,77 @@
+"""``edge deploy``: a bundle onto Jetsons over SSH, benchmarked there, results fetched and merged into a report."""
+
+from __future__ import annotations
+
+from edge.cli.common import add_command, emit
+
+EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # TensorRT; results in bundles/demo-devices
+  edge deploy bundles/demo --host nvidia@jetson --power-mode 15W --lock-clocks --report runs/demo
+  edge deploy bundles/demo --hosts fleet.txt --identity ~/.ssh/jetson_ed25519 --report runs/demo
+  edge deploy bundles/demo --host nvidia@new-board --accept-new-host-key --backend ort"""
+
+
+def register(subparsers) -> None:
+    from edge.deploy.ssh import DEFAULT_CONNECT_TIMEOUT_S
+
+    parser = add_command(
+        subparsers, "deploy", "deploy a bundle to Jetsons over SSH: copy, build and benchmark there, fetch results",
+        "Copies the bundle (files already on the device with the same sha256 are kept), runs `python3 -m jetson\n"
+        "run` in it, fetches results and logs back (also after a failure) into OUT/USER@HOST_PORT/, and with\n"
+        "--report merges them into the pipeline run's report (report.json/md/html: a device section). Uses the\n"
+        "system's OpenSSH; host keys are checked (a new device needs --accept-new-host-key once), nothing\n"
+        "prompts. A fleet (--host repeated, or --hosts) is deployed in parallel; a device that fails does not\n"
+        "stop the others, and an engine built on one device is reused on those of the same identity.\n"
+        "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input.", EXAMPLES)
+    parser.add_argument("bundle", help="a bundle folder written by `edge bundle`")
+    parser.add_argument("--host", action="append", default=[], metavar="USER@ADDR[:PORT]",
+                        help="a device (repeatable)")
+    parser.add_argument("--hosts", metavar="FILE", help="devices, one USER@ADDR[:PORT] a line (# comments)")
+    parser.add_argument("--port", type=int, help="SSH port of devices that name none (default: ssh's, 22)")
+    parser.add_argument("--identity", help="SSH private key (default: ssh's own keys and agent)")
+    parser.add_argument("--known-hosts", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
+    parser.add_argument("--accept-new-host-key", action="store_true",
+                        help="record the host key of a device seen for the first time (a changed key is always "
+                             "refused)")
+    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="S",
+                        help="seconds to wait for a device to answer")
+    parser.add_argument("--backend", choices=("tensorrt", "ort"), default="tensorrt",
+                        help="ort: the same protocol on ONNX Runtime (where TensorRT is absent)")
+    parser.add_argument("--power-mode", help="nvpmodel mode by name for the run (e.g. 15W), put back after")
+    parser.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")
+    parser.add_argument("--nvpmodel-conf", help="the device's nvpmodel configuration (default: /etc/nvpmodel.conf)")
+    parser.add_argument("--remote-dir", help="the bundle's folder on the device (default: edge-bundles/NAME in "
+                                             "the login user's home)")
+    parser.add_argument("--remote-python", default="python3", help="the device's Python")
+    parser.add_argument("--out", help="local folder for the results (default: RUN_DIR/device with --report, "
+                                      "else BUNDLE-devices)")
+    parser.add_argument("--report", metavar="RUN_DIR", help="a pipeline run folder whose report gains the device "
+                                                             "results")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+    from pathlib import Path
+
+    from edge.deploy import DeployConfig, RunnerOptions, SshOptions, deploy, parse_host, read_hosts
+
+    hosts = [parse_host(h, args.port) for h in args.host]
+    if args.hosts:
+        hosts += read_hosts(args.hosts, args.port)
+    config = DeployConfig(
+        ssh=SshOptions(identity=Path(args.identity) if args.identity else None,
+                       known_hosts=Path(args.known_hosts) if args.known_hosts else None,
+                       accept_new_host_key=args.accept_new_host_key, connect_timeout_s=args.connect_timeout),
+        runner=RunnerOptions(backend=args.backend, power_mode=args.power_mode, lock_clocks=args.lock_clocks,
+                             nvpmodel_conf=args.nvpmodel_conf),
+        remote_dir=args.remote_dir, remote_python=args.remote_python)
+    result = deploy(args.bundle, hosts, config, out=args.out, report=args.report,
+                    progress=lambda message: print(message, file=sys.stderr, flush=True))
+    lines = [f"{d['host']}: {d['status']}" + (f" ({d['error'].splitlines()[0]})" if d["error"] else "")
+             for d in result["devices"]]
+    lines.append(f"results in {result['out']}" + (f"; report {result['report']}" if result["report"] else ""))
+    if result["failed"]:
+        lines.append(f"{len(result['failed'])} of {len(result['devices'])} devices failed: "
+                     + ", ".join(result["failed"]))
+    emit(result, args.json, "\n".join(lines))
+    return 1 if result["failed"] else 0

@@ -1,0 +1,92 @@
+"""``edge deploy``: a bundle (edge bundle) onto one or many Jetsons over SSH, the device runner run
+there, results and logs fetched back and, with a pipeline run folder, merged into its report.
+
+``deploy(bundle, hosts, DeployConfig(...), report=RUN_DIR)`` returns one record per device. The
+system's OpenSSH does the work (edge.deploy.ssh: host keys checked, every remote word quoted);
+edge.deploy.device is one device's copy, run and fetch; edge.deploy.fleet runs devices in parallel
+and shares engines between devices of one identity; edge.deploy.merge writes the report's device
+section (edge.pipeline.device_report renders it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge.deploy.device import RECORD, DeviceDeploy, RunnerOptions
+from edge.deploy.fleet import deploy_fleet
+from edge.deploy.merge import merge_report
+from edge.deploy.ssh import DeployError, Host, SshOptions, parse_host, read_hosts
+from edge.errors import EdgeError
+from jetson.bundle import Bundle, read_bundle, verify_bundle
+from jetson.errors import JetsonError
+
+REMOTE_ROOT = "edge-bundles"  # the default remote folder, under the login user's home
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """How to reach the devices and what to run there. ``remote_dir`` None: ``edge-bundles/BUNDLE_NAME``."""
+
+    ssh: SshOptions = field(default_factory=SshOptions)
+    runner: RunnerOptions = field(default_factory=RunnerOptions)
+    remote_dir: str | None = None
+    remote_python: str = "python3"
+    share_engines: bool = True
+
+
+def checked_bundle(path: str | Path) -> Bundle:
+    """The bundle at ``path``, every file checked against its manifest here, before any device sees it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise EdgeError(f"bundle {path} is not a folder", expected="a folder written by `edge bundle --out`",
+                        fix="pass the bundle folder (unpack a .tar.gz first)")
+    try:
+        bundle = read_bundle(path)
+        verify_bundle(bundle)
+    except JetsonError as e:
+        raise EdgeError(f"bundle {path}: {e.what}", expected=e.expected, found=e.found, fix=e.fix) from e
+    return bundle
+
+
+def remote_folder(config: DeployConfig, bundle: Bundle) -> str:
+    folder = config.remote_dir or f"{REMOTE_ROOT}/{bundle.root.resolve().name}"
+    folder = folder.removeprefix("~/")  # the login shell starts in the home folder; "~" is not expanded
+    if not folder or folder in (".", "~", "/"):
+        raise EdgeError(f"--remote-dir {config.remote_dir!r}", expected="a folder of its own for the bundle")
+    return folder
+
+
+def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | None = None, *,
+           out: str | Path | None = None, report: str | Path | None = None,
+           progress: Callable[[str], None] | None = None) -> dict:
+    """Deploy to every host; their records (``failed`` lists the devices that did not finish)."""
+    config = config or DeployConfig()
+    progress = progress or (lambda message: None)
+    bundle = checked_bundle(bundle_path)
+    if not hosts:
+        raise EdgeError("no device given", fix="pass --host user@address (repeatable) or --hosts FILE")
+    labels = [h.label for h in hosts]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise EdgeError(f"device {twice[0]} is named twice", fix="name each device once")
+    if report is not None and not (Path(report) / "report.json").is_file():
+        raise EdgeError(f"--report {report} holds no report.json", expected="the --out folder of `edge pipeline`",
+                        fix="run `edge pipeline` first, or leave out --report")
+    out = Path(out) if out else (Path(report) / "device" if report else
+                                 bundle.root.parent / f"{bundle.root.name}-devices")
+    remote_dir = remote_folder(config, bundle)
+    devices = [DeviceDeploy(bundle, host, config.ssh, config.runner, remote_dir, config.remote_python,
+                            out / host.label, progress) for host in hosts]
+    progress(f"deploying {bundle.root} ({len(bundle.variants)} variants) to {len(devices)} device(s)")
+    deploy_fleet(devices, share_engines=config.share_engines and config.runner.backend == "tensorrt")
+    records = [d.record() for d in devices]
+    merged = merge_report(Path(report), out) if report is not None else None
+    return {"bundle": str(bundle.root), "bundle_sha256": bundle.sha256, "out": str(out), "devices": records,
+            "failed": [r["label"] for r in records if r["status"] != "ok"],
+            "report": merged}
+
+
+__all__ = ["RECORD", "DeployConfig", "DeployError", "Host", "RunnerOptions", "SshOptions", "checked_bundle", "deploy",
+           "parse_host", "read_hosts"]

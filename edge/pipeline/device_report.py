@@ -1,0 +1,137 @@
+"""The device section of a pipeline report: what ``edge deploy`` measured on each device, per variant
+and precision (device latency percentiles, energy per inference, memory) with the device record.
+
+Pure functions of the fetched results, so the pipeline's own report code stays as it is: edge.deploy
+puts :func:`device_section` into ``report.json`` under ``device`` and appends :func:`device_markdown`
+and :func:`device_html` to the rendered report.
+"""
+
+from __future__ import annotations
+
+import html
+
+FORMAT = "edge-device-report"
+FORMAT_VERSION = 1
+LATENCY_KEYS = ("iterations", "median_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "cv")
+DEVICE_KEYS = ("device_model", "l4t", "hostname", "machine", "python", "tensorrt", "gpu", "compute_capability",
+               "sm_count", "memory_gib", "cuda_driver", "cuda_runtime", "cuda_binding", "power_mode", "identity")
+
+
+def _energy(power: dict | None) -> dict | None:
+    if not power or not power.get("total_rail"):
+        return None
+    total = power["rails"][power["total_rail"]]
+    return {"rail": power["total_rail"], "per_inference_mj": total["energy_per_inference_mj"],
+            "above_idle_per_inference_mj": total["energy_above_idle_per_inference_mj"],
+            "mean_power_mw": total["mean_power_mw"], "idle_power_mw": total["idle_power_mw"],
+            "inferences": power["inferences"], "tegrastats_log": power.get("tegrastats_log")}
+
+
+def variant_row(variant_id: str, entry: dict, result: dict | None, results_dir: str) -> dict:
+    """One variant's figures from its runner result (None when the runner never wrote it)."""
+    result = result or {}
+    power = result.get("power")
+    latency = result.get("latency")
+    return {
+        "id": variant_id, "variant": result.get("variant"), "precision": result.get("precision"),
+        "status": entry.get("status"), "partial": result.get("partial"), "error": entry.get("error"),
+        "backend": result.get("backend"),
+        "latency": {k: latency[k] for k in LATENCY_KEYS} if latency else None,
+        "gpu_latency": {k: result["gpu_latency"][k] for k in LATENCY_KEYS} if result.get("gpu_latency") else None,
+        "energy": _energy(power),
+        "memory": {"peak_ram_used_mb": (power or {}).get("peak_ram_used_mb"),
+                   "ram_total_mb": (power or {}).get("ram_total_mb"), "peak_rss_mb": result.get("peak_rss_mb"),
+                   "device_memory": result.get("device_memory")},
+        "engine": result.get("engine"),
+        "result": f"{results_dir}/{entry['result']}" if entry.get("result") else None,
+    }
+
+
+def device_entry(record: dict, run: dict | None, results: dict[str, dict | None], folder: str) -> dict:
+    """One device: edge deploy's record, the runner's run summary and results (paths under ``folder``)."""
+    run = run or {}
+    device = run.get("device") or {}
+    return {
+        "host": record["host"], "label": record["label"], "status": record["status"], "error": record["error"],
+        "error_kind": record.get("error_kind"), "runner_exit_code": record.get("runner_exit_code"),
+        "folder": folder, "backend": run.get("backend"), "partial": run.get("partial"),
+        "bundle_sha256": record.get("bundle_sha256"),
+        "device": {k: device.get(k) for k in DEVICE_KEYS} if device else None,
+        "settings": run.get("settings"), "config": run.get("config"),
+        "variants": [variant_row(i, e, results.get(i), f"{folder}/results")
+                     for i, e in (run.get("variants") or {}).items()],
+        "finished": record.get("finished"),
+    }
+
+
+def device_section(devices: list[dict]) -> dict:
+    """``report.json``'s ``device``: every device deployed to from this run folder."""
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "devices": devices,
+            "failed": [d["label"] for d in devices if d["status"] != "ok"]}
+
+
+COLUMNS = ("device", "variant", "precision", "backend", "status", "median ms", "p90 ms", "p99 ms", "CV %",
+           "energy/inf mJ", "above idle mJ", "mean power W", "peak RAM MB", "runner RSS MB")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table_rows(section: dict) -> list[tuple[str, ...]]:
+    rows = []
+    for device in section["devices"]:
+        for v in device["variants"]:
+            s, e, m = v["latency"] or {}, v["energy"] or {}, v["memory"]
+            status = v["status"] + (" (partial)" if v["partial"] else "")
+            rows.append((device["label"], v["variant"] or v["id"], v["precision"] or "-", v["backend"] or "-", status,
+                         _fmt(s.get("median_ms"), ".3f"), _fmt(s.get("p90_ms"), ".3f"), _fmt(s.get("p99_ms"), ".3f"),
+                         _fmt(s["cv"] * 100 if s.get("cv") is not None else None, ".1f"),
+                         _fmt(e.get("per_inference_mj"), ".3f"), _fmt(e.get("above_idle_per_inference_mj"), ".3f"),
+                         _fmt(e["mean_power_mw"] / 1000 if e.get("mean_power_mw") is not None else None, ".2f"),
+                         _fmt(m["peak_ram_used_mb"], ",d"), _fmt(m["peak_rss_mb"], ".0f")))
+    return rows
+
+
+def device_lines(device: dict) -> list[str]:
+    """The device record in words: board, L4T, TensorRT, CUDA, power mode, how it ended."""
+    d = device["device"] or {}
+    mode = (d.get("power_mode") or {}).get("name")
+    settings = device.get("settings") or {}
+    asked = (settings.get("power_mode") or {}).get("name")
+    words = [f"`{device['label']}` ({device['host']}): {device['status']}"]
+    if d:
+        words.append(f"{d.get('device_model') or d.get('machine')}, L4T {d.get('l4t') or '-'}, TensorRT "
+                     f"{d.get('tensorrt') or '-'}, CUDA {d.get('cuda_runtime') or '-'}, GPU {d.get('gpu') or '-'}"
+                     f" ({d.get('sm_count') or '-'} SMs), power mode {mode or '-'}"
+                     + (f" (set to {asked} for the run)" if asked else "")
+                     + (", clocks locked" if settings.get("clocks_locked") else ""))
+    if device["error"]:
+        words.append("error: " + device["error"].splitlines()[0])
+    return ["; ".join(words) + "."]
+
+
+def device_markdown(section: dict) -> list[str]:
+    """The section as Markdown lines (a heading, the devices, one table row per device and variant)."""
+    lines = ["## On the devices", ""]
+    lines += [f"- {line}" for device in section["devices"] for line in device_lines(device)]
+    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows(section)]
+    lines += ["", "Latency on the device's host clock; energy per inference integrates the total rail "
+              "(tegrastats, trapezoidal) over the timed window, above idle subtracts the idle window's mean power. "
+              "Each device's results and logs: " + ", ".join(f"`{d['folder']}/`" for d in section["devices"])
+              + ".", ""]
+    return lines
+
+
+def device_html(section: dict) -> str:
+    """The section as an HTML fragment (styled by the pipeline report's CSS)."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f'<td class="text">{esc(c)}</td>' if i < 5 else f"<td>{esc(c)}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in table_rows(section))
+    devices = "".join(f"<li>{esc(line)}</li>" for device in section["devices"] for line in device_lines(device))
+    return (f'<h2>On the devices</h2><ul class="conditions">{devices}</ul>'
+            f"<table><tr>{head}</tr>{body}</table>"
+            "<p>Energy per inference: the total rail integrated over the timed window (tegrastats); above idle: "
+            "less the idle window's mean power. report.json has every figure and the device records.</p>")
