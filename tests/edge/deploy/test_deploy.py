@@ -5,7 +5,6 @@ jetson_clocks on the remote PATH, and faults injected by the FAKE device Python.
 import json
 import shutil
 import socket
-import time
 from pathlib import Path
 
 import numpy as np
@@ -164,13 +163,12 @@ def test_an_unreachable_host_fails_clearly_within_the_connect_timeout(sshd, bund
         if listening:
             silent.listen(1)
         host = parse_host(f"root@127.0.0.1:{silent.getsockname()[1]}")
-        started = time.monotonic()
         device = only(deploy(bundle, [host], config(server, ssh={"connect_timeout_s": 2}), out=tmp_path / "out"))
-        elapsed = time.monotonic() - started
     assert device["status"] == "failed" and device["error_kind"] == "unreachable" and device["stage"] == "copy"
     assert f"{host} is unreachable" in device["error"] and "--connect-timeout" in device["error"]
+    # the silent host: ssh's own ConnectTimeout fired ("timed out during banner exchange"), not TCP's
+    # or the test's; no elapsed time is asserted (tests never assert timings)
     assert ("timed out" if listening else "Connection refused") in device["error"]
-    assert elapsed < 2 + 10  # it gave up after the connect timeout, not after TCP's or the test's own
     assert json.loads((tmp_path / "out" / host.label / "deploy.json").read_text())["error_kind"] == "unreachable"
 
 
