@@ -72,7 +72,8 @@ SECTIONS = {
     "evaluate": Section("edge.evaluate:EvaluateConfig", ("batch_size", "samples"), own=EvaluateKeys,
                         defaults={"batch_size": 500}),
     "profile": Section("edge.profile.sidebyside:SideBySideConfig",
-                       ("warmup", "rounds", "sessions", "iterations", "turn_ms", "aa_tolerance")),
+                       ("warmup", "rounds", "sessions", "iterations", "turn_ms", "aa_tolerance",
+                                                                 "spinning")),
 }
 
 

@@ -361,9 +361,9 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord])
         from edge.profile import OrtBackend
         from edge.profile.sidebyside import SideBySideConfig, side_by_side
 
-        factories = {run.variant.name: functools.partial(OrtBackend, run.folder / graph, threads=recipe.threads,
-                                                         seed=recipe.seed) for run in runs}
         config = SideBySideConfig(**dataclasses.asdict(recipe.profile), seed=recipe.seed)
+        factories = {run.variant.name: functools.partial(OrtBackend, run.folder / graph, threads=recipe.threads,
+                                                         seed=recipe.seed, spinning=config.spinning) for run in runs}
         return {**side_by_side(factories, inputs["reference"], config), "graph": graph}
 
     return step(ctx, SHARED, "profile", ctx.out, inputs, work)

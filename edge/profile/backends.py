@@ -42,7 +42,8 @@ class OrtBackend:
 
     name = "onnxruntime"
 
-    def __init__(self, path: str | Path, batch: int | None = None, threads: int | None = None, seed: int = 0) -> None:
+    def __init__(self, path: str | Path, batch: int | None = None, threads: int | None = None, seed: int = 0,
+                 spinning: bool = True) -> None:
         import onnx
         import onnxruntime as ort
 
@@ -50,7 +51,7 @@ class OrtBackend:
         from edge.onnx_metadata import metadata_of
 
         self.path = Path(path)
-        self.session = ort_session(str(self.path), threads)
+        self.session = ort_session(str(self.path), threads, spinning)
         meta = self.session.get_inputs()[0]
         shape = [d if isinstance(d, int) else (batch or 1) for d in meta.shape]
         if batch and isinstance(meta.shape[0], int) and meta.shape[0] != batch:

@@ -152,3 +152,28 @@ def test_ort_weight_bytes_count_each_initializer_by_its_type(tmp_path):
         backend = OrtBackend(path, threads=1)
         assert backend.weight_bytes() == expected, path.name
         backend.close()
+
+
+@pytest.mark.parametrize("spinning, entry", [(True, None), (False, "0")])
+def test_ort_backend_can_keep_its_threads_from_spinning(tmp_path, spinning, entry):
+    """Side by side, an idle session's spinning pool would take the cores from the one being timed."""
+    from onnx import helper, numpy_helper
+
+    from edge.profile import OrtBackend
+
+    path = _matmul_graph(tmp_path / "m.onnx", [helper.make_node("Identity", ["w32"], ["w"])],
+                         [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w32")])
+    backend = OrtBackend(path, threads=2, spinning=spinning)
+    config = backend.session.get_session_options().get_session_config_entry
+    if entry is None:  # ONNX Runtime's default (spinning): the key is not set at all
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            config("session.intra_op.allow_spinning")
+    else:
+        assert config("session.intra_op.allow_spinning") == entry
+    backend.close()
+
+
+def test_side_by_side_sessions_do_not_spin_by_default():
+    from edge.profile.sidebyside import SideBySideConfig
+
+    assert SideBySideConfig().spinning is False
