@@ -17,7 +17,7 @@ ONE_VARIANT = {"variants": [{"name": "original"}]}
 
 # Where the pipeline's default differs from the library's (and so from the CLI's): the recipe's own
 # default, stated in default.yaml. Anything else differing is a second source of a default.
-RECIPE_OWN_DEFAULTS = {("evaluate", "batch_size"): (500, 256), ("profile", "iterations"): (300, 200)}
+RECIPE_OWN_DEFAULTS = {("evaluate", "batch_size"): (500, 256)}
 
 
 def _library_field(section: Section, name: str) -> tuple[dataclasses.Field, object]:
@@ -50,7 +50,7 @@ def test_the_recipes_own_defaults_are_the_declared_ones_and_default_yaml_states_
     for record in (implicit, stated):
         del record["variants"], record["source"]
     assert implicit == stated
-    assert stated["profile"]["iterations"] == 300 and stated["evaluate"]["batch_size"] == 500
+    assert stated["profile"]["iterations"] is None and stated["evaluate"]["batch_size"] == 500
 
 
 def test_every_numeric_recipe_key_has_a_range():
@@ -62,7 +62,8 @@ def test_every_numeric_recipe_key_has_a_range():
                 (ranged if bounds(f) is not None else unranged).add(f"{key}.{f.name}")
     assert unranged == set()
     assert ranged == {"calibration.samples", "calibration.holdout", "analysis.samples", "export.batch", "export.opset",
-                      "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations"}
+                      "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations",
+                      "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance"}
 
 
 REFUSED = {
