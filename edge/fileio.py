@@ -8,7 +8,6 @@ only the standard library and :mod:`edge.errors`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from edge.errors import EdgeError
+from jetson.bundle import sha256_file as sha256_file  # one implementation, shared with the device side
 
 
 def _temporary_beside(path: Path) -> str:
@@ -87,11 +87,3 @@ def atomic_folder(out: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

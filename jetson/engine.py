@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jetson.bundle import GRAPH_PRECISION, BuildSpec, sha256_file
 from jetson.device import IDENTITY
@@ -68,7 +68,19 @@ def network_flags(strongly_typed: bool, features: TensorRTFeatures) -> int:
     return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 
 
-def _configure(config: tensorrt.IBuilderConfig, spec: BuildSpec, features: TensorRTFeatures) -> dict:
+class Knobs(Protocol):
+    """The builder knobs both builders set (edge build's BuildConfig and a bundle's BuildSpec)."""
+
+    @property
+    def workspace_mib(self) -> int: ...
+    @property
+    def optimization_level(self) -> int: ...
+    @property
+    def tiling_optimization_level(self) -> int | None: ...
+
+
+def configure_builder(config: tensorrt.IBuilderConfig, spec: Knobs, features: TensorRTFeatures) -> dict:
+    """Set the knobs this TensorRT has; return which were honoured and which it lacks."""
     import tensorrt as trt
 
     honoured: dict[str, Any] = {}
@@ -143,7 +155,7 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
                           fix="the node named is unsupported here: bundle the graph with the plugin library it needs, "
                               "or check its opset (17+)")
     config = builder.create_builder_config()
-    knobs = _configure(config, spec, features)
+    knobs = configure_builder(config, spec, features)
     profile = _profile(builder, network, spec)
     if profile is not None:
         config.add_optimization_profile(profile)

@@ -247,25 +247,11 @@ def _configure(builder_config: tensorrt.IBuilderConfig, config: BuildConfig, fea
     """Apply the knobs; return which were honoured and which this TensorRT does not have."""
     import tensorrt as trt
 
-    honoured: dict[str, Any] = {}
-    ignored: dict[str, str] = {}
-    if features.memory_pool_limit:
-        builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_mib << 20)
-        honoured["workspace_mib"] = config.workspace_mib
-    else:
-        ignored["workspace_mib"] = "no IBuilderConfig.set_memory_pool_limit"
-    if features.optimization_level:
-        builder_config.builder_optimization_level = config.optimization_level
-        honoured["optimization_level"] = config.optimization_level
-    else:
-        ignored["optimization_level"] = "no builder_optimization_level"
-    if config.tiling_optimization_level is not None:
-        if features.tiling_optimization_level:
-            builder_config.tiling_optimization_level = trt.TilingOptimizationLevel(config.tiling_optimization_level)
-            honoured["tiling_optimization_level"] = config.tiling_optimization_level
-        else:
-            ignored["tiling_optimization_level"] = f"TensorRT {features.version} has no tiling optimisation (10.8+)"
-    builder_config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    from jetson.engine import configure_builder
+
+    knobs = configure_builder(builder_config, config, features)  # the device runner sets the same knobs
+    honoured: dict[str, Any] = knobs["honoured"]
+    ignored: dict[str, str] = knobs["not_available"]
     honoured["profiling_verbosity"] = "DETAILED"
     if not strongly_typed:
         for name in _weak_typing_flags(config, features):
