@@ -45,6 +45,7 @@ import onnx
 from calib.data import ArrayCalibrationReader, calibration_images, graph_batch
 from calib.placement import GEMM_OPS, PLACEMENTS, placement_plan, qdq_violations, restrict_to_placement
 from edge.compare import ort_messages
+from edge.config import MAX_SAMPLES, MAX_SEED, option
 from edge.errors import EdgeError
 from edge.onnx_metadata import CALIBRATION, QDQ_PLACEMENT, set_precision_metadata, source_precision
 
@@ -63,11 +64,11 @@ def default_cache_dir() -> Path:
 @dataclass
 class Int8Config:
     data: str = "fmnist"
-    samples: int = 500
-    seed: int = 0
+    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
     method: str = "minmax"          # minmax | entropy | percentile
-    percentile: float = 99.999      # percentile method: the share of |x| kept
-    entropy_bins: int = 2048        # entropy and percentile methods: histogram bins
+    percentile: float = option(99.999, above=0, maximum=100)  # percentile method: the share of |x| kept
+    entropy_bins: int = option(2048, minimum=2, maximum=1 << 20)  # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
     placement: str = "modelopt"     # modelopt | skip (calib.placement; the choice: docs/results/quant-peers.md)
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)

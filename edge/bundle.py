@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import jetson
+from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.layout import DEPLOYED, VARIANTS, clean_name
@@ -53,11 +54,11 @@ class BundleConfig:
 
     precisions: tuple[str, ...] = DEFAULT_PRECISIONS
     data: str = "fmnist"                # int8 calibration data
-    samples: int = 500                  # int8 calibration samples
+    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)  # int8 calibration samples
     check_data: str = "fmnist-mini"     # images the fp16/int8 graphs are checked on before they are written
-    workspace_mib: int = 2048
-    optimization_level: int = 3
-    tiling_optimization_level: int | None = None
+    workspace_mib: int = option(2048, minimum=1, maximum=1 << 20)
+    optimization_level: int = option(3, minimum=0, maximum=5)
+    tiling_optimization_level: int | None = option(None, minimum=0, maximum=3)
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     protocol: Protocol = field(default_factory=Protocol)

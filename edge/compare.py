@@ -27,11 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.config import option
+
 
 @dataclass(frozen=True)
 class Tolerance:
-    max_abs: float = 1e-4
-    rel_l2: float = 1e-5
+    max_abs: float = option(1e-4, minimum=0, maximum=1e6)
+    rel_l2: float = option(1e-5, minimum=0, maximum=1e6)
 
 
 @dataclass

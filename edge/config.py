@@ -2,42 +2,93 @@
 
 A library config (``ExportConfig``, ``ProfileConfig``, ...) is the one source of a step's settings:
 its fields give the names, types and defaults, and :func:`option` adds the range a value must lie
-in. The recipe validator (``edge.pipeline.recipe``) reads all of it from the dataclass; the CLI
-reads the defaults for its ``--help``. Importing this module is cheap (no torch).
+in. The recipe validator (``edge.pipeline.recipe``) and the CLI's option types (``edge.cli.options``)
+read all of it from the dataclass. Importing this module is cheap (no torch).
+
+Code that may not import edge (the device side, ``jetson/``) declares the same range as plain field
+metadata, ``field(default=20, metadata={"minimum": 0, "maximum": 10**6})``; :func:`bounds` reads both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+
+#: Common upper limits: a value beyond them is a typo, not a setting (and would fail deep inside a library).
+MAX_SEED = 2**32 - 1          # numpy's legacy seeding takes 32 bits
+MAX_THREADS = 1024
+MAX_BATCH = 65536
+MAX_SAMPLES = 10_000_000
+MAX_STEPS = 100_000_000
+MAX_EPOCHS = 100_000
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 @dataclass(frozen=True)
 class Bounds:
-    """The values a numeric field admits: ``value >= minimum``, ``above < value < below``."""
+    """The values a numeric field admits: ``minimum <= value <= maximum``, ``above < value < below``."""
 
     minimum: float | None = None
     above: float | None = None
     below: float | None = None
+    maximum: float | None = None
 
     def admits(self, value: float) -> bool:
-        return ((self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
-                and (self.below is None or value < self.below))
+        return (not (isinstance(value, float) and math.isnan(value))
+                and (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
+                and (self.below is None or value < self.below) and (self.maximum is None or value <= self.maximum))
+
+    @property
+    def lowest(self) -> float | None:
+        """The lower limit (inclusive or not), ``None`` where there is none."""
+        return self.minimum if self.minimum is not None else self.above
+
+    @property
+    def highest(self) -> float | None:
+        """The upper limit (inclusive or not), ``None`` where there is none."""
+        return self.maximum if self.maximum is not None else self.below
 
     def describe(self, name: str) -> str:
-        """What is expected, e.g. ``>= 1`` or ``0 < holdout < 1``."""
-        if self.above is not None and self.below is not None:
-            return f"{self.above:g} < {name} < {self.below:g}"
-        parts = [f">= {self.minimum}"] if self.minimum is not None else []
-        parts += [f"> {self.above:g}"] if self.above is not None else []
-        parts += [f"< {self.below:g}"] if self.below is not None else []
-        return " and ".join(parts)
+        """What is expected, e.g. ``>= 1``, ``0 < holdout < 1`` or ``1 <= batch <= 65536``."""
+        low = (f"{_number(self.minimum)} <= " if self.minimum is not None
+               else f"{_number(self.above)} < " if self.above is not None else "")
+        high = (f" <= {_number(self.maximum)}" if self.maximum is not None
+                else f" < {_number(self.below)}" if self.below is not None else "")
+        if low and high:
+            return f"{low}{name}{high}"
+        if low:
+            return (f">= {_number(self.minimum)}" if self.minimum is not None else f"> {_number(self.above)}")
+        return high.strip()
+
+    def metadata(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-def option(default, *, minimum: float | None = None, above: float | None = None, below: float | None = None):
+def option(default, *, minimum: float | None = None, maximum: float | None = None, above: float | None = None,
+           below: float | None = None):
     """A dataclass field with a default and the range its values must lie in (``None``: unchecked)."""
-    return dataclasses.field(default=default, metadata={"bounds": Bounds(minimum, above, below)})
+    limits = Bounds(minimum, above, below, maximum)
+    return dataclasses.field(default=default, metadata={"bounds": limits, **limits.metadata()})
 
 
 def bounds(field: dataclasses.Field) -> Bounds | None:
-    return field.metadata.get("bounds")
+    """The range of ``field``: from :func:`option`, or from plain ``minimum``/``maximum``/``above``/``below``
+    metadata (device-side configs); ``None`` where none is declared."""
+    if "bounds" in field.metadata:
+        return field.metadata["bounds"]
+    keys = {k: field.metadata[k] for k in ("minimum", "above", "below", "maximum") if k in field.metadata}
+    return Bounds(**keys) if keys else None
+
+
+def config_field(config: type, name: str) -> dataclasses.Field:
+    """The field ``name`` of dataclass ``config``; a bug in edge when there is none."""
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            return f
+    from edge.errors import InternalError
+
+    raise InternalError(f"{config.__name__} has no field {name!r}")

@@ -52,3 +52,13 @@ class InternalError(Exception):
 
 PLEASE_REPORT = ("this is a bug in edge, not in your input: "
                  "please report it with the command you ran and this message")
+
+
+def article(word: str) -> str:
+    """``a`` or ``an`` before ``word`` (by its first letter: "an integer", "a number", "an int")."""
+    return "an" if word[:1].lower() in "aeio" else "a"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``count`` and the noun in the right number: ``1 variant``, ``2 variants``, ``1 step``."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"

@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.config import option
+from edge.config import MAX_BATCH, option
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.progress import bar
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    batch_size: int = option(256, minimum=1)  # images per forward pass
+    batch_size: int = option(256, minimum=1, maximum=MAX_BATCH)  # images per forward pass
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from edge.compare import Tolerance, ort_session
-from edge.config import option
+from edge.config import MAX_BATCH, option
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.models.attention import explicit_attention
@@ -31,14 +31,15 @@ from edge.onnx_metadata import graph_metadata, with_metadata
 from edge.torch_compare import compare_with_torch, verification_inputs
 
 DEFAULT_OPSET = 17
+MAX_OPSET = 20  # the highest opset of torch's TorchScript exporter (dynamo=False), torch 2.x
 INPUT_NAME = "input"
 
 
 @dataclass
 class ExportConfig:
-    batch: int = option(1, minimum=1)
+    batch: int = option(1, minimum=1, maximum=MAX_BATCH)
     dynamic_batch: bool = False
-    opset: int = option(DEFAULT_OPSET, minimum=17)  # 17: native LayerNormalization
+    opset: int = option(DEFAULT_OPSET, minimum=17, maximum=MAX_OPSET)  # 17: native LayerNormalization
     verify: bool = True
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.config import MAX_SEED, option
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.progress import bar
 
@@ -23,7 +24,7 @@ class ProbeConfig:
     epochs: int = 5
     batch_size: int = 256
     lr: float = 1e-3
-    seed: int = 0
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
 
 
 @torch.no_grad()

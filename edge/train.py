@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from edge import __version__
+from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.augment import random_shift_flip
 from edge.data.images import LabeledImages
@@ -42,22 +43,24 @@ class TrainConfig:
     init_weights: str | None = None       # start from these weights (a fine-tuning stage), not random init
     data: str = "fmnist"
     eval_data: str | None = None          # default: the test split of ``data``
-    epochs: int = 10
-    batch_size: int = 128
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    weight_decay: float = 0.05
-    warmup_steps: int = 500
-    label_smoothing: float = 0.1
-    grad_clip: float = 1.0
+    epochs: int = option(10, minimum=1, maximum=MAX_EPOCHS)
+    batch_size: int = option(128, minimum=1, maximum=MAX_BATCH)
+    lr: float = option(1e-3, above=0, maximum=10)
+    min_lr: float = option(1e-5, minimum=0, maximum=10)
+    weight_decay: float = option(0.05, minimum=0, maximum=10)
+    warmup_steps: int = option(500, minimum=0, maximum=MAX_STEPS)
+    label_smoothing: float = option(0.1, minimum=0, below=1)
+    grad_clip: float = option(1.0, minimum=0, maximum=1e6)  # 0: no clipping
     augment: bool = True                  # random shift of up to 2 px and horizontal flip
-    seed: int = 0
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
     amp: str = "auto"                     # auto | bf16 | fp16 | off
     device: str = "auto"                  # auto | cpu | cuda[:N]
-    threads: int | None = None
-    max_steps: int | None = None          # stop early (a shortened run of the same schedule)
-    train_samples: int | None = None      # train on a seeded subset (shortened runs, tests)
-    checkpoint_every: int = 200
+    threads: int | None = option(None, minimum=1, maximum=MAX_THREADS)
+    # stop early (a shortened run of the same schedule)
+    max_steps: int | None = option(None, minimum=1, maximum=MAX_STEPS)
+    # train on a seeded subset (shortened runs, tests)
+    train_samples: int | None = option(None, minimum=1, maximum=MAX_SAMPLES)
+    checkpoint_every: int = option(200, minimum=1, maximum=MAX_STEPS)
     eval_every_epoch: bool = True
     save_dtype: str = "float16"           # dtype of the final weights file
     command: list[str] = field(default_factory=list)

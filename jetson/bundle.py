@@ -96,11 +96,12 @@ class BuildSpec:
 class Protocol:
     """The benchmark's defaults, which the runner's command line may override."""
 
-    warmup: int = 20
-    iterations: int = 200
-    duration_s: float | None = None
+    # ranges as plain metadata (edge.config.bounds reads them; the device side imports no edge)
+    warmup: int = field(default=20, metadata={"minimum": 0, "maximum": 10**8})
+    iterations: int = field(default=200, metadata={"minimum": 1, "maximum": 10**8})
+    duration_s: float | None = field(default=None, metadata={"above": 0, "maximum": 86400})
     cuda_graph: bool = True
-    idle_s: float = 2.0
+    idle_s: float = field(default=2.0, metadata={"minimum": 0, "maximum": 3600})
     tegrastats_interval_ms: int = 100
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from edge import __version__
 from edge.analysis.collect import BlockMoments, collect_block_moments
 from edge.analysis.heatmap import save_heatmap, save_redundancy_plot
 from edge.analysis.similarity import block_redundancy
-from edge.config import option
+from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option
 from edge.data.preprocess import InputSpec
 from edge.fileio import write_text_atomic
 from edge.models.info import model_info, original_block_indices
@@ -25,9 +25,9 @@ class AnalysisConfig:
     """The calibration images the analysis streams (seeded, class-balanced training samples)."""
 
     data: str = "fmnist"
-    samples: int = option(500, minimum=1)
-    seed: int = option(0, minimum=0)
-    batch_size: int = option(64, minimum=1)
+    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
+    batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)
 
 
 def _label(blocks: tuple[int, ...]) -> str:

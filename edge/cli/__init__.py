@@ -43,6 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line; an unknown option is reported with the usage of the verb it was given to.
+
+    Every value is checked here by its option's type (:mod:`edge.cli.options`): a bad one exits 2
+    before anything is loaded or written.
+    """
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "verb_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status: 0 done, 1 a verification that disagrees (edge verify, edge
     pipeline), 2 bad input (:class:`EdgeError`, argparse), 3 a bug in edge, 130 interrupted.
@@ -51,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     exception edge did not raise on purpose: the latter's traceback is printed too, since the
     report needs it. Both end with a line asking for a report.
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return int(args.run(args) or 0)
     except EdgeError as e:

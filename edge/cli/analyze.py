@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
+from edge.cli.common import add_calibration_options, add_command, add_field, add_model_options, add_out_folder, emit
 
 EXAMPLES = """  edge analyze fmnist-deit-tiny --data fmnist --samples 500 --out runs/analysis
   edge analyze timm:deit_small_patch16_224 --data fmnist-mini --samples 200 --out runs/deit-s --json
@@ -23,10 +23,10 @@ def register(subparsers) -> None:
                          EXAMPLES)
     add_model_options(parser)
     add_calibration_options(parser, AnalysisConfig)
-    parser.add_argument("--batch-size", type=int, default=AnalysisConfig.batch_size)
+    add_field(parser, "--batch-size", AnalysisConfig, help="images per forward pass")
     parser.add_argument("--attention", action="store_true",
                         help="also score every head's attention-map variation (Sigma_h, Sigma_b)")
-    parser.add_argument("--out", required=True, help="output folder")
+    add_out_folder(parser)
     parser.set_defaults(run=run)
 
 

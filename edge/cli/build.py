@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_data_option, add_field, add_out_file, emit
+from edge.cli.options import ExistingFile, OutputFile
 
 EXAMPLES = """  edge build runs/ref.onnx --out runs/ref.engine                          # fp32, strongly typed
   edge build runs/ref.onnx --precision fp16 --out runs/ref.fp16.engine   # fp16 variant made in memory
@@ -26,25 +27,30 @@ def register(subparsers) -> None:
         "the knobs honoured and the build time; `edge profile` refuses an engine built for another\n"
         "TensorRT or device. cuda-python and the device are checked before the build starts.\n"
         "Needs TensorRT (JetPack on a Jetson; NVIDIA's packages on x86).", EXAMPLES)
-    parser.add_argument("model", help="an ONNX graph (float32, or the fp16/int8 output of edge quantize)")
-    parser.add_argument("--out", required=True, help="the engine file")
+    parser.add_argument("model", type=ExistingFile(),
+                        help="an ONNX graph (float32, or the fp16/int8 output of edge quantize)")
+    add_out_file(parser, "the engine file", ".engine")
     parser.add_argument("--precision", default=BuildConfig.precision, choices=PRECISIONS,
-                        help="strongly typed: which ONNX variant to expect (best = the int8 Q/DQ graph, INT8+FP16)")
+                        help="strongly typed: which ONNX variant to expect (best = the int8 Q/DQ graph, INT8+FP16); "
+                             "weakly typed: the builder flags")
     parser.add_argument("--weakly-typed", dest="strongly_typed", action="store_false",
                         help="TensorRT 10.x builder precision flags instead of a strongly typed network")
-    parser.add_argument("--workspace", type=int, default=BuildConfig.workspace_mib, metavar="MIB",
-                        help="workspace memory-pool limit (2 GiB suits an 8 GB Orin Nano)")
-    parser.add_argument("--opt-level", type=int, default=BuildConfig.optimization_level,
-                        help="builder optimisation level 0-5")
-    parser.add_argument("--tiling-level", type=int, help="tiling optimisation level 0-3 (TensorRT 10.8+)")
-    parser.add_argument("--timing-cache", help="timing cache file: loaded when present, saved after the build")
-    parser.add_argument("--plugin", action="append", default=[], help="plugin library (.so) to load (repeatable)")
-    parser.add_argument("--batch", type=int, help="fixed batch for a dynamic-batch graph")
-    parser.add_argument("--min-batch", type=int)
-    parser.add_argument("--opt-batch", type=int)
-    parser.add_argument("--max-batch", type=int)
-    parser.add_argument("--data", help="--weakly-typed int8 only: data for TensorRT's legacy calibrator")
-    parser.add_argument("--samples", type=int, default=BuildConfig.calibration_samples)
+    add_field(parser, "--workspace", BuildConfig, "workspace_mib",
+              help="workspace memory-pool limit, MiB (2 GiB suits an 8 GB Orin Nano)")
+    add_field(parser, "--opt-level", BuildConfig, "optimization_level", help="builder optimisation level")
+    add_field(parser, "--tiling-level", BuildConfig, "tiling_optimization_level",
+              help="tiling optimisation level (TensorRT 10.8+; default: TensorRT's)")
+    parser.add_argument("--timing-cache", type=OutputFile(), metavar="FILE",
+                        help="timing cache file: loaded when present, saved after the build")
+    parser.add_argument("--plugin", action="append", default=[], type=ExistingFile(), metavar="SO",
+                        help="plugin library (.so) to load (repeatable)")
+    add_field(parser, "--batch", BuildConfig, help="fixed batch for a dynamic-batch graph (default: the graph's)")
+    add_field(parser, "--min-batch", BuildConfig, help="optimisation profile of a dynamic-batch graph: smallest batch")
+    add_field(parser, "--opt-batch", BuildConfig, help="optimisation profile: the batch TensorRT tunes for")
+    add_field(parser, "--max-batch", BuildConfig, help="optimisation profile: largest batch")
+    add_data_option(parser, None, "--weakly-typed int8 only: data for TensorRT's legacy calibrator")
+    add_field(parser, "--samples", BuildConfig, "calibration_samples",
+              help="--weakly-typed int8 only: calibration samples")
     parser.add_argument("--trtexec", action="store_true",
                         help="print the equivalent trtexec command (run it and parse its results where trtexec exists)")
     parser.add_argument("--verbose", action="store_true", help="TensorRT's verbose log")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from edge.cli.common import add_command, emit
+from edge.cli.options import ChoiceList, Data, ExistingFile, ExistingPath, OutputFolder, config_type
+from edge.errors import plural
 
 EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant of a pipeline run, fp32 + fp16
   edge bundle runs/demo --out bundles/demo --precision fp16,int8 --data fmnist --samples 500 --tar
@@ -10,12 +12,9 @@ EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant 
   # on the device: cd demo && python3 -m jetson run   (or: edge deploy bundles/demo --host user@jetson)"""
 
 
-def _precisions(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
 def register(subparsers) -> None:
-    from jetson.bundle import DEFAULT_WORKSPACE_MIB, PRECISIONS, Protocol
+    from edge.bundle import BundleConfig
+    from jetson.bundle import PRECISIONS, Protocol
 
     parser = add_command(
         subparsers, "bundle", "pack model variants for a Jetson: graphs per precision, build configs, the runner",
@@ -24,21 +23,33 @@ def register(subparsers) -> None:
         "--data), its TensorRT build config, the benchmark protocol defaults, a manifest with the sha256 of every\n"
         "file, and the device-side runner (python3 -m jetson run: Python 3.10 + numpy + JetPack's TensorRT).\n"
         "Written to a temporary folder and renamed at the end: an error leaves no partial bundle.", EXAMPLES)
-    parser.add_argument("inputs", nargs="+", metavar="RUN_DIR_OR_ONNX", help="pipeline run folders or .onnx files")
-    parser.add_argument("--out", required=True, help="the bundle folder to write")
-    parser.add_argument("--precision", type=_precisions, default=("fp32", "fp16"),
-                        help=f"comma-separated, of {', '.join(PRECISIONS)} (default: fp32,fp16)")
-    parser.add_argument("--data", default="fmnist", help="int8: calibration data (fmnist, fmnist-mini, a folder)")
-    parser.add_argument("--samples", type=int, default=500, help="int8: calibration samples")
-    parser.add_argument("--workspace", type=int, default=DEFAULT_WORKSPACE_MIB, help="TensorRT workspace, MiB")
-    parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimisation level 0..5")
-    parser.add_argument("--tiling-level", type=int, help="TensorRT 10.8+: tiling optimisation level 0..3")
-    parser.add_argument("--timing-cache", help="a TensorRT timing cache to ship (seeds the device's own)")
-    parser.add_argument("--plugin", action="append", default=[], help="a TensorRT plugin library to ship")
-    parser.add_argument("--warmup", type=int, default=Protocol.warmup, help="device default: warm-up inferences")
-    parser.add_argument("--iterations", type=int, default=Protocol.iterations, help="device default: timed inferences")
-    parser.add_argument("--duration", type=float, help="device default: time for at least this many seconds")
-    parser.add_argument("--idle", type=float, default=Protocol.idle_s, help="device default: idle power window, s")
+    parser.add_argument("inputs", nargs="+", metavar="RUN_DIR_OR_ONNX", type=ExistingPath(),
+                        help="pipeline run folders or .onnx files")
+    parser.add_argument("--out", required=True, type=OutputFolder(), help="the bundle folder to write")
+    parser.add_argument("--precision", type=ChoiceList(PRECISIONS), default=",".join(BundleConfig.precisions),
+                        help=f"comma-separated, of {', '.join(PRECISIONS)}")
+    parser.add_argument("--data", type=Data(), default=BundleConfig.data,
+                        help="int8: calibration data (fmnist, fmnist-mini, a folder)")
+    parser.add_argument("--samples", type=config_type(BundleConfig, "--samples"), default=BundleConfig.samples,
+                        help="int8: calibration samples")
+    parser.add_argument("--workspace", type=config_type(BundleConfig, "--workspace", "workspace_mib"),
+                        default=BundleConfig.workspace_mib, help="TensorRT workspace, MiB")
+    parser.add_argument("--opt-level", type=config_type(BundleConfig, "--opt-level", "optimization_level"),
+                        default=BundleConfig.optimization_level, help="TensorRT builder optimisation level")
+    parser.add_argument("--tiling-level", type=config_type(BundleConfig, "--tiling-level", "tiling_optimization_level"),
+                        help="TensorRT 10.8+: tiling optimisation level (default: TensorRT's)")
+    parser.add_argument("--timing-cache", type=ExistingFile(),
+                        help="a TensorRT timing cache to ship (seeds the device's own)")
+    parser.add_argument("--plugin", action="append", default=[], type=ExistingFile(),
+                        help="a TensorRT plugin library to ship (repeatable)")
+    parser.add_argument("--warmup", type=config_type(Protocol, "--warmup"), default=Protocol.warmup,
+                        help="device default: warm-up inferences")
+    parser.add_argument("--iterations", type=config_type(Protocol, "--iterations"), default=Protocol.iterations,
+                        help="device default: timed inferences")
+    parser.add_argument("--duration", type=config_type(Protocol, "--duration", "duration_s"),
+                        help="device default: time for at least this many seconds")
+    parser.add_argument("--idle", type=config_type(Protocol, "--idle", "idle_s"), default=Protocol.idle_s,
+                        help="device default: idle power window, s")
     parser.add_argument("--tar", action="store_true", help="also write OUT.tar.gz")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.set_defaults(run=run)
@@ -64,6 +75,7 @@ def run(args) -> int:
     manifest = make_bundle(args.inputs, args.out, config, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))
     ids = ", ".join(f"{v['name']}.{v['precision']}" for v in manifest["variants"])
-    emit(manifest, args.json, f"wrote {args.out} ({len(manifest['variants'])} variants: {ids}; "
-                              f"{len(manifest['files'])} files)" + (f" and {manifest['tar']}" if args.tar else ""))
+    emit(manifest, args.json, f"wrote {args.out} ({plural(len(manifest['variants']), 'variant')}: {ids}; "
+                              f"{plural(len(manifest['files']), 'file')})"
+                              + (f" and {manifest['tar']}" if args.tar else ""))
     return 0

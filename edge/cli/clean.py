@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_out_file, emit
+from edge.cli.options import ExistingFile
 
 EXAMPLES = """  edge clean runs/ref.onnx --out runs/ref.clean.onnx
   edge clean runs/linear-9-10.onnx --out runs/linear-9-10.clean.onnx --json
@@ -24,8 +25,9 @@ def register(subparsers) -> None:
                          "(dynamic dimensions: 2), and the sample inputs stored next to the model as\n"
                          "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.",
                          EXAMPLES)
-    parser.add_argument("model", help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
-    parser.add_argument("--out", required=True, help="the cleaned ONNX file")
+    parser.add_argument("model", type=ExistingFile(),
+                        help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
+    add_out_file(parser, "the cleaned ONNX file", ".onnx")
     parser.add_argument("--skip-pass", action="append", default=[], choices=PASSES.names(), metavar="PASS",
                         help="leave out a pass (repeatable; one of the passes listed above)")
     parser.set_defaults(run=run)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from edge.cli.common import add_calibration_options, add_command, add_model_options, emit
+from edge.cli.common import add_calibration_options, add_command, add_field, add_model_options, add_out_folder, emit
+from edge.cli.options import Text
 
 EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's output (no training)
   edge compress fmnist-deit-tiny --plan linear:9-10 --data fmnist --samples 500 --out runs/ref-linear-9-10
@@ -27,7 +28,7 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
 def register(subparsers) -> None:
     from edge.compress import CompressConfig
     from edge.compress.finetune import FinetuneConfig
-    from edge.compress.plan import plan_grammar
+    from edge.compress.plan import parse_plan, plan_grammar
 
     parser = add_command(subparsers, "compress", "compress a model by a plan; save plan, maps and statistics",
                          "Fits every span on N seeded, class-balanced calibration samples of the training split.\n"
@@ -35,14 +36,13 @@ def register(subparsers) -> None:
                          "OUT/model.safetensors the weights. OUT is accepted by eval, analyze and export.",
                          EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--plan", required=True, help=plan_grammar())
+    parser.add_argument("--plan", required=True, type=Text(parse_plan, keep_text=True), help=plan_grammar())
     add_calibration_options(parser, CompressConfig)
-    parser.add_argument("--holdout", type=float, default=CompressConfig.holdout,
-                        help="share of samples the planner scores on")
-    parser.add_argument("--out", required=True, help="output folder (written atomically)")
-    parser.add_argument("--finetune-epochs", type=int, default=0,
-                        help="then distil the source model into the compressed one for N epochs of --data "
-                             "(`edge finetune`'s default recipe; resumable)")
+    add_field(parser, "--holdout", CompressConfig, help="share of samples the planner scores on")
+    add_out_folder(parser, "output folder (written atomically)")
+    add_field(parser, "--finetune-epochs", FinetuneConfig, "epochs", default=None,
+              help="then distil the source model into the compressed one for N epochs of --data "
+                   "(`edge finetune`'s default recipe; resumable; default: none)")
     parser.add_argument("--finetune-train", choices=["all", "replaced"], default=FinetuneConfig.train,
                         help="which parameters the fine-tune trains")
     parser.set_defaults(run=run)

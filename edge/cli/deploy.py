@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from edge.cli.common import add_command, emit
+from edge.cli.options import ExistingFile, ExistingFolder, Number, OutputFile, OutputFolder, Text, config_type
+from edge.config import Bounds
 
 EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # TensorRT; results in bundles/demo-devices
   edge deploy bundles/demo --host nvidia@jetson --power-mode 15W --lock-clocks --report runs/demo
@@ -11,7 +13,7 @@ EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # Tenso
 
 
 def register(subparsers) -> None:
-    from edge.deploy.ssh import DEFAULT_CONNECT_TIMEOUT_S
+    from edge.deploy.ssh import SshOptions, parse_host
 
     parser = add_command(
         subparsers, "deploy", "deploy a bundle to Jetsons over SSH: copy, build and benchmark there, fetch results",
@@ -22,29 +24,38 @@ def register(subparsers) -> None:
         "prompts. A fleet (--host repeated, or --hosts) is deployed in parallel; a device that fails does not\n"
         "stop the others, and an engine built on one device is reused on those of the same identity.\n"
         "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input.", EXAMPLES)
-    parser.add_argument("bundle", help="a bundle folder written by `edge bundle`")
+    parser.add_argument("bundle", type=ExistingFolder(), help="a bundle folder written by `edge bundle`")
     parser.add_argument("--host", action="append", default=[], metavar="USER@ADDR[:PORT]",
-                        help="a device (repeatable)")
-    parser.add_argument("--hosts", metavar="FILE", help="devices, one USER@ADDR[:PORT] a line (# comments)")
-    parser.add_argument("--port", type=int, help="SSH port of devices that name none (default: ssh's, 22)")
-    parser.add_argument("--identity", help="SSH private key (default: ssh's own keys and agent)")
-    parser.add_argument("--known-hosts", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
+                        type=Text(parse_host, keep_text=True), help="a device (repeatable)")
+    parser.add_argument("--hosts", metavar="FILE", type=ExistingFile(),
+                        help="devices, one USER@ADDR[:PORT] a line (# comments)")
+    parser.add_argument("--port", type=Number(int, Bounds(minimum=1, maximum=65535), "--port"),
+                        help="SSH port of devices that name none (default: ssh's, 22)")
+    parser.add_argument("--identity", type=ExistingFile(), help="SSH private key (default: ssh's own keys and agent)")
+    parser.add_argument("--known-hosts", type=OutputFile(),
+                        help="a known_hosts file to use instead of ~/.ssh/known_hosts")
     parser.add_argument("--accept-new-host-key", action="store_true",
                         help="record the host key of a device seen for the first time (a changed key is always "
                              "refused)")
-    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="S",
+    parser.add_argument("--connect-timeout", type=config_type(SshOptions, "--connect-timeout", "connect_timeout_s"),
+                        default=SshOptions.connect_timeout_s, metavar="S",
                         help="seconds to wait for a device to answer")
     parser.add_argument("--backend", choices=("tensorrt", "ort"), default="tensorrt",
                         help="ort: the same protocol on ONNX Runtime (where TensorRT is absent)")
-    parser.add_argument("--power-mode", help="nvpmodel mode by name for the run (e.g. 15W), put back after")
+    parser.add_argument("--power-mode", type=Text(),
+                        help="nvpmodel mode by name for the run (e.g. 15W), put back after")
     parser.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")
-    parser.add_argument("--nvpmodel-conf", help="the device's nvpmodel configuration (default: /etc/nvpmodel.conf)")
-    parser.add_argument("--remote-dir", help="the bundle's folder on the device (default: edge-bundles/NAME in "
+    parser.add_argument("--nvpmodel-conf", type=Text(),
+                        help="the device's nvpmodel configuration (default: /etc/nvpmodel.conf)")
+    parser.add_argument("--remote-dir", type=Text(),
+                        help="the bundle's folder on the device (default: edge-bundles/NAME in "
                                              "the login user's home)")
-    parser.add_argument("--remote-python", default="python3", help="the device's Python")
-    parser.add_argument("--out", help="local folder for the results (default: RUN_DIR/device with --report, "
+    parser.add_argument("--remote-python", type=Text(), default="python3", help="the device's Python")
+    parser.add_argument("--out", type=OutputFolder(),
+                        help="local folder for the results (default: RUN_DIR/device with --report, "
                                       "else BUNDLE-devices)")
-    parser.add_argument("--report", metavar="RUN_DIR", help="a pipeline run folder whose report gains the device "
+    parser.add_argument("--report", metavar="RUN_DIR", type=ExistingFolder(),
+                        help="a pipeline run folder whose report gains the device "
                                                              "results")
     parser.set_defaults(run=run)
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_model_options, emit
+from edge.cli.common import (
+    add_command,
+    add_data_option,
+    add_field,
+    add_model_options,
+    add_seed_option,
+    add_threads_option,
+    emit,
+)
+from edge.cli.options import Device
 
 EXAMPLES = """  edge eval fmnist-deit-tiny --data fmnist --json
   edge eval fmnist-deit-tiny --data fmnist-mini
@@ -18,15 +27,15 @@ def register(subparsers) -> None:
     parser = add_command(subparsers, "eval", "measure top-1 accuracy on a data set's test split",
                          "Uses the model's own preprocessing (timm data config: size, mean, std).", EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--data", default="fmnist", help="fmnist (full 10,000 test images), fmnist-mini, or a folder")
-    parser.add_argument("--split", default="test", choices=["test", "train"])
-    parser.add_argument("--batch-size", type=int, default=EvaluateConfig.batch_size)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    parser.add_argument("--threads", type=int, help="CPU threads")
+    add_data_option(parser, "fmnist", "fmnist (full 10,000 test images), fmnist-mini, or a folder")
+    parser.add_argument("--split", default="test", choices=["test", "train"], help="which split to measure on")
+    add_field(parser, "--batch-size", EvaluateConfig, help="images per forward pass")
+    parser.add_argument("--device", type=Device(), default="cpu", help="cpu, cuda[:N] or auto")
+    add_threads_option(parser)
     parser.add_argument("--probe", action="store_true",
                         help="linear-probe protocol: frozen backbone, linear classifier (Adam 1e-3, batch 256, "
                              "5 epochs) trained on the train split, accuracy on the test split")
-    parser.add_argument("--seed", type=int, default=ProbeConfig.seed, help="seed of the probe")
+    add_seed_option(parser, ProbeConfig, help="seed of the probe")
     parser.set_defaults(run=run)
 
 

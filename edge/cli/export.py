@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_model_options, emit
+from edge.cli.common import add_command, add_data_option, add_field, add_model_options, add_out_file, emit
 
 EXAMPLES = """  edge export fmnist-deit-tiny --out runs/ref.onnx
   edge export runs/linear-9-10 --out runs/linear-9-10.onnx --json
@@ -19,11 +19,11 @@ def register(subparsers) -> None:
                          "onnx.checker and compared with PyTorch in ONNX Runtime (random and real images) before it\n"
                          "is written; nothing is written when a check fails.", EXAMPLES)
     add_model_options(parser)
-    parser.add_argument("--out", required=True, help="output .onnx file")
-    parser.add_argument("--batch", type=int, default=ExportConfig.batch, help="static batch size")
+    add_out_file(parser, "output .onnx file", ".onnx")
+    add_field(parser, "--batch", ExportConfig, help="static batch size")
     parser.add_argument("--dynamic-batch", action="store_true", help="symbolic batch dimension")
-    parser.add_argument("--opset", type=int, default=ExportConfig.opset)
-    parser.add_argument("--data", default="fmnist-mini", help="real images for the verification (test split)")
+    add_field(parser, "--opset", ExportConfig, help="ONNX opset")
+    add_data_option(parser, "fmnist-mini", "real images for the verification (test split)")
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the ONNX Runtime comparison")
     parser.set_defaults(run=run)
 

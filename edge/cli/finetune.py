@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 from edge.cli.common import add_command, emit
+from edge.cli.options import Data, Device, ExistingFile, Model, OutputFolder, config_type
+from edge.errors import plural
 
 EXAMPLES = """  # one epoch of distillation from fmnist-deit-tiny into its 6-block dwconv compression
   edge compress fmnist-deit-tiny --plan dwconv:auto=6:init=lsq --out runs/dw6
@@ -23,30 +25,43 @@ def add_finetune_options(parser) -> None:
     from edge.compress.finetune import TRAINABLE, FinetuneConfig
 
     d = FinetuneConfig()
-    parser.add_argument("--steps", type=int, help="schedule length in steps (default: epochs x steps per epoch)")
-    parser.add_argument("--max-steps", type=int, help="stop after this many steps of the schedule")
-    parser.add_argument("--train-samples", type=int, help="distil on a seeded class-balanced subset")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
-    parser.add_argument("--min-lr", type=float, default=d.min_lr, help="end of the cosine decay")
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    parser.add_argument("--temperature", type=float, default=d.temperature, help="softmax temperature T")
-    parser.add_argument("--alpha", type=float, default=d.alpha, help="weight of the hard-label cross-entropy")
-    parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
+    parser.add_argument("--steps", type=config_type(FinetuneConfig, "--steps"),
+                        help="schedule length in steps (default: epochs x steps per epoch)")
+    parser.add_argument("--max-steps", type=config_type(FinetuneConfig, "--max-steps"),
+                        help="stop after this many steps of the schedule")
+    parser.add_argument("--train-samples", type=config_type(FinetuneConfig, "--train-samples"),
+                        help="distil on a seeded class-balanced subset")
+    parser.add_argument("--batch-size", type=config_type(FinetuneConfig, "--batch-size"), default=d.batch_size,
+                        help="images per step")
+    parser.add_argument("--lr", type=config_type(FinetuneConfig, "--lr"), default=d.lr,
+                        help="peak AdamW learning rate")
+    parser.add_argument("--min-lr", type=config_type(FinetuneConfig, "--min-lr"), default=d.min_lr,
+                        help="end of the cosine decay")
+    parser.add_argument("--weight-decay", type=config_type(FinetuneConfig, "--weight-decay"), default=d.weight_decay,
+                        help="AdamW weight decay")
+    parser.add_argument("--warmup-steps", type=config_type(FinetuneConfig, "--warmup-steps"), default=d.warmup_steps,
+                        help="linear warm-up steps")
+    parser.add_argument("--temperature", type=config_type(FinetuneConfig, "--temperature"), default=d.temperature,
+                        help="softmax temperature T")
+    parser.add_argument("--alpha", type=config_type(FinetuneConfig, "--alpha"), default=d.alpha,
+                        help="weight of the hard-label cross-entropy")
+    parser.add_argument("--feature-weight", type=config_type(FinetuneConfig, "--feature-weight"),
+                        default=d.feature_weight,
                         help="weight of the MSE between the pre-logit features of student and teacher")
     parser.add_argument("--train", choices=TRAINABLE, default=d.train,
                         help="which parameters learn: all, or only the modules the compression put in")
     parser.add_argument("--no-augment", dest="augment", action="store_false",
                         help="turn off shift/flip")
-    parser.add_argument("--eval-samples", type=int, help="held-out images (seeded, class-balanced subset of "
-                                                           "the test split; default: all)")
-    parser.add_argument("--teacher", help="model to distil from (default: the artifact's source model)")
-    parser.add_argument("--teacher-weights", help="weights of the teacher (default: the artifact's source weights)")
+    parser.add_argument("--eval-samples", type=config_type(FinetuneConfig, "--eval-samples"),
+                        help="held-out images (seeded, class-balanced subset of the test split; default: all)")
+    parser.add_argument("--teacher", type=Model(), help="model to distil from (default: the artifact's source model)")
+    parser.add_argument("--teacher-weights", type=ExistingFile(),
+                        help="weights of the teacher (default: the artifact's source weights)")
     parser.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default=d.amp,
                         help="mixed precision; auto = bf16 where the CPU/GPU runs it natively")
-    parser.add_argument("--device", default=d.device, help="auto, cpu or cuda[:N]")
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps")
+    parser.add_argument("--device", type=Device(), default=d.device, help="auto, cpu or cuda[:N]")
+    parser.add_argument("--checkpoint-every", type=config_type(FinetuneConfig, "--checkpoint-every"),
+                        default=d.checkpoint_every, help="steps between checkpoints")
 
 
 def finetune_config(args, **fixed):
@@ -70,14 +85,18 @@ def register(subparsers) -> None:
                          "whose edge-model.json records the recipe, the teacher and the held-out accuracy\n"
                          "before and after; OUT/checkpoint.pt lets the same command continue a stopped run.",
                          EXAMPLES)
-    parser.add_argument("artifact", help="a folder written by `edge compress`")
-    parser.add_argument("--out", required=True, help="output folder (an artifact, written atomically)")
-    parser.add_argument("--data", default=d.data, help="fmnist, fmnist-mini, or a folder (its train split)")
-    parser.add_argument("--eval-data", help="data set whose test split is held out (default: --data)")
-    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("artifact", type=Model(), help="a folder written by `edge compress`")
+    parser.add_argument("--out", required=True, type=OutputFolder(),
+                        help="output folder (an artifact, written atomically)")
+    parser.add_argument("--data", type=Data(), default=d.data,
+                        help="fmnist, fmnist-mini, or a folder (its train split)")
+    parser.add_argument("--eval-data", type=Data(), help="data set whose test split is held out (default: --data)")
+    parser.add_argument("--epochs", type=config_type(FinetuneConfig, "--epochs"), default=d.epochs,
+                        help="passes over the training set")
     add_finetune_options(parser)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--seed", type=config_type(FinetuneConfig, "--seed"), default=d.seed, help="random seed")
+    parser.add_argument("--threads", type=config_type(FinetuneConfig, "--threads"),
+                        help="CPU threads (default: torch's)")
     parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
     parser.set_defaults(run=run)
 
@@ -89,6 +108,7 @@ def run(args) -> int:
     record = finetune(args.artifact, args.out, config, resume=args.resume)
     before, after = record["eval_before"], record["eval"]
     emit({**record, "out": args.out}, args.json,
-         f"{after['data']} accuracy {before['accuracy']:.4f} -> {after['accuracy']:.4f} after {record['steps']} "
-         f"steps ({record['epochs']:g} epochs, {record['wall_time_s'] / 60:.1f} min)\nwrote {args.out}")
+         f"{after['data']} accuracy {before['accuracy']:.4f} -> {after['accuracy']:.4f} after "
+         f"{plural(record['steps'], 'step')} ({record['epochs']:g} epochs, {record['wall_time_s'] / 60:.1f} min)\n"
+         f"wrote {args.out}")
     return 0

@@ -10,8 +10,14 @@ EXAMPLES = """  edge info
 
 def register(subparsers) -> None:
     add_command(subparsers, "info", "show versions of torch, timm, ONNX, ONNX Runtime, TensorRT and the hardware",
-                "TensorRT is reported as null where it is not installed (it runs on the Jetson).",
+                "TensorRT, CUDA and a GPU are reported as absent where this machine has none (TensorRT runs\n"
+                "on the Jetson); --json gives null for them.",
                 EXAMPLES).set_defaults(run=run)
+
+
+#: What the human summary says for a value that is null in the JSON (default: "not installed").
+ABSENT = {"tensorrt": "not installed (it runs on the Jetson)", "cuda": "none (a CPU build of torch)",
+          "gpu": "none", "cpu_bf16": "unknown"}
 
 
 def _version(module: str) -> str | None:
@@ -64,5 +70,6 @@ def collect() -> dict:
 def run(args) -> int:
     info = collect()
     width = max(len(k) for k in info)
-    emit(info, args.json, "\n".join(f"{k:<{width}}  {'null' if v is None else v}" for k, v in info.items()))
+    emit(info, args.json, "\n".join(f"{k:<{width}}  {ABSENT.get(k, 'not installed') if v is None else v}"
+                                     for k, v in info.items()))
     return 0

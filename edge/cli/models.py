@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_img_size_option, emit
+from edge.cli.common import add_command, add_img_size_option, add_weights_option, emit
+from edge.cli.options import Model
 
 EXAMPLES = """  edge models
   edge models fmnist-deit-tiny --json
@@ -15,8 +16,8 @@ def register(subparsers) -> None:
     parser = add_command(subparsers, "models", "list bundled models, or show a model's blocks, tokens and grid",
                          "Any timm VisionTransformer works as timm:ARCH (random weights unless --weights).",
                          EXAMPLES)
-    parser.add_argument("model", nargs="?", help="a model to describe")
-    parser.add_argument("--weights", help="weights file to load")
+    parser.add_argument("model", nargs="?", type=Model(), help="a model to describe (default: list the bundled ones)")
+    add_weights_option(parser, help="weights file to load")
     add_img_size_option(parser)
     parser.set_defaults(run=run)
 

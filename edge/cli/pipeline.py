@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_data_option, add_field, add_out_folder, emit
+from edge.cli.options import ExistingFile
 
 EXAMPLES = """  edge pipeline --out runs/pipeline                    # the built-in default recipe
   edge pipeline --print-recipe > recipe.yaml           # start your own recipe from it
@@ -24,10 +25,13 @@ def register(subparsers) -> None:
         "Steps whose inputs (content hashes) did not change are not redone; when any variant changed, all\n"
         "are timed again together. Exit status 1 when a cleaned graph disagrees with its PyTorch model, 2 for a bad\n"
         "recipe (nothing is written then).", EXAMPLES)
-    parser.add_argument("--recipe", help="recipe file (YAML); default: the built-in recipe")
-    parser.add_argument("--out", help="output folder (reused: cached steps are not redone)")
-    parser.add_argument("--data", help="override the recipe's data (no fallback then)")
-    parser.add_argument("--threads", type=int, help="override the recipe's threads")
+    from edge.pipeline.recipe import Recipe
+
+    parser.add_argument("--recipe", type=ExistingFile(), metavar="FILE",
+                        help="recipe file (YAML); default: the built-in recipe")
+    add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)
+    add_data_option(parser, None, "override the recipe's data (no fallback then)")
+    add_field(parser, "--threads", Recipe, default=None, help="override the recipe's threads")
     parser.add_argument("--redo", action="append", default=[], choices=STEPS,
                         help="run this step again even where cached (repeatable)")
     parser.add_argument("--print-recipe", action="store_true", help="print the built-in default recipe and exit")

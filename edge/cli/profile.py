@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_model_options, emit
+from edge.cli.common import add_command, add_field, add_model_options, add_number, add_threads_option, emit
+from edge.cli.options import Device
+from edge.config import MAX_BATCH
 
 EXAMPLES = """  edge profile runs/ref.onnx --threads 2 --json          # ONNX Runtime (the default for .onnx)
   edge profile fmnist-deit-tiny --backend torch --iterations 500
@@ -21,13 +23,15 @@ def register(subparsers) -> None:
     parser.add_argument("--backend", choices=["ort", "torch", "trt"],
                         help="default: ort for .onnx files, trt for .engine files, else torch")
     parser.add_argument("--cuda-graph", action="store_true", help="trt: replay the inference as a CUDA graph")
-    parser.add_argument("--layer-runs", type=int, default=20, help="trt: runs with per-layer profiling (0: none)")
-    parser.add_argument("--batch", type=int, help="batch (torch; ONNX files keep their exported batch)")
-    parser.add_argument("--warmup", type=int, default=ProfileConfig.warmup, help="untimed iterations first")
-    parser.add_argument("--iterations", type=int, default=ProfileConfig.iterations, help="timed iterations (at least)")
-    parser.add_argument("--duration", type=float, help="time for at least this many seconds")
-    parser.add_argument("--threads", type=int, help="CPU threads (intra-op)")
-    parser.add_argument("--device", default="cpu", help="torch backend: cpu or cuda")
+    add_number(parser, "--layer-runs", int, default=20, help="trt: runs with per-layer profiling (0: none)",
+               minimum=0, maximum=10**6)
+    add_number(parser, "--batch", int, help="batch (torch; ONNX files keep their exported batch; default: 1)",
+               minimum=1, maximum=MAX_BATCH)
+    add_field(parser, "--warmup", ProfileConfig, help="untimed iterations first")
+    add_field(parser, "--iterations", ProfileConfig, help="timed iterations (at least)")
+    add_field(parser, "--duration", ProfileConfig, help="time for at least this many seconds")
+    add_threads_option(parser, "CPU threads, intra-op (default: torch's)")
+    parser.add_argument("--device", type=Device(("cpu", "cuda")), default="cpu", help="torch backend: cpu or cuda")
     parser.set_defaults(run=run)
 
 
@@ -40,7 +44,7 @@ def run(args) -> int:
 
     is_onnx = args.model.endswith(".onnx")
     backend_name = args.backend or ("ort" if is_onnx else "trt" if args.model.endswith(".engine") else "torch")
-    set_threads(args.threads)
+    threads = set_threads(args.threads)  # the count torch uses; ONNX Runtime is given the same
     if backend_name == "trt":
         from edge.profile.tensorrt import TensorRTBackend
 
@@ -49,7 +53,7 @@ def run(args) -> int:
         if not is_onnx:
             raise EdgeError(f"--backend ort needs an ONNX file, got {args.model!r}",
                             fix=f"export it first: edge export {args.model} --out model.onnx")
-        backend = OrtBackend(args.model, batch=args.batch, threads=args.threads)
+        backend = OrtBackend(args.model, batch=args.batch, threads=threads)
     else:
         if is_onnx:
             raise EdgeError(f"--backend torch needs a model name or artifact, got the ONNX file {args.model}",
@@ -59,7 +63,7 @@ def run(args) -> int:
 
         model = load_model(args.model, weights=args.weights, img_size=args.img_size)
         backend = TorchBackend(model, tuple(data_config(model)["input_size"]), batch=args.batch or 1,
-                               device=resolve_device(args.device), threads=args.threads)
+                               device=resolve_device(args.device), threads=threads)
     result = profile(backend, ProfileConfig(args.warmup, args.iterations, args.duration))
     result["model"] = args.model
     if hasattr(backend, "report"):  # TensorRT: GPU-event percentiles, device memory, per-layer times

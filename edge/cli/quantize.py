@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_data_option, add_field, add_out_file, emit
+from edge.cli.options import ExistingFile, OutputFolder, Text
 
 EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16.onnx
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --out runs/ref.int8.onnx
@@ -26,22 +27,19 @@ def register(subparsers) -> None:
         "(ranges cached under ~/.cache/edge/calibration or $EDGE_CACHE_DIR). What is not quantized is\n"
         "float16 with the fp16 islands above (TensorRT INT8+FP16), or float32 with --unquantized fp32.\n"
         "The result is checked (onnx.checker, ONNX Runtime on real images) before it is written.", EXAMPLES)
-    parser.add_argument("model", help="a float32 ONNX graph (from edge export / edge clean)")
-    parser.add_argument("--precision", required=True, choices=["fp16", "int8"])
-    parser.add_argument("--out", required=True, help="the output .onnx file")
-    parser.add_argument("--keep-fp32", action="append", default=[], metavar="OP",
+    parser.add_argument("model", type=ExistingFile(), help="a float32 ONNX graph (from edge export / edge clean)")
+    parser.add_argument("--precision", required=True, choices=["fp16", "int8"], help="the precision to convert to")
+    add_out_file(parser, "the output .onnx file", ".onnx")
+    parser.add_argument("--keep-fp32", action="append", default=[], metavar="OP", type=Text(),
                         help="fp16: also keep this op type in float32 (repeatable)")
     parser.add_argument("--fp16-head", action="store_true", help="fp16: convert the head too (default: float32)")
     parser.add_argument("--softmax", default=_short(Fp16Config.softmax), choices=["fp16", "fp32"],
                         help="fp16 and the float16 part of int8: Softmax's precision")
-    parser.add_argument("--data", default=Int8Config.data,
-                        help="int8: calibration data (fmnist, fmnist-mini, a folder)")
-    parser.add_argument("--samples", type=int, default=Int8Config.samples,
-                        help="int8: calibration samples (class-balanced)")
-    parser.add_argument("--seed", type=int, default=Int8Config.seed)
+    add_data_option(parser, Int8Config.data, "int8: calibration data (fmnist, fmnist-mini, a folder)")
+    add_field(parser, "--samples", Int8Config, help="int8: calibration samples (class-balanced)")
+    add_field(parser, "--seed", Int8Config, help="int8: seed of the calibration sample")
     parser.add_argument("--method", default=Int8Config.method, choices=METHODS, help="int8: calibration method")
-    parser.add_argument("--percentile", type=float, default=Int8Config.percentile,
-                        help="int8 percentile method: share kept")
+    add_field(parser, "--percentile", Int8Config, help="int8 percentile method: share kept, in percent")
     parser.add_argument("--no-residual", dest="residual", action="store_false",
                         help="int8: leave residual Adds unquantized")
     parser.add_argument("--placement", default=Int8Config.placement, choices=PLACEMENTS,
@@ -50,9 +48,11 @@ def register(subparsers) -> None:
                              "(NVIDIA ModelOpt's)")
     parser.add_argument("--unquantized", default=_short(Int8Config.float_precision), choices=["fp16", "fp32"],
                         help="int8: precision of everything not quantized")
-    parser.add_argument("--exclude", action="append", default=[], metavar="NODE",
+    parser.add_argument("--exclude", action="append", default=[], metavar="NODE", type=Text(),
                         help="int8: leave this node unquantized (repeatable)")
-    parser.add_argument("--cache-dir", help="int8: calibration cache folder")
+    parser.add_argument("--cache-dir", type=OutputFolder(), metavar="DIR",
+                        help="int8: calibration cache folder (default: $EDGE_CACHE_DIR/calibration or "
+                             "~/.cache/edge/calibration)")
     parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
     parser.set_defaults(run=run)
 

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from edge.cli.common import add_command, add_img_size_option, emit
+from edge.cli.common import (
+    add_command,
+    add_data_option,
+    add_field,
+    add_img_size_option,
+    add_number,
+    add_seed_option,
+    add_threads_option,
+    add_weights_option,
+    emit,
+)
+from edge.cli.options import Model
+from edge.config import MAX_BATCH
 
 EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyTorch against its export
   edge verify runs/ref.onnx runs/ref.clean.onnx --json        # raw export against the cleaned graph
@@ -18,16 +30,16 @@ def register(subparsers) -> None:
                          "Runtime). Both run on seeded random inputs and on real test images; the result gives the\n"
                          "max absolute and relative L2 error of B against A and the top-1 agreement. Exit status 0\n"
                          "when every comparison is within tolerance, 1 when not, 2 for bad input.", EXAMPLES)
-    parser.add_argument("a", help="the reference: model, artifact or .onnx file")
-    parser.add_argument("b", help="the candidate: model, artifact or .onnx file")
-    parser.add_argument("--weights", help="weights for a model named by A (and B when B is a model too)")
+    parser.add_argument("a", type=Model(), help="the reference: model, artifact or .onnx file")
+    parser.add_argument("b", type=Model(), help="the candidate: model, artifact or .onnx file")
+    add_weights_option(parser, help="weights for a model named by A (and B when B is a model too)")
     add_img_size_option(parser)
-    parser.add_argument("--data", default="fmnist-mini", help="real images (test split): fmnist, fmnist-mini, folder")
-    parser.add_argument("--batch", type=int, default=8, help="images per comparison")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument("--max-abs", type=float, default=Tolerance.max_abs, help="tolerance: max absolute error")
-    parser.add_argument("--rel-l2", type=float, default=Tolerance.rel_l2, help="tolerance: relative L2 error")
-    parser.add_argument("--threads", type=int, help="CPU threads")
+    add_data_option(parser, "fmnist-mini", "real images (test split): fmnist, fmnist-mini, folder")
+    add_number(parser, "--batch", int, default=8, help="images per comparison", minimum=1, maximum=MAX_BATCH)
+    add_seed_option(parser, help="seed of the random inputs")
+    add_field(parser, "--max-abs", Tolerance, help="tolerance: max absolute error")
+    add_field(parser, "--rel-l2", Tolerance, help="tolerance: relative L2 error")
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -36,12 +48,9 @@ def run(args) -> int:
 
     from edge.compare import Tolerance
     from edge.data import load_dataset
-    from edge.errors import EdgeError
     from edge.runtime import set_threads
     from edge.verify import load_side, verify_pair
 
-    if args.batch < 1:
-        raise EdgeError(f"--batch {args.batch}", expected="at least 1")
     set_threads(args.threads)
     a = load_side(args.a, args.weights, args.img_size, args.threads)
     b = load_side(args.b, args.weights, args.img_size, args.threads)

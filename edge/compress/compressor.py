@@ -11,7 +11,7 @@ from edge.compress.cost import analytic_flops, count_params, measured_flops
 from edge.compress.method import BuildContext, Built
 from edge.compress.plan import Plan, parse_plan
 from edge.compress.registry import method_of, methods
-from edge.config import option
+from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option
 from edge.data import calibration_set
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
@@ -24,10 +24,10 @@ from edge.runtime import hardware
 class CompressConfig:
     plan: str
     data: str = "fmnist"
-    samples: int = option(500, minimum=1)
-    seed: int = option(0, minimum=0)
+    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
     holdout: float = option(0.2, above=0.0, below=1.0)  # share of the samples the planner scores on (auto plans)
-    batch_size: int = option(64, minimum=1)
+    batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)
 
 
 def costs(model: nn.Module) -> dict:

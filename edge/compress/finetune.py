@@ -42,6 +42,7 @@ from edge import __version__
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
 from edge.compress.load import load_model
 from edge.compress.registry import module_types
+from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
@@ -71,31 +72,34 @@ class FinetuneConfig:
     """The distillation recipe. ``None`` fields mean "default", resolved in :func:`finetune`."""
 
     data: str = "fmnist"
-    epochs: int = 1
-    steps: int | None = None              # schedule length in steps (default: epochs x steps per epoch)
-    max_steps: int | None = None          # stop early (a shortened run of the same schedule)
-    train_samples: int | None = None      # train on a seeded class-balanced subset
-    batch_size: int = 128
-    lr: float = 1e-4
-    min_lr: float = 1e-6
-    weight_decay: float = 0.05
-    warmup_steps: int = 50
-    grad_clip: float = 1.0
-    temperature: float = 2.0
-    alpha: float = 0.0                    # weight of the hard-label cross-entropy (1 - alpha on the KL)
-    feature_weight: float = 0.0           # weight of the MSE between pre-logit features
+    epochs: int = option(1, minimum=1, maximum=MAX_EPOCHS)
+    # schedule length in steps (default: epochs x steps per epoch)
+    steps: int | None = option(None, minimum=1, maximum=MAX_STEPS)
+    # stop early (a shortened run of the same schedule)
+    max_steps: int | None = option(None, minimum=1, maximum=MAX_STEPS)
+    train_samples: int | None = option(None, minimum=1, maximum=MAX_SAMPLES)  # train on a seeded class-balanced subset
+    batch_size: int = option(128, minimum=1, maximum=MAX_BATCH)
+    lr: float = option(1e-4, above=0, maximum=10)
+    min_lr: float = option(1e-6, minimum=0, maximum=10)
+    weight_decay: float = option(0.05, minimum=0, maximum=10)
+    warmup_steps: int = option(50, minimum=0, maximum=MAX_STEPS)
+    grad_clip: float = option(1.0, minimum=0, maximum=1e6)
+    temperature: float = option(2.0, above=0, maximum=100)
+    alpha: float = option(0.0, minimum=0, maximum=1)  # weight of the hard-label cross-entropy (1 - alpha on the KL)
+    feature_weight: float = option(0.0, minimum=0, maximum=1e6)  # weight of the MSE between pre-logit features
     train: str = "all"                    # all | replaced
     augment: bool = True                  # random shift of up to 2 px and horizontal flip (both models)
-    seed: int = 0
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
     eval_data: str | None = None          # held-out set: the test split of this (default: ``data``)
-    eval_samples: int | None = None       # seeded class-balanced subset of it (default: all)
+    # seeded class-balanced subset of it (default: all)
+    eval_samples: int | None = option(None, minimum=1, maximum=MAX_SAMPLES)
     eval_every_epoch: bool = True
     teacher: str | None = None            # default: the artifact's source model
     teacher_weights: str | None = None
     amp: str = "auto"                     # auto | bf16 | fp16 | off
     device: str = "auto"                  # auto | cpu | cuda[:N]
-    threads: int | None = None
-    checkpoint_every: int = 100
+    threads: int | None = option(None, minimum=1, maximum=MAX_THREADS)
+    checkpoint_every: int = option(100, minimum=1, maximum=MAX_STEPS)
     command: list[str] = field(default_factory=list)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from edge.config import option
 from edge.errors import EdgeError
 
 SSH_FAILED = 255  # ssh's own exit status when it, not the remote command, failed
@@ -100,7 +101,7 @@ class SshOptions:
     identity: Path | None = None
     known_hosts: Path | None = None       # a known_hosts file of its own (default: ssh's, ~/.ssh/known_hosts)
     accept_new_host_key: bool = False
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    connect_timeout_s: float = option(DEFAULT_CONNECT_TIMEOUT_S, above=0, maximum=3600)
 
     def argv(self, host: Host) -> list[str]:
         """``ssh`` with every option and the destination, without the remote command."""

@@ -14,7 +14,8 @@ from edge.errors import EdgeError
 ImgSize = int | tuple[int, int]
 METAVAR = "SIZE"
 HELP = "input size of the architecture: N for N x N pixels or HxW, e.g. 224 (DINOv2) or 224x320"
-EXPECTED = "N (N x N pixels) or HxW (H rows, W columns) with positive integers"
+MAX_SIDE = 8192  # pixels; beyond it a ViT's position embedding alone outgrows a Jetson's memory
+EXPECTED = f"N (N x N pixels) or HxW (H rows, W columns) with integers from 1 to {MAX_SIDE}"
 FIX = "pass e.g. 224 for 224 x 224 pixels or 224x320 for 224 rows by 320 columns"
 
 
@@ -32,6 +33,8 @@ def _side(value, part) -> int:
         raise _bad(value, f"{part!r} is not an integer")
     if part < 1:
         raise _bad(value, f"{part} is not positive")
+    if part > MAX_SIDE:
+        raise _bad(value, f"{part} is above {MAX_SIDE}")
     return part
 
 

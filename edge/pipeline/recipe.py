@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.config import Bounds, bounds, option
+from edge.config import MAX_SEED, MAX_THREADS, Bounds, bounds, option
 from edge.errors import EdgeError, InternalError
 
 DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
@@ -116,8 +116,8 @@ class Recipe:
     img_size: int | tuple[int, int] | None = None  # N or (H, W): edge.models.ImgSize; a recipe may write 224x320
     data: str = "fmnist"
     fallback_data: str | None = "fmnist-mini"
-    seed: int = option(0, minimum=0)
-    threads: int = option(2, minimum=1)
+    seed: int = option(0, minimum=0, maximum=MAX_SEED)
+    threads: int = option(2, minimum=1, maximum=MAX_THREADS)
     calibration: typing.Any = _section("calibration")  # samples, holdout of CompressConfig
     analysis: typing.Any = _section("analysis")        # enabled; samples of AnalysisConfig
     export: typing.Any = _section("export")            # batch, opset of ExportConfig

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from edge import __version__
-from edge.config import option
+from edge.config import MAX_STEPS, option
 from edge.profile.backends import Backend, OrtBackend, TorchBackend
 from edge.profile.contention import CpuContention
 from edge.profile.stats import latency_stats, trtexec_summary
@@ -19,9 +19,9 @@ __all__ = ["Backend", "CpuContention", "OrtBackend", "ProfileConfig", "TorchBack
 
 @dataclass
 class ProfileConfig:
-    warmup: int = option(20, minimum=0)       # iterations before timing
-    iterations: int = option(200, minimum=1)  # timed iterations (at least this many)
-    duration: float | None = None  # or: keep timing for at least this many seconds
+    warmup: int = option(20, minimum=0, maximum=MAX_STEPS)       # iterations before timing
+    iterations: int = option(200, minimum=1, maximum=MAX_STEPS)  # timed iterations (at least this many)
+    duration: float | None = option(None, above=0, maximum=86400)  # or: keep timing for at least this many seconds
 
 
 def profile(backend: Backend, config: ProfileConfig | None = None) -> dict:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from edge.config import MAX_BATCH, MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import sha256_file
 from edge.trt.dims import dims_list
@@ -54,17 +55,19 @@ CalibrationImages = Callable[[onnx.ModelProto, str, str, int], np.ndarray]
 class BuildConfig:
     precision: str = "fp32"               # fp32 | fp16 | int8 | best (= the int8 Q/DQ graph: INT8+FP16)
     strongly_typed: bool = True           # False: TensorRT 10.x builder flags (+ legacy calibrator for int8)
-    workspace_mib: int = DEFAULT_WORKSPACE_MIB
-    optimization_level: int = 3           # 0..5 (TensorRT's default 3)
-    tiling_optimization_level: int | None = None  # 10.8+: 0..3 (None: TensorRT's default)
+    workspace_mib: int = option(DEFAULT_WORKSPACE_MIB, minimum=1, maximum=1 << 20)
+    optimization_level: int = option(3, minimum=0, maximum=5)  # 0..5 (TensorRT's default 3)
+    tiling_optimization_level: int | None = option(None, minimum=0, maximum=3)  # 10.8+: 0..3 (None: TensorRT's default)
     timing_cache: str | None = None       # loaded when it exists, saved after the build
     plugins: tuple[str, ...] = ()         # plugin libraries (.so) to load
-    batch: int | None = None              # static batch for a dynamic-batch graph (None: the graph's own)
-    min_batch: int | None = None          # an optimisation profile for a dynamic batch: min/opt/max
-    opt_batch: int | None = None
-    max_batch: int | None = None
+    # static batch for a dynamic-batch graph (None: the graph's own)
+    batch: int | None = option(None, minimum=1, maximum=MAX_BATCH)
+    # an optimisation profile for a dynamic batch: min/opt/max
+    min_batch: int | None = option(None, minimum=1, maximum=MAX_BATCH)
+    opt_batch: int | None = option(None, minimum=1, maximum=MAX_BATCH)
+    max_batch: int | None = option(None, minimum=1, maximum=MAX_BATCH)
     calibration_data: str | None = None   # weakly typed int8 only: data for the legacy calibrator
-    calibration_samples: int = 500
+    calibration_samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     calibration_cache: str | None = None
     verbose: bool = False
 

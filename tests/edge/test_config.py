@@ -67,13 +67,13 @@ def test_every_numeric_recipe_key_has_a_range():
 
 
 REFUSED = {
-    "iterations below 1": ({"profile": {"iterations": 0}}, "key profile.iterations is out of range", ">= 1"),
-    "warmup below 0": ({"profile": {"warmup": -1}}, "key profile.warmup is out of range", ">= 0"),
+    "iterations below 1": ({"profile": {"iterations": 0}}, "key profile.iterations is out of range", "1 <= iterations <= 100000000"),
+    "warmup below 0": ({"profile": {"warmup": -1}}, "key profile.warmup is out of range", "0 <= warmup <= 100000000"),
     "holdout not in (0, 1)": ({"calibration": {"holdout": 1}}, "key calibration.holdout is out of range",
                               "0 < holdout < 1"),
-    "opset too old": ({"export": {"opset": 16}}, "key export.opset is out of range", ">= 17"),
+    "opset too old": ({"export": {"opset": 16}}, "key export.opset is out of range", "17 <= opset <= 20"),
     "evaluation subset of 0": ({"evaluate": {"samples": 0}}, "key evaluate.samples is out of range", ">= 1"),
-    "threads below 1": ({"threads": 0}, "key threads is out of range", ">= 1"),
+    "threads below 1": ({"threads": 0}, "key threads is out of range", "1 <= threads <= 1024"),
     "wrong type": ({"export": {"batch": 1.5}}, "key export.batch has the wrong type", "an integer"),
     "library field the pipeline sets": ({"export": {"dynamic_batch": True}}, "unknown key export.'dynamic_batch'",
                                         "one of batch, opset"),
@@ -172,7 +172,7 @@ def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys):
     assert _defaults("profile", "m.onnx")["iterations"] == 123
     with pytest.raises(SystemExit):
         build_parser().parse_args(["profile", "--help"])
-    assert "timed iterations (at least) (default: 123)" in " ".join(capsys.readouterr().out.split())
+    assert "timed iterations (at least) (1 <= N <= 100000000; default: 123)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_importing_the_recipe_module_loads_no_library_code():
