@@ -67,8 +67,8 @@ def test_every_numeric_recipe_key_has_a_range():
 
 
 REFUSED = {
-    "iterations below 1": ({"profile": {"iterations": 0}}, "key profile.iterations is out of range", "1 <= iterations <= 100000000"),
-    "warmup below 0": ({"profile": {"warmup": -1}}, "key profile.warmup is out of range", "0 <= warmup <= 100000000"),
+    "iterations below 1": ({"profile": {"iterations": 0}}, "key profile.iterations is out of range", ">= 1"),
+    "warmup below 0": ({"profile": {"warmup": -1}}, "key profile.warmup is out of range", ">= 0"),
     "holdout not in (0, 1)": ({"calibration": {"holdout": 1}}, "key calibration.holdout is out of range",
                               "0 < holdout < 1"),
     "opset too old": ({"export": {"opset": 16}}, "key export.opset is out of range", "17 <= opset <= 20"),
