@@ -134,7 +134,14 @@ def _defaults(*argv: str) -> dict:
     return vars(build_parser().parse_args(list(argv)))
 
 
-def test_cli_defaults_are_the_library_defaults():
+@pytest.fixture
+def model_files(tmp_path, monkeypatch):
+    """m.onnx in the working directory: the CLI checks at parse time that a model file exists."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.onnx").write_bytes(b"")
+
+
+def test_cli_defaults_are_the_library_defaults(model_files):
     from calib.qdq import Int8Config
     from edge.analysis.analyze import AnalysisConfig
     from edge.compare import Tolerance
@@ -165,7 +172,7 @@ def test_cli_defaults_are_the_library_defaults():
         (library.precision, library.workspace_mib, library.optimization_level, library.calibration_samples)
 
 
-def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys):
+def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys, model_files):
     from edge.profile import ProfileConfig
 
     monkeypatch.setattr(ProfileConfig, "iterations", 123)  # the class attribute argparse reads
