@@ -282,8 +282,7 @@ def add_field(parser: argparse.ArgumentParser, flag: str, config: type, name: st
     name = name or flag.lstrip("-").replace("-", "_")
     kind = field_kind(config, name, flag)
     if default is dataclasses.MISSING:
-        f = config_field(config, name)
-        default = f.default if f.default is not dataclasses.MISSING else None
+        default = getattr(config, name, None)  # the dataclass's class attribute: the field's default
     return parser.add_argument(flag, type=kind, default=default, help=help, metavar="N", **kwargs)
 
 
