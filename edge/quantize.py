@@ -7,6 +7,8 @@ result (``onnx.checker`` and the outputs on real images) and writes it atomicall
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,8 +94,11 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     else:
         from calib.qdq import quantize_int8
 
-        converted, result = quantize_int8(model, str(model_path), int8, progress=progress,
-                                          head=frozenset(head_nodes(model.graph)))
+        # ONNX Runtime's histogram calibrators (entropy, percentile) print their progress: to stderr, so
+        # that stdout holds only what the caller prints (`--json`: one JSON document)
+        with contextlib.redirect_stdout(sys.stderr):
+            converted, result = quantize_int8(model, str(model_path), int8, progress=progress,
+                                              head=frozenset(head_nodes(model.graph)))
         converted, result = _int8_float_rest(converted, result, fp16 or Fp16Config())
     try:
         onnx.checker.check_model(converted, full_check=True)

@@ -159,6 +159,6 @@ def parse_options(parts: list[str], step_text: str, types: dict) -> dict:
         try:
             options[key] = types[key](value)
         except ValueError as e:
-            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not {article(types[key].__name__)} {types[key].__name__}")\
-                from e
+            kind = types[key].__name__
+            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not {article(kind)} {kind}") from e
     return options

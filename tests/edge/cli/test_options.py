@@ -143,8 +143,8 @@ def bad_values(action: argparse.Action, place: Place) -> list[str]:
     if isinstance(kind, ChoiceList):
         return ["fp64", ",", ""]
     if isinstance(kind, Text):
-        return ["", " "] + (["0", "1x2x3", "99999"] if action.dest == "img_size" else []) \
-            + (["linear:9"] if action.dest == "plan" else []) + (["user@", "user@host:99999"] if action.dest == "host" else [])
+        parsed = {"img_size": ["0", "1x2x3", "99999"], "plan": ["linear:9"], "host": ["user@", "user@host:99999"]}
+        return ["", " ", *parsed.get(action.dest, [])]
     raise AssertionError(f"option {action.option_strings or action.dest}: its kind {kind!r} is not one the CLI "
                          "checks (give it a type from edge.cli.options, or choices)")
 
