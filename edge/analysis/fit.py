@@ -40,7 +40,7 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, ridge: float, rows: int, what:
     if ridge == 0 and rows < dim:
         raise EdgeError(f"{what}: {rows} rows for a {dim}x{dim} map without regularisation",
                         expected=f"at least {dim} rows (tokens x samples)",
-                        fix="add a ridge term (e.g. METHOD:S-E:ridge=1e-4 or --ridge 1e-4) or use more --samples")
+                        fix="add a ridge term (e.g. METHOD:S-E:ridge=1e-4 in --plan) or use more --samples")
     system = gram + _regulariser(gram, ridge) if ridge else gram
     factor, info = torch.linalg.cholesky_ex(system)
     if int(info) == 0:

@@ -45,6 +45,8 @@ def register(subparsers) -> None:
                    "(`edge finetune`'s default recipe; resumable; default: none)")
     parser.add_argument("--finetune-train", choices=["all", "replaced"], default=FinetuneConfig.train,
                         help="which parameters the fine-tune trains")
+    parser.add_argument("--no-resume", dest="resume", action="store_false",
+                        help="with --finetune-epochs: ignore the fine-tune's checkpoint in --out, start over")
     parser.set_defaults(run=run)
 
 
@@ -72,7 +74,7 @@ def _finetune(model, manifest: dict, args) -> dict:
     config = FinetuneConfig(data=args.data, epochs=args.finetune_epochs, train=args.finetune_train, seed=args.seed,
                             threads=args.threads, command=["edge", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.untuned.", dir=out.parent) as tmp:
-        finetune(save_artifact(model, Path(tmp) / "artifact", manifest), out, config,
+        finetune(save_artifact(model, Path(tmp) / "artifact", manifest), out, config, resume=args.resume,
                  student_name=f"{args.model} --plan {args.plan} (training-free, not kept)")
     return read_manifest(out)
 
