@@ -45,6 +45,7 @@ class Number(Kind):
 
     def __init__(self, kind: type, limits: Bounds, what: str = "value") -> None:
         self.kind, self.limits, self.what = kind, limits, what
+        self.source: tuple[type, str] | None = None  # the library config field it comes from, if any
         self.name = "integer" if kind is int else "number"
 
     def expected(self) -> str:
@@ -267,7 +268,9 @@ def field_kind(config: type, name: str, what: str) -> Number:
         from edge.errors import InternalError
 
         raise InternalError(f"{config.__name__}.{name} is not a numeric field with a declared range")
-    return Number(base, limits, what)
+    number = Number(base, limits, what)
+    number.source = (config, name)
+    return number
 
 
 def config_type(config: type, flag: str, name: str | None = None) -> Number:
