@@ -57,13 +57,17 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status: 0 done, 1 a verification that disagrees (edge verify, edge
-    pipeline), 2 bad input (:class:`EdgeError`, argparse), 3 a bug in edge, 130 interrupted.
+    pipeline), 2 bad input (:class:`EdgeError`, or a bad command line: argparse's usage message), 3 a
+    bug in edge, 130 interrupted. ``--help`` returns 0 (argparse's SystemExit becomes the status).
 
     A bug is an :class:`InternalError` (a broken invariant, its message says which) or any other
     exception edge did not raise on purpose: the latter's traceback is printed too, since the
     report needs it. Both end with a line asking for a report.
     """
-    args = parse_args(build_parser(), argv)
+    try:
+        args = parse_args(build_parser(), argv)
+    except SystemExit as e:  # --help, --version (0) and bad usage (2, the message printed): its status
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.run(args) or 0)
     except EdgeError as e:

@@ -143,7 +143,7 @@ def reason_not_here(verb: str, argv: list[str]) -> str | None:
         return NOT_HERE["build"]
     if verb == "deploy":
         return NOT_HERE["deploy"]
-    key = f"{verb} {argv[1]}"
+    key = " ".join(argv[:2])
     return NOT_HERE.get(key)
 
 

@@ -432,7 +432,9 @@ def _parse_clean(*args):
     return build_parser().parse_args(["clean", "m.onnx", "--out", "o.onnx", *args])
 
 
-def test_skip_pass_choices_and_help_come_from_the_registry(monkeypatch, capsys):
+def test_skip_pass_choices_and_help_come_from_the_registry(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.onnx").write_bytes(b"")  # the CLI checks at parse time that the input exists
     assert _parse_clean(*(a for n in PASSES.names() for a in ("--skip-pass", n))).skip_pass == list(PASSES.names())
     registry = PassRegistry()
     registry.register(DropDoubleRelu())
@@ -442,9 +444,7 @@ def test_skip_pass_choices_and_help_come_from_the_registry(monkeypatch, capsys):
     assert caught.value.code == 0
     assert "\n  drop-double-relu     Relu(Relu(x)) is Relu(x)\nRounds run" in capsys.readouterr().out
     assert _parse_clean("--skip-pass", "drop-double-relu").skip_pass == ["drop-double-relu"]
-    with pytest.raises(SystemExit) as caught:
-        main(["clean", "m.onnx", "--out", "o.onnx", "--skip-pass", "remove-noops"])
-    assert caught.value.code == 2
+    assert main(["clean", "--skip-pass", "remove-noops", "m.onnx", "--out", "o.onnx"]) == 2
     assert "argument --skip-pass: invalid choice: 'remove-noops' (choose from 'drop-double-relu')" in \
         capsys.readouterr().err
 
