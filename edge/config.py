@@ -83,12 +83,3 @@ def bounds(field: dataclasses.Field) -> Bounds | None:
     keys = {k: field.metadata[k] for k in ("minimum", "above", "below", "maximum") if k in field.metadata}
     return Bounds(**keys) if keys else None
 
-
-def config_field(config: type, name: str) -> dataclasses.Field:
-    """The field ``name`` of dataclass ``config``; a bug in edge when there is none."""
-    for f in dataclasses.fields(config):
-        if f.name == name:
-            return f
-    from edge.errors import InternalError
-
-    raise InternalError(f"{config.__name__} has no field {name!r}")

@@ -24,7 +24,7 @@ from edge.data import load_dataset
 from edge.data.augment import random_shift_flip
 from edge.data.images import LabeledImages
 from edge.data.preprocess import ArrayPreprocess, InputSpec
-from edge.errors import EdgeError
+from edge.errors import EdgeError, plural
 from edge.evaluate import evaluate
 from edge.fileio import replace_atomic, write_text_atomic
 from edge.models import create_model, data_config, model_info, parse_model_spec
@@ -176,7 +176,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
         atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
 
-    log(f"train {config.model} on {train_set.name} ({len(train_set)} images): {last_step} steps "
+    log(f"train {config.model} on {train_set.name} ({len(train_set)} images): {plural(last_step, 'step')} "
         f"({steps_per_epoch}/epoch), device {device}, amp {amp_dtype}, threads {threads}")
     model.train()
     started = time.perf_counter() - elapsed

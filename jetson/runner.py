@@ -191,7 +191,8 @@ class Runner:
     # what the run needs, checked before anything runs
     def prepare(self) -> None:
         verify_bundle(self.bundle)
-        self.log(f"bundle {self.bundle.root}: {len(self.bundle.variants)} variants, sha256 {self.bundle.sha256[:16]}, "
+        count = len(self.bundle.variants)
+        self.log(f"bundle {self.bundle.root}: {count} variant{'s' * (count != 1)}, sha256 {self.bundle.sha256[:16]}, "
                  "every file checked")
         unknown = [v for v in self.options.variants
                    if not any(v in (x.id, x.name) for x in self.bundle.variants)]

@@ -17,8 +17,8 @@ import os
 import typing
 from pathlib import Path
 
-from edge.config import Bounds, bounds, config_field
-from edge.errors import EdgeError, article
+from edge.config import Bounds, bounds
+from edge.errors import EdgeError, InternalError, article
 
 #: Suffixes that make a model argument a path (it must then exist): graphs, engines, weights.
 PATH_SUFFIXES = (".onnx", ".engine", ".plan", ".safetensors", ".pt", ".pth", ".bin")
@@ -258,6 +258,14 @@ class Model(Kind):
 
 # ------------------------------------------------------------------------------------- config-backed
 
+def config_field(config: type, name: str) -> dataclasses.Field:
+    """The field ``name`` of dataclass ``config``; a bug in edge when there is none."""
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            return f
+    raise InternalError(f"{config.__name__} has no field {name!r}")
+
+
 def field_kind(config: type, name: str, what: str) -> Number:
     """The :class:`Number` kind of the numeric field ``name`` of dataclass ``config``."""
     f = config_field(config, name)
@@ -265,8 +273,6 @@ def field_kind(config: type, name: str, what: str) -> Number:
     base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
     limits = bounds(f)
     if base not in (int, float) or limits is None:
-        from edge.errors import InternalError
-
         raise InternalError(f"{config.__name__}.{name} is not a numeric field with a declared range")
     number = Number(base, limits, what)
     number.source = (config, name)

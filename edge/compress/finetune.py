@@ -46,7 +46,7 @@ from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS,
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
-from edge.errors import EdgeError
+from edge.errors import EdgeError, plural
 from edge.evaluate import evaluate
 from edge.fileio import sha256_file
 from edge.models import data_config, parse_model_spec
@@ -277,7 +277,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
                            "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
 
     log(f"finetune {folder} ({manifest.get('plan')}) from {reference['model']} on {train_set.name} "
-        f"({len(train_set)} images): {last_step} steps ({steps_per_epoch}/epoch), train={config.train} "
+        f"({len(train_set)} images): {plural(last_step, 'step')} ({steps_per_epoch}/epoch), train={config.train} "
         f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}")
     features = bool(config.feature_weight)
     student.train()
@@ -326,7 +326,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     student.eval()
     final = _accuracy(student, held_out, spec, device)
     before = history[0]
-    log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} after {step} steps")
+    log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} after {plural(step, 'step')}")
     record = {
         "recipe": {**recipe, "max_steps": config.max_steps},
         "teacher": {**reference, "sha256": teacher_sha},

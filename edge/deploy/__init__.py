@@ -18,7 +18,7 @@ from edge.deploy.device import RECORD, DeviceDeploy, RunnerOptions
 from edge.deploy.fleet import deploy_fleet
 from edge.deploy.merge import merge_report
 from edge.deploy.ssh import DeployError, Host, SshOptions, parse_host, read_hosts
-from edge.errors import EdgeError
+from edge.errors import EdgeError, plural
 from jetson.bundle import Bundle, read_bundle, verify_bundle
 from jetson.errors import JetsonError
 
@@ -79,7 +79,7 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
     remote_dir = remote_folder(config, bundle)
     devices = [DeviceDeploy(bundle, host, config.ssh, config.runner, remote_dir, config.remote_python,
                             out / host.label, progress) for host in hosts]
-    progress(f"deploying {bundle.root} ({len(bundle.variants)} variants) to {len(devices)} device(s)")
+    progress(f"deploying {bundle.root} ({plural(len(bundle.variants), 'variant')}) to {len(devices)} device(s)")
     deploy_fleet(devices, share_engines=config.share_engines and config.runner.backend == "tensorrt")
     records = [d.record() for d in devices]
     merged = merge_report(Path(report), out) if report is not None else None

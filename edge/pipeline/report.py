@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from edge import __version__
+from edge.errors import plural
 from edge.fileio import write_atomic, write_json_atomic
 from edge.pipeline.layout import ARTIFACT, DEPLOYED, VARIANT_STEPS, VARIANTS, clean_name
 from edge.profile.sidebyside import AA_SUFFIX
@@ -188,11 +189,13 @@ def latency_conditions(report: dict) -> list[str]:
     lat, first, hw = report["latency"], report["variants"][0], report["hardware"]
     p, s, aa = first["profile"], lat["settings"], lat["aa_control"]
     other = lat["contention"].get("other_cpu_share")
+    count = len(report["variants"])
     lines = [
-        f"Latency: all {len(report['variants'])} variants and an A/A control (`{aa['of']}` timed a second time as "
-        f"its own variant) side by side in one run: {p['backend']} {lat['onnxruntime']} on the {p['device']} "
-        f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, {lat['threads']} intra-op "
-        f"threads; {s['sessions']} session sets created afresh in rotated order, each with {s['warmup']} warm-up "
+        f"Latency: {'all ' * (count > 1)}{plural(count, 'variant')} and an A/A control (`{aa['of']}` timed a second "
+        f"time as its own variant) side by side in one run: {p['backend']} {lat['onnxruntime']} on the {p['device']} "
+        f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, "
+        f"{plural(lat['threads'], 'intra-op thread')}; {s['sessions']} session sets created afresh in rotated "
+        f"order, each with {s['warmup']} warm-up "
         f"calls per variant; {s['rounds']} rounds of {lat['iterations_per_round']} timed calls per variant, the "
         f"order shuffled each round, seeded ({lat['timed_calls_per_variant']} timed calls per variant, "
         f"{lat['seconds']:.0f} s); {lat['clock']}. Median and spread over a variant's timed calls."

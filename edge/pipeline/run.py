@@ -33,7 +33,7 @@ from pathlib import Path
 
 from torch import nn
 
-from edge.errors import EdgeError
+from edge.errors import EdgeError, plural
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.cache import StepCache, StepRecord
 from edge.pipeline.layout import ARTIFACT, BATCHED, DEPLOYED, ORT_LOG, STEPS, VARIANTS, clean_name
@@ -394,7 +394,7 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     check_plans(recipe, model_info(model).num_blocks)
     ctx = Context(recipe, out, StepCache(redo), data, model, source_state_sha256(model))
     out.mkdir(parents=True, exist_ok=True)
-    log(f"edge pipeline: {len(recipe.variants)} variants of {recipe.model} on {data} -> {out}")
+    log(f"edge pipeline: {plural(len(recipe.variants), 'variant')} of {recipe.model} on {data} -> {out}")
     analysis = run_analysis(ctx)
     runs = [VariantRun(ctx, variant) for variant in recipe.variants]
     cleaned = [run.run() for run in runs]
