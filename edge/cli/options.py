@@ -46,7 +46,12 @@ class Number(Kind):
     def __init__(self, kind: type, limits: Bounds, what: str = "value") -> None:
         self.kind, self.limits, self.what = kind, limits, what
         self.source: tuple[type, str] | None = None  # the library config field it comes from, if any
+        self.default = None  # named in the fix of a refused value
         self.name = "integer" if kind is int else "number"
+
+    def fix(self) -> str:
+        return (f"pass e.g. {self.what} {self.default} (the default)" if self.default is not None
+                else "pass a value in that range")
 
     def expected(self) -> str:
         return f"{article(self.name)} {self.name}, {self.limits.describe(self.what)}"
@@ -55,11 +60,11 @@ class Number(Kind):
         try:
             value = self.kind(text)
         except ValueError:
-            _fail(f"{text!r} is not {article(self.name)} {self.name} (expected: {self.expected()})")
+            _fail(f"{text!r} is not {article(self.name)} {self.name} (expected: {self.expected()}; fix: {self.fix()})")
         if isinstance(value, float) and not math.isfinite(value):
-            _fail(f"{text!r} is not a finite number (expected: {self.expected()})")
+            _fail(f"{text!r} is not a finite number (expected: {self.expected()}; fix: {self.fix()})")
         if not self.limits.admits(value):
-            _fail(f"{text} is out of range (expected: {self.expected()})")
+            _fail(f"{text} is out of range (expected: {self.expected()}; fix: {self.fix()})")
         return value
 
 
@@ -124,13 +129,18 @@ class PathKind(Kind):
 
     name = "path"
 
+    def __init__(self, what: str = "", fix: str = "check the path") -> None:
+        self.what = what  # what the path is, for the message ("recipe"); "" for a plain path
+        self.fix = fix
+
     def __call__(self, text: str) -> str:
+        label = f"{self.what} {text}" if self.what else text
         if not text.strip():
-            _fail(f"{text!r} is empty (expected: {self.expected})")
+            _fail(f"{self.what + ' ' if self.what else ''}{text!r} is empty (expected: {self.expected})")
         path = Path(text).expanduser()
         problem = self.problem(path)
         if problem:
-            _fail(f"{text}: {problem}")
+            _fail(f"{label} {problem}")
         return str(path) if text.startswith("~") else text
 
     expected = "a path"
@@ -144,7 +154,12 @@ def _what_is(path: Path) -> str:
         return "a folder"
     if path.is_file():
         return "a file"
-    return "not there" if not path.exists() else "neither a file nor a folder"
+    return "neither a file nor a folder"
+
+
+def _missing_or_wrong(path: Path, expected: str, fix: str) -> str:
+    found = "does not exist" if not path.exists() else f"is {_what_is(path)}"
+    return f"{found} (expected: {expected}; fix: {fix})"
 
 
 class ExistingFile(PathKind):
@@ -153,7 +168,7 @@ class ExistingFile(PathKind):
     def problem(self, path: Path) -> str | None:
         if path.is_file():
             return None if os.access(path, os.R_OK) else "is not readable (fix: check its permissions)"
-        return f"is {_what_is(path)} (expected: {self.expected}; fix: check the path)"
+        return _missing_or_wrong(path, self.expected, self.fix)
 
 
 class ExistingFolder(PathKind):
@@ -162,7 +177,7 @@ class ExistingFolder(PathKind):
     def problem(self, path: Path) -> str | None:
         if path.is_dir():
             return None
-        return f"is {_what_is(path)} (expected: {self.expected}; fix: check the path)"
+        return _missing_or_wrong(path, self.expected, self.fix)
 
 
 class ExistingPath(PathKind):
@@ -171,7 +186,7 @@ class ExistingPath(PathKind):
     def problem(self, path: Path) -> str | None:
         if path.is_file() or path.is_dir():
             return None
-        return f"is {_what_is(path)} (expected: {self.expected}; fix: check the path)"
+        return _missing_or_wrong(path, self.expected, self.fix)
 
 
 def _creatable(path: Path) -> str | None:
@@ -181,9 +196,9 @@ def _creatable(path: Path) -> str | None:
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        return f"cannot be created: {parent} is a file, not a folder (fix: choose another path)"
+        return f"cannot write there: {parent} is a file, not a folder (fix: choose another path)"
     if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot be created: the folder {parent} is not writable (fix: choose another path)"
+        return f"cannot write there: the folder {parent} is not writable (fix: choose another path)"
     return None
 
 
@@ -192,7 +207,8 @@ class OutputFile(PathKind):
 
     expected = "a file to write"
 
-    def __init__(self, suffix: str | None = None) -> None:
+    def __init__(self, suffix: str | None = None, what: str = "") -> None:
+        super().__init__(what)
         self.suffix = suffix
 
     def problem(self, path: Path) -> str | None:
@@ -251,7 +267,7 @@ class Model(Kind):
         if path.exists() or os.sep in text or text.lower().endswith(PATH_SUFFIXES):
             problem = ExistingPath().problem(path)
             if problem:
-                _fail(f"{text}: {problem.split(' (')[0]} (expected: a model name, an artifact folder or a model file; "
+                _fail(f"{text} {problem.split(' (')[0]} (expected: a model name, an artifact folder or a model file; "
                       "fix: check the path, or `edge models` for the names)")
         return text
 
@@ -276,6 +292,7 @@ def field_kind(config: type, name: str, what: str) -> Number:
         raise InternalError(f"{config.__name__}.{name} is not a numeric field with a declared range")
     number = Number(base, limits, what)
     number.source = (config, name)
+    number.default = getattr(config, name, None)
     return number
 
 
@@ -299,4 +316,5 @@ def add_number(parser: argparse.ArgumentParser, flag: str, kind: type, *, help: 
                metavar: str = "N", **limits) -> argparse.Action:
     """A numeric option no library config holds (e.g. ``verify --batch``): its range stated here."""
     number = Number(kind, Bounds(**limits), flag)
+    number.default = default
     return parser.add_argument(flag, type=number, default=default, metavar=metavar, help=help)

@@ -27,7 +27,8 @@ def register(subparsers) -> None:
         "recipe (nothing is written then).", EXAMPLES)
     from edge.pipeline.recipe import Recipe
 
-    parser.add_argument("--recipe", type=ExistingFile(), metavar="FILE",
+    parser.add_argument("--recipe", metavar="FILE", type=ExistingFile(
+                        "recipe", fix="`edge pipeline --print-recipe > recipe.yaml` writes one to edit"),
                         help="recipe file (YAML); default: the built-in recipe")
     add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)
     add_data_option(parser, None, "override the recipe's data (no fallback then)")
