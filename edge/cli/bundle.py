@@ -7,7 +7,7 @@ from edge.cli.options import ChoiceList, Data, ExistingFile, ExistingPath, Outpu
 from edge.errors import plural
 
 EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant of a pipeline run, fp32 + fp16
-  edge bundle runs/demo --out bundles/demo --precision fp16,int8 --data fmnist --samples 500 --tar
+  edge bundle runs/demo --out bundles/demo-int8 --precision fp16,int8 --data fmnist --samples 500 --tar
   edge bundle runs/ref.onnx runs/small.onnx --out bundles/two --precision fp16 --iterations 500
   # on the device: cd demo && python3 -m jetson run   (or: edge deploy bundles/demo --host user@jetson)"""
 
