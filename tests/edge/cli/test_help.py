@@ -134,7 +134,7 @@ def small(verb: str, argv: list[str], data: str, recipe: str) -> list[str]:
         out += ["--recipe", recipe]
     if verb in DATA_VERBS and "--data" not in out:
         out += ["--data", data]
-    if verb == "compress" and "--samples" not in out:
+    if verb in ("compress", "analyze") and "--samples" not in out:
         out += ["--samples", "10"]
     if verb in ("train", "finetune"):
         out += (["--max-steps", "1"] if "--max-steps" not in out else []) + ["--batch-size", "20"]
