@@ -24,6 +24,9 @@ def test_export_is_verified_deterministic_and_carries_metadata(tmp_path, weights
     assert model.opset_import[0].version >= 17
     ops = {n.op_type for n in model.graph.node}
     assert "LayerNormalization" in ops and "Softmax" in ops  # explicit attention, native LayerNorm
+    from edge.graph.manager import count_nodes  # the report counts nodes as `edge clean` does (issue 19)
+    assert report["nodes"] == count_nodes(model)
+    assert report["nodes"] + report["constant_nodes"] == len(model.graph.node)
     assert [i.name for i in model.graph.input] == ["input"] and [o.name for o in model.graph.output] == ["logits"]
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [1, 1, 28, 28]
