@@ -11,8 +11,9 @@ The cache (``~/.cache/edge-jetson/engines``, or ``$EDGE_JETSON_CACHE/engines``) 
 ``KEY.engine`` and ``KEY.engine.json``, the latter in ``edge build``'s manifest format (version 2:
 ``runtime`` holds the TensorRT version and the device identity), so ``edge profile`` runs a cached
 engine as it is. KEY is the sha256 of the graph's sha256, the build config (plugin and cache files
-by their sha256), the TensorRT version and the device identity (jetson.device.IDENTITY): another
-device, TensorRT or config never finds the entry. An entry whose manifest names another identity
+by their sha256), the builder (TensorRT's Python API here, or trtexec: jetson.trtexec), the
+TensorRT version and the device identity (jetson.device.IDENTITY): another device, TensorRT,
+builder or config never finds the entry. An entry whose manifest names another identity
 (an engine copied in from another device) is refused; one whose engine no longer matches its
 sha256 is rebuilt.
 """
