@@ -140,6 +140,10 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
     ``timing_cache`` is read when it exists and written after the build (a device-local file);
     ``logger`` receives TensorRT's messages (default: TensorRT's own, warnings and errors on stderr).
     """
+    if not spec.strongly_typed:  # this builder sets no precision flags and reads no calibration cache
+        raise JetsonError(f"the build config of {graph} is weakly typed (precision {spec.precision} by builder flags)",
+                          expected="a strongly typed config (what `edge bundle` writes: the graph holds its precision)",
+                          fix="run with --builder trtexec, which passes --fp16 / --int8 --calib, or rebundle")
     trt = load_tensorrt()
     features = detect_features(trt)
     if not features.strongly_typed:

@@ -164,3 +164,12 @@ def test_tensorrt_messages_go_to_the_variants_log_and_errors_are_summarised(bund
     assert f"TensorRT: 1 errors, 0 warnings, 4 messages in all: {trt_log}" in err
     assert "\tERROR\t[virtualMemoryBuffer.cpp" in trt_log.read_text()
     assert "TensorRT error" in (bundle / "results" / "logs" / "run.log").read_text()
+
+
+def test_the_python_builder_refuses_a_weakly_typed_config_and_names_trtexec(monkeypatch, tmp_path):
+    """It sets no --fp16/--int8 flags and reads no calibration cache, so it must not build one silently."""
+    from jetson.engine import build_engine_bytes
+
+    monkeypatch.setitem(sys.modules, "tensorrt", make_fake_tensorrt("10.3"))
+    with pytest.raises(JetsonError, match="(?s)weakly typed.*--builder trtexec"):
+        build_engine_bytes(tmp_path / "m.onnx", BuildSpec(precision="fp16", strongly_typed=False))
