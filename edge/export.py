@@ -81,7 +81,8 @@ def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, 
               "input": INPUT_NAME, "output": output_name(model), "bytes": len(data),
               # counted as `edge clean` counts them: operators, Constant nodes apart
               "nodes": sum(n.op_type != "Constant" for n in proto.graph.node),
-              "constant_nodes": sum(n.op_type == "Constant" for n in proto.graph.node), "metadata": {p.key: p.value for p in proto.metadata_props}}
+              "constant_nodes": sum(n.op_type == "Constant" for n in proto.graph.node),
+              "metadata": {p.key: p.value for p in proto.metadata_props}}
     if config.verify:
         batch = 2 if config.dynamic_batch else config.batch
         inputs = verification_inputs(input_size, batch, real_inputs)
