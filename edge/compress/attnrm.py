@@ -20,7 +20,8 @@ floating point too, so only the kernels' own summation order can differ). The re
 residual Add (an element-wise pair a runtime can run as one kernel) instead of a tensor that
 both the LayerNorm and the Add read. ``scale = 1`` exports no Mul at all. A norm that is not a
 ``LayerNorm`` (RMSNorm, ...) gets ``norm2(s x)`` as written. The fold's tolerance against
-``norm2(2 x)`` is tested (float32: well inside 1e-5 on unit-scale activations).
+``norm2(2 x)`` is tested at 1e-5 (float32); on this CPU the two were bit-identical for all 12
+blocks of the reference model, and the exported graph passes the export tolerances.
 
 :class:`AffineAttention` is the training-free alternative ("ours", not in the paper): the
 attention sub-layer at ``blocks[i].attn`` becomes one affine map of its input (the ``norm1``
