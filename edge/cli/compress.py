@@ -21,6 +21,11 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   edge compress fmnist-deit-tiny --plan dwconv:auto=6:init=lsq:k=3 --out runs/dw6
   edge compress fmnist-deit-tiny --plan "linear:9-10,dwconv:blocks=2+5+7:variant=ensembled" --out runs/mixed
 
+  # attention removed (MLP-only blocks): listed blocks, or K chosen by NOSE / the first-K baseline;
+  # init=affine puts a closed-form affine map of the attention input in its place (training-free)
+  edge compress fmnist-deit-tiny --plan attnrm:blocks=0+1+3+4 --out runs/attnrm4
+  edge compress fmnist-deit-tiny --plan "attnrm:auto=4:select=first:init=affine" --out runs/attnrm4-affine
+
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
   edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"""
 
