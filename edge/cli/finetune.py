@@ -104,9 +104,8 @@ def run(args) -> int:
     before, after = record["eval_before"], record["eval"]
     if record["artifact"] is None:
         emit({**record, "out": args.out}, args.json,
-             f"stopped after {record['steps']} of {record['schedule_steps']} steps, before the model reached its "
-             f"final structure ({record.get('phases')}): no artifact written, only {args.out}/checkpoint.pt; "
-             "run the same command without --max-steps to continue")
+             f"stopped {record['stopped']}: no artifact written (only the final structure is), only "
+             f"{args.out}/checkpoint.pt; run the same command without --max-steps to continue")
         return 0
     emit({**record, "out": args.out}, args.json,
          f"{after['data']} accuracy {before['accuracy']:.4f} -> {after['accuracy']:.4f} after {record['steps']} "

@@ -22,10 +22,11 @@ the last epoch sees M = 0, and keep the best checkpoint by accuracy, which is on
 bug their README admits). Here the model written at the end is only ever the M = 0 structure,
 converted by :meth:`DilutionPhase.finish` to ``MLPOnlyBlock(scale=2)`` with no attention weights.
 
-The fine-tune's default ``fraction`` is 0.75 (``FinetuneConfig.dilution_fraction``): the paper (Tab. 4) finds a slower decay slightly better (decay over
-200 / 300 / 400 epochs: 81.4 / 81.8 / 82.0 % on ImageNet), which argues for a long decay; a
-quarter of the schedule at M = 0 lets the MLPs settle on exactly the structure that is saved
-(with the learning rate in its cosine tail) rather than on one that still has some attention.
+The fine-tune's default ``fraction`` is 0.75 (``FinetuneConfig.dilution_fraction``): the paper
+(Tab. 4) finds a slower decay slightly better (decay over 200 / 300 / 400 epochs: 81.4 / 81.8 /
+82.0 % on ImageNet), which argues for a long decay; a quarter of the schedule at M = 0 lets the
+MLPs settle on exactly the structure that is saved (with the learning rate in its cosine tail)
+rather than on one that still has some attention.
 """
 
 from __future__ import annotations

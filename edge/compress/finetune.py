@@ -382,7 +382,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
 
     before = history[0]
     complete = all(phase.final for phase in phases)
-    final = None
+    final, stopped = None, None
     if complete:
         for phase in phases:
             phase.finish()
@@ -390,9 +390,9 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
         final = _accuracy(student, held_out, spec, device)
         log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} after {step} steps")
     else:
-        log(f"stopped at step {step} of {total_steps} with {_phase_note(phases, values).strip(' ()')}: no "
-            f"artifact written (it is kept only in its final structure), only {checkpoint_path}; run the same "
-            "command without --max-steps to continue")
+        stopped = f"at step {step} of {total_steps} with {_values_text(values)}, before the final structure"
+        log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
+            f"{checkpoint_path}; run the same command without --max-steps to continue")
     record = {
         "recipe": {**recipe, "max_steps": config.max_steps},
         "teacher": {**reference, "sha256": teacher_sha},
@@ -407,6 +407,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
         "eval_before": {k: before[k] for k in ("data", "samples", "accuracy", "loss")},
         "eval": final,
         "artifact": str(out) if complete else None,
+        "stopped": stopped,
         "history": history,
         "command": config.command or [sys.argv[0], *sys.argv[1:]],
         "wall_time_s": round(elapsed, 1),
@@ -429,10 +430,14 @@ def _phase_state(phases: list[TrainingPhase], values: dict) -> dict:
     return {**values, "final_structure": all(p.final for p in phases)} if phases else {}
 
 
+def _values_text(values: dict) -> str:
+    return ", ".join(f"{k} = {v:.3g}" for k, v in values.items())
+
+
 def _phase_note(phases: list[TrainingPhase], values: dict) -> str:
     if not phases:
         return ""
-    shown = ", ".join(f"{k} = {v:.3g}" for k, v in values.items())
+    shown = _values_text(values)
     return f" at {shown}" if all(p.final for p in phases) else f" at {shown} (not the final structure)"
 
 

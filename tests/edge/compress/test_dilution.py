@@ -303,6 +303,7 @@ def test_cli_finetune_dilute(artifact, tmp_path, capsys):
     assert main([*args, "--max-steps", "1", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["artifact"] is None and record["phases"]["dilution"]["M"] == 1.0
+    assert record["stopped"] == "at step 1 of 6 with M = 1, before the final structure"
     assert main(args) == 0
     assert "wrote" in capsys.readouterr().out and load_artifact(out)[1]["finetune"][-1]["recipe"]["dilute"] is True
     assert main([*args[:-2], "--dilution-fraction", "2", "--out", str(tmp_path / "x")]) == 2
