@@ -308,3 +308,14 @@ def test_cli_finetune_dilute(artifact, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out and load_artifact(out)[1]["finetune"][-1]["recipe"]["dilute"] is True
     assert main([*args[:-2], "--dilution-fraction", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--dilution-fraction 2.0" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_the_registered_attnrm_method_dilutes_its_blocks_through_the_fine_tuner(teacher_weights, tmp_path):
+    """``edge compress --plan attnrm:blocks=1`` then ``edge finetune --dilute``: block 1 ends x = 2x; x + MLP(LN(x))."""
+    removed = _artifact(teacher_weights, tmp_path / "rm", "attnrm:blocks=1")
+    assert float(load_artifact(removed)[0].blocks[1].scale) == 1.0
+    record = finetune(removed, tmp_path / "d", _config())
+    model, manifest = load_artifact(tmp_path / "d")
+    assert isinstance(model.blocks[1], MLPOnlyBlock) and float(model.blocks[1].scale) == 2.0
+    assert manifest["plan"] == "attnrm:blocks=1" and record["phases"]["dilution"]["blocks"] == [1]
+    assert not any(k.startswith("blocks.1.attn.") for k in load_file(str(tmp_path / "d" / "model.safetensors")))
