@@ -292,6 +292,15 @@ class NoseResult:
                 "trajectory": self.trajectory}
 
 
+def nose_candidates(model: nn.Module, count: int, excluded: set[int] | None = None) -> list[int]:
+    """The original blocks NOSE may choose from (timm attention, not excluded); refuses an impossible ``count``."""
+    excluded = set(excluded or ())
+    attention = sorted(attention_blocks(model))
+    free = [b for b in attention if b not in excluded]
+    _check_count(count, free, attention, excluded)
+    return free
+
+
 def _check_count(count: int, free: list[int], attention: list[int], excluded: set[int]) -> None:
     if count < 1:
         raise EdgeError(f"NOSE count {count}", expected="at least 1 attention layer to select")
@@ -344,10 +353,8 @@ def nose_search(model: nn.Module, calibration, spec: InputSpec, count: int, excl
     """NOSE (Algorithm 1): greedily add the attention layer of least ``|TE|`` until ``count`` are chosen."""
     start_time = time.perf_counter()
     excluded = set(excluded or ())
+    free = nose_candidates(model, count, excluded)
     positions = attention_blocks(model)
-    attention = sorted(positions)
-    free = [b for b in attention if b not in excluded]
-    _check_count(count, free, attention, excluded)
     dim = model_info(model).embed_dim
     model.eval()
     preprocess = _preprocess(calibration, spec)
