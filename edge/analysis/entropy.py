@@ -55,7 +55,10 @@ candidate's TE at every step is recorded (the trajectory, the paper's Fig. 4).
 Cost: step ``k`` runs the model with ``S`` removed once over the calibration set, keeping each
 batch's input to every block, then each candidate ``c`` re-runs only blocks ``c..L-1`` from that
 cached input (blocks before ``c`` see the same input with or without ``c``). With ``L`` blocks that
-is about ``L + L^2/2`` block passes per step instead of ``L^2``.
+is about ``L + L^2/2`` block passes per step instead of ``L^2``. Measured: ``count=4`` on
+``fmnist-deit-tiny`` (12 blocks, 50 tokens) with 500 calibration images, batch 64, 2 torch threads
+on the 2-core development machine shared with other jobs (load average 3-4): 234 s, 13.4 times
+one plain forward pass over the same images (17.4 s there).
 """
 
 from __future__ import annotations
