@@ -238,9 +238,12 @@ def held_out_set(config: FinetuneConfig):
     return data
 
 
-def training_phases(student: nn.Module, teacher: nn.Module, config: FinetuneConfig, where: str) -> list[TrainingPhase]:
-    """The registered methods' training phases for ``student`` (``config.steps`` resolved); none changes it yet."""
-    phases = [p for m in methods() if (p := m.training_phase(student, teacher, config)) is not None]
+def training_phases(student: nn.Module, teacher: nn.Module, config: FinetuneConfig, where: str,
+                    used: set[str]) -> list[TrainingPhase]:
+    """The training phases of the methods in ``used`` (those the artifact's plan applied; ``config.steps``
+    resolved); none changes ``student`` yet. Only the plan's own methods are asked: two methods may put
+    modules of one type (an MLP-only block) into models, and each trains only its own."""
+    phases = [p for m in methods() if m.name in used and (p := m.training_phase(student, teacher, config)) is not None]
     if config.dilute and not phases:
         raise EdgeError(f"--dilute: nothing in {where} can be diluted", expected="an artifact whose plan removes "
                         "attention sub-layers (MLP-only blocks) and an edge with the method that removed them",
@@ -300,7 +303,8 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = config.steps or steps_per_epoch * config.epochs
     last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
-    phases = training_phases(student, teacher, replace(config, steps=total_steps), str(folder))
+    phases = training_phases(student, teacher, replace(config, steps=total_steps), str(folder),
+                             {step["method"] for step in manifest.get("steps", [])})
     teacher_sha = source_state_sha256(teacher)
     recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
               "student_sha256": sha256_file(folder / WEIGHTS), "teacher_sha256": teacher_sha}
