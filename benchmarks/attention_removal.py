@@ -172,27 +172,46 @@ def main() -> None:
 
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept = {(r["plan"], r["variant"]): r for r in previous.get("rows", []) if previous.get("settings") == settings}
-    wanted = [(k, s, init) for k in args.counts for s in args.selections for init in args.inits]
+    # the largest K first: NOSE's greedy order for a smaller K is a prefix of it
+    wanted = [(k, s, init) for k in sorted(args.counts, reverse=True) for s in args.selections for init in args.inits]
     wanted += [(k, s, "dilution") for s, k in dilute]
     keys = {(plan_for(k, s, v), v) for k, s, v in wanted}
     rows = [r for key, r in kept.items() if key not in keys]   # earlier rows of the same settings stay
+    chosen: dict[tuple[int, str], list[int]] = {}   # (K, selection) -> blocks in the order they were chosen
+    te_of: dict[tuple[int, ...], float] = {}
     for count, selection, variant in wanted:
         plan = plan_for(count, selection, variant)
         if (plan, variant) in kept:
             rows.append(kept[(plan, variant)])
             continue
         start = time.perf_counter()
-        config = CompressConfig(plan=plan, data=args.data, samples=args.samples)
-        compressed = args.work / _slug(plan) / "compressed"
+        # The selection does not depend on init, and NOSE's greedy order for K is a prefix of its order for
+        # K + 1 (same calibration images): an affine row and a smaller K reuse a selection made before
+        # (recorded in the row as selected_by), rather than running the greedy search again.
+        reuse = chosen.get((count, selection)) or next(
+            (order[:count] for (k, sel), order in sorted(chosen.items(), reverse=True)
+             if sel == selection == "nose" and k > count), None)
+        compress_plan = plan
+        if reuse and variant == "affine" or reuse and selection == "nose" and variant == "identity":
+            compress_plan = f"attnrm:blocks={'+'.join(map(str, sorted(reuse)))}" + (
+                ":init=affine" if variant == "affine" else "")
+        config = CompressConfig(plan=compress_plan, data=args.data, samples=args.samples)
+        compressed = args.work / _slug(compress_plan) / "compressed"
         manifest = _compressed(args.model, config, compressed)
         blocks = removed_blocks(manifest["plan"])
+        decided = list(manifest.get("fit", {}).get("attnrm", {}).get("selection", {}).values())
+        order = decided[0].get("order") if decided else None
+        chosen.setdefault((count, selection), list(order or reuse or blocks or []))
         row = {"plan": plan, "variant": variant, "count": count, "selection": selection, "resolved": manifest["plan"],
+               "selected_by": plan if compress_plan == plan else f"{compress_plan} (the selection of an earlier row)",
                "blocks": blocks, "compress_s": manifest.get("seconds"), "params": manifest["after"]["params"],
                "flops": manifest["after"]["flops"], "flops_before": manifest["before"]["flops"]}
         if blocks is not None:
             from edge.analysis.entropy import transfer_entropy
 
-            row["te"] = transfer_entropy(base, calibration, spec, blocks)["te"]
+            if tuple(blocks) not in te_of:
+                te_of[tuple(blocks)] = transfer_entropy(base, calibration, spec, blocks)["te"]
+            row["te"] = te_of[tuple(blocks)]
         if variant == "dilution":
             recipe = hashlib.sha256(json.dumps(settings["dilution"], sort_keys=True).encode()).hexdigest()[:10]
             out = args.work / _slug(plan) / f"diluted-{recipe}"
@@ -200,6 +219,9 @@ def main() -> None:
                                                                                               *sys.argv]}))
             row.update(finetune_steps=record.get("steps"), finetune_epochs=record.get("epochs"),
                        finetune_s=record.get("wall_time_s"), history=record.get("history"))
+            if record.get("artifact") is None:  # --max-steps stopped it before M = 0: no model to measure
+                raise SystemExit(f"{plan}: the dilution stopped {record.get('stopped')}; only an M = 0 model is "
+                                 "measured (run it again without --max-steps to continue)")
             accuracy = _accuracy(out, held_out, spec, device)
         else:
             accuracy = _accuracy(compressed, held_out, spec, device)
