@@ -19,19 +19,22 @@ def realisation(latency_c: float, latency_o: float, flops_c: float, flops_o: flo
     return (1.0 - latency_c / latency_o) / (1.0 - flops_c / flops_o)
 
 
+RECORDED = ("onnx", "onnxruntime", "onnx_graphsurgeon", "onnxslim", "onnxsim", "torch", "timm")
+
+
 def versions() -> dict:
-    import onnx
-    import onnx_graphsurgeon
-    import onnxruntime
-    import onnxsim
-    import onnxslim
-    import torch
+    """Versions of edge and of the packages a result depends on that are installed (absent ones are left out)."""
+    from importlib import metadata
 
     from edge import __version__
 
-    return {"edge": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "onnx_graphsurgeon": onnx_graphsurgeon.__version__, "onnxslim": onnxslim.__version__,
-            "onnxsim": str(onnxsim.__version__), "torch": torch.__version__}
+    found = {"edge": __version__}
+    for name in RECORDED:
+        try:
+            found[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def command_line(script: str, args: argparse.Namespace, parser: argparse.ArgumentParser,

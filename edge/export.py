@@ -80,7 +80,10 @@ def export(model: nn.Module, out: str | Path, *, source: str, plan: str | None, 
         raise EdgeError(f"the exported graph of {source} fails onnx.checker", found=str(e)[:500]) from e
     report = {"out": str(out), "opset": config.opset, "batch": "dynamic" if config.dynamic_batch else config.batch,
               "input": INPUT_NAME, "output": output_name(model), "bytes": len(data),
-              "nodes": len(proto.graph.node), "metadata": {p.key: p.value for p in proto.metadata_props}}
+              # counted as `edge clean` counts them: operators, Constant nodes apart
+              "nodes": sum(n.op_type != "Constant" for n in proto.graph.node),
+              "constant_nodes": sum(n.op_type == "Constant" for n in proto.graph.node),
+              "metadata": {p.key: p.value for p in proto.metadata_props}}
     if config.verify:
         batch = 2 if config.dynamic_batch else config.batch
         inputs = verification_inputs(input_size, batch, real_inputs)

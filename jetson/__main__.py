@@ -9,6 +9,7 @@ from pathlib import Path
 
 from jetson.bundle import MANIFEST
 from jetson.cuda import BINDINGS
+from jetson.engine import BUILDERS
 from jetson.errors import JetsonError
 from jetson.runner import BACKENDS, ENERGY, EXIT_USAGE, RunOptions, run
 
@@ -16,7 +17,8 @@ EXAMPLES = """examples (in the bundle folder):
   python3 -m jetson run                                  # TensorRT, the bundle's protocol, results/ here
   python3 -m jetson run --backend ort --iterations 50    # ONNX Runtime where TensorRT is absent
   sudo python3 -m jetson run --power-mode 15W --lock-clocks --duration 30
-  python3 -m jetson run --variant baseline.fp16 --out /tmp/results --force"""
+  python3 -m jetson run --variant baseline.fp16 --out /tmp/results --force
+  python3 -m jetson run --builder trtexec                # engines built by JetPack's trtexec"""
 
 
 def _positive_int(text: str) -> int:
@@ -38,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--out", type=Path, help="results folder (default: BUNDLE/results)")
     runner.add_argument("--backend", choices=BACKENDS, default="tensorrt",
                         help="tensorrt (default) or ort: the same protocol on ONNX Runtime, labelled as such")
+    runner.add_argument("--builder", choices=BUILDERS, default="python",
+                        help="TensorRT: who builds the engines: python (TensorRT's Python API, default) or trtexec "
+                             "(its output in results/logs/ID.trtexec.log); each has engines of its own in the cache")
+    runner.add_argument("--trtexec", metavar="PATH", help="the trtexec to build with (default: trtexec on PATH, "
+                                                          "else /usr/src/tensorrt/bin/trtexec)")
     runner.add_argument("--warmup", type=_positive_int, help="untimed inferences first (default: the bundle's)")
     runner.add_argument("--iterations", type=_positive_int, help="timed inferences (at least)")
     runner.add_argument("--duration", dest="duration_s", type=float, help="time for at least this many seconds")
@@ -76,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             iterations=args.iterations, duration_s=args.duration_s, cuda_graph=args.cuda_graph, idle_s=args.idle_s,
             energy=args.energy, power_mode=args.power_mode, lock_clocks=args.lock_clocks,
             variants=tuple(args.variants), cache_dir=args.cache_dir, cuda=args.cuda, threads=args.threads,
-            layer_runs=args.layer_runs, force=args.force, nvpmodel_conf=args.nvpmodel_conf)
+            layer_runs=args.layer_runs, force=args.force, nvpmodel_conf=args.nvpmodel_conf, builder=args.builder,
+            trtexec=args.trtexec)
     except JetsonError as e:
         print(f"jetson run: error: {e}", file=sys.stderr)
         return EXIT_USAGE

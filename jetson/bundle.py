@@ -214,7 +214,11 @@ def read_bundle(root: str | Path) -> Bundle:
     if not path.is_file():
         raise JetsonError(f"{root} is not a bundle: {MANIFEST} is missing",
                           expected="a folder written by `edge bundle`", fix="copy the whole bundle folder again")
-    raw = path.read_bytes()
+    return parse_manifest(path.read_bytes(), root, path)
+
+
+def parse_manifest(raw: bytes, root: Path, path: str | Path) -> Bundle:
+    """The bundle whose ``manifest.json`` holds ``raw`` (read from ``path``, named in errors), rooted at ``root``."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -236,10 +240,18 @@ def read_bundle(root: str | Path) -> Bundle:
                   created_by=dict(data.get("created_by", {})), source=dict(data.get("source", {})), files=files)
 
 
-def verify_bundle(bundle: Bundle) -> None:
+def owned(relative: str) -> bool:
+    """Whether a path inside a bundle lies in one of its own folders (:data:`OWNED`) and is not Python's cache."""
+    path = Path(relative)
+    return bool(path.parts) and path.parts[0] in OWNED and not _skipped(path)
+
+
+def verify_bundle(bundle: Bundle, found: dict[str, dict] | None = None) -> None:
     """Refuse a partial or altered bundle: every listed file present with its size and sha256, no
-    unlisted file in the bundle's own folders, every graph the variants name listed."""
-    found = bundle_files(bundle.root)
+    unlisted file in the bundle's own folders, every graph the variants name listed. ``found``: the
+    files as :func:`bundle_files` gives them (by default read from ``bundle.root``; an archive's
+    from jetson.archive)."""
+    found = bundle_files(bundle.root) if found is None else {k: v for k, v in found.items() if owned(k)}
     for relative, expected in bundle.files.items():
         path = bundle.root / relative
         if relative not in found:

@@ -11,8 +11,9 @@ The cache (``~/.cache/edge-jetson/engines``, or ``$EDGE_JETSON_CACHE/engines``) 
 ``KEY.engine`` and ``KEY.engine.json``, the latter in ``edge build``'s manifest format (version 2:
 ``runtime`` holds the TensorRT version and the device identity), so ``edge profile`` runs a cached
 engine as it is. KEY is the sha256 of the graph's sha256, the build config (plugin and cache files
-by their sha256), the TensorRT version and the device identity (jetson.device.IDENTITY): another
-device, TensorRT or config never finds the entry. An entry whose manifest names another identity
+by their sha256), the builder (TensorRT's Python API here, or trtexec: jetson.trtexec), the
+TensorRT version and the device identity (jetson.device.IDENTITY): another device, TensorRT,
+builder or config never finds the entry. An entry whose manifest names another identity
 (an engine copied in from another device) is refused; one whose engine no longer matches its
 sha256 is rebuilt.
 """
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     import tensorrt
 
 ENGINE_MANIFEST_VERSION = 2  # edge.trt.manifest.MANIFEST_VERSION: the same format
+PYTHON_BUILDER, TRTEXEC_BUILDER = "python", "trtexec"
+#: who builds the engines: TensorRT's Python API here (the project's builder), or NVIDIA's trtexec (jetson.trtexec)
+BUILDERS = (PYTHON_BUILDER, TRTEXEC_BUILDER)
 
 
 def default_cache_root() -> Path:
@@ -129,18 +133,24 @@ def _profile(builder: tensorrt.Builder, network: tensorrt.INetworkDefinition,
 
 
 def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = (),
-                       timing_cache: Path | None = None, log: Callable[[str], None] = print) -> tuple[bytes, dict]:
+                       timing_cache: Path | None = None, log: Callable[[str], None] = print,
+                       logger: tensorrt.ILogger | None = None) -> tuple[bytes, dict]:
     """Parse ``graph`` and build a serialised engine with ``spec``; the build facts for the manifest.
 
-    ``timing_cache`` is read when it exists and written after the build (a device-local file).
+    ``timing_cache`` is read when it exists and written after the build (a device-local file);
+    ``logger`` receives TensorRT's messages (default: TensorRT's own, warnings and errors on stderr).
     """
+    if not spec.strongly_typed:  # this builder sets no precision flags and reads no calibration cache
+        raise JetsonError(f"the build config of {graph} is weakly typed (precision {spec.precision} by builder flags)",
+                          expected="a strongly typed config (what `edge bundle` writes: the graph holds its precision)",
+                          fix="run with --builder trtexec, which passes --fp16 / --int8 --calib, or rebundle")
     trt = load_tensorrt()
     features = detect_features(trt)
     if not features.strongly_typed:
         raise JetsonError(f"TensorRT {features.version} cannot build strongly typed networks",
                           expected="TensorRT >= 8.6 (10.3 on JetPack 6)", fix="upgrade JetPack")
     started = time.perf_counter()
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = logger or trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     trt.init_libnvinfer_plugins(logger, "")
     for library in plugins:
@@ -176,19 +186,21 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
     engine = bytes(serialized)
     if cache_info["path"] is not None and timing_cache is not None:
         _write_atomic(timing_cache, bytes(config.get_timing_cache().serialize()))
-    return engine, {"knobs": knobs, "timing_cache": cache_info, "features": features.as_dict(),
-                    "build_seconds": round(time.perf_counter() - started, 2)}
+    return engine, {"builder": PYTHON_BUILDER, "knobs": knobs, "timing_cache": cache_info,
+                    "features": features.as_dict(), "build_seconds": round(time.perf_counter() - started, 2)}
 
 
-def cache_key(graph_sha256: str, spec: BuildSpec, file_sha256: dict[str, str], identity: dict) -> str:
-    """The engine cache key: graph, build config (files by content), TensorRT version and device identity."""
+def cache_key(graph_sha256: str, spec: BuildSpec, file_sha256: dict[str, str], identity: dict,
+              builder: str = PYTHON_BUILDER) -> str:
+    """The engine cache key: graph, build config (files by content), the builder (:data:`BUILDERS`: each
+    makes engines of its own), TensorRT version and device identity."""
     build = spec.to_json()
     for field in ("timing_cache", "calibration_cache"):
         build[field] = file_sha256.get(build[field]) if build[field] else None
     build["plugins"] = [file_sha256.get(p, p) for p in build["plugins"]]
     build.pop("timing_cache")  # speeds the build up, makes no other engine
-    text = json.dumps({"graph": graph_sha256, "build": build, "identity": {f: identity.get(f) for f in IDENTITY}},
-                      sort_keys=True)
+    text = json.dumps({"graph": graph_sha256, "build": build, "builder": builder,
+                       "identity": {f: identity.get(f) for f in IDENTITY}}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -256,7 +268,9 @@ class EngineCache:
 def engine_manifest(graph: Path, spec: BuildSpec, identity: dict, facts: dict, *, key: str, plugins: Sequence[Path],
                     variant: str, bundle_sha256: str) -> dict:
     """An engine manifest in ``edge build``'s format (edge.trt.manifest), plus where it came from."""
-    return {"manifest_version": ENGINE_MANIFEST_VERSION, "edge": None, "built_by": "jetson runner",
+    builder = facts.get("builder", PYTHON_BUILDER)
+    return {"manifest_version": ENGINE_MANIFEST_VERSION, "edge": None,
+            "built_by": "jetson runner" + (f" ({builder})" if builder != PYTHON_BUILDER else ""),
             "onnx": {"path": str(graph), "sha256": sha256_file(graph), "variant": GRAPH_PRECISION[spec.precision],
                      "conversion": None},
             "runtime": {**identity}, "precision": spec.precision, "strongly_typed": spec.strongly_typed,

@@ -7,6 +7,8 @@ Results (``--out``, by default ``BUNDLE/results``)::
     results/NAME.PRECISION.json   one per variant and precision (format edge-jetson-result, version 1)
     results/logs/run.log          what the runner printed, with times
     results/logs/NAME.PRECISION.tegrastats.log   the tegrastats samples (``<monotonic s>\\t<line>``)
+    results/logs/NAME.PRECISION.trt.log          TensorRT's own messages, INFO and above (jetson.trt_log)
+    results/logs/NAME.PRECISION.trtexec.log      trtexec's whole output, with its argv (--builder trtexec)
 
 A variant's result has the keys of ``edge profile``'s result (``backend``, ``device``,
 ``precision``, ``batch``, ``threads``, ``model``, ``latency``: the jetson.stats schema on the host
@@ -18,8 +20,9 @@ energy per inference total and above idle, per rail, peak RAM and temperatures, 
 ``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
-``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts); ONNX Runtime
-adds ``onnxruntime`` and ``providers``.
+``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
+``python``, TensorRT's Python API, or ``trtexec``, with its argv and version); ONNX Runtime adds
+``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
 
 ``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
 with the power mode read from ``nvpmodel -q``), ``settings`` (the power mode set and the clocks
@@ -55,12 +58,14 @@ from types import FrameType
 from typing import Any, TextIO
 
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
+from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
 from jetson.power import NVPMODEL_CONF, DeviceSettings, Interrupted, query_power_mode
 from jetson.stats import latency_stats
 
 RUN_FORMAT, RESULT_FORMAT, FORMAT_VERSION = "edge-jetson-run", "edge-jetson-result", 1
 BACKENDS = ("tensorrt", "ort")
+
 ENERGY = ("auto", "on", "off")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -87,10 +92,18 @@ class RunOptions:
     layer_runs: int = 20
     force: bool = False
     nvpmodel_conf: Path = NVPMODEL_CONF
+    builder: str = PYTHON_BUILDER
+    trtexec: str | None = None       # the trtexec binary (default: on PATH, else JetPack's)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise JetsonError(f"--backend {self.backend!r}", expected=f"one of {', '.join(BACKENDS)}")
+        if self.builder not in BUILDERS:
+            raise JetsonError(f"--builder {self.builder!r}", expected=f"one of {', '.join(BUILDERS)}")
+        if self.builder != PYTHON_BUILDER and self.backend != "tensorrt":
+            raise JetsonError(f"--builder {self.builder} with --backend {self.backend}",
+                              expected="--builder only with --backend tensorrt (ONNX Runtime builds no engine)",
+                              fix="leave out --builder, or run --backend tensorrt")
         if self.energy not in ENERGY:
             raise JetsonError(f"--energy {self.energy!r}", expected=f"one of {', '.join(ENERGY)}")
 
@@ -181,6 +194,8 @@ class Runner:
         self.logger = log
         self.cudart: Any = None
         self.trt_version: str | None = None
+        self.trt_log: Any = None           # jetson.trt_log.TensorRTLog: one TensorRT logger for the whole run
+        self.trtexec: tuple[str, tuple[int, ...]] | None = None  # the binary and its version (--builder trtexec)
         self.device: dict = {}
         self.summary: dict = {}
 
@@ -209,10 +224,41 @@ class Runner:
                 raise JetsonError(e.what, expected=e.expected, found=e.found,
                                   fix=f"{e.fix}; or run the same protocol on ONNX Runtime: --backend ort") from e
             self.cudart = load_cuda_runtime(self.options.cuda)
+            from jetson.trt_log import TensorRTLog
+
+            self.trt_log = TensorRTLog(load_tensorrt(), self.log)
+            if self.options.builder == "trtexec":
+                self.trtexec = self._find_trtexec(self.trt_version)
         from jetson.device import device_record
 
         self.device = device_record(self.cudart, self.trt_version)
         self.device["power_mode"] = self._power_mode()
+
+    def _find_trtexec(self, trt_version: str) -> tuple[str, tuple[int, ...]]:
+        """trtexec (--trtexec, PATH, JetPack's) and its version, which must be the Python TensorRT's: an
+        engine deserialises only in the TensorRT that built it."""
+        from jetson.features import parse_version
+        from jetson.trtexec import JETPACK_TRTEXEC, find_trtexec, trtexec_version
+
+        binary = find_trtexec(self.options.trtexec)
+        if binary is None:
+            raise JetsonError(f"--builder trtexec: {self.options.trtexec or 'trtexec'} was not found",
+                              expected=f"trtexec on PATH or at {JETPACK_TRTEXEC}",
+                              fix="install it (`sudo apt install tensorrt` on JetPack, or libnvinfer-bin), pass "
+                                  "--trtexec PATH, or build with TensorRT's Python API: --builder python")
+        python_version = parse_version(trt_version)[:3]
+        version = trtexec_version(binary)
+        if version is None:
+            self.log(f"{binary} prints no TensorRT version: its flags are chosen for TensorRT {trt_version}")
+            return binary, python_version
+        if version != python_version:
+            raise JetsonError(f"{binary} is TensorRT {'.'.join(map(str, version))}, the Python module TensorRT "
+                              f"{trt_version}", expected="one TensorRT: an engine deserialises only in the "
+                                                         "version that built it",
+                              fix="pass --trtexec with the trtexec of the same TensorRT (JetPack's: "
+                                  f"{JETPACK_TRTEXEC}), or --builder python")
+        self.log(f"builder: {binary} (TensorRT {'.'.join(map(str, version))})")
+        return binary, version
 
     def _power_mode(self) -> dict:
         try:
@@ -223,7 +269,8 @@ class Runner:
 
     def config(self) -> dict:
         """What a result depends on besides the bundle: a result made with another config is recomputed."""
-        return {"backend": self.options.backend, "protocol": asdict(self.protocol),
+        return {"backend": self.options.backend, "builder": self.options.builder if self.options.backend == "tensorrt"
+                else None, "protocol": asdict(self.protocol),
                 "power_mode": self.options.power_mode, "lock_clocks": self.options.lock_clocks,
                 "energy": self.energy_on(), "threads": self.options.threads, "cuda": self.options.cuda}
 
@@ -313,6 +360,8 @@ class Runner:
             return
         measured = Measurement()
         backend = None
+        if self.trt_log is not None:
+            self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
             self.log(f"{variant.id}: benchmarking ({self.protocol.warmup} warm-up, {self.protocol.iterations} "
@@ -337,7 +386,18 @@ class Runner:
         finally:
             if backend is not None:
                 backend.close()
+            if self.trt_log is not None:
+                self.trt_log.close()
             write_json(self.out / "run.json", self.summary)
+
+    def log_path(self, variant: Variant, kind: str) -> Path:
+        """``logs/ID.KIND.log``: ``trt`` (TensorRT's messages), ``trtexec`` (its output), ``tegrastats``."""
+        return self.out / "logs" / f"{variant.id}.{kind}.log"
+
+    def logs(self, variant: Variant) -> dict:
+        """The variant's log files that exist, by kind, relative to the results folder."""
+        return {kind: str(path.relative_to(self.out)) for kind in ("trt", "trtexec", "tegrastats")
+                if (path := self.log_path(variant, kind)).is_file()}
 
     def write_partial(self, variant: Variant, backend: Any, measured: Measurement, error: str) -> None:
         result = self.result(variant, backend, measured, None, partial=True)
@@ -358,18 +418,19 @@ class Runner:
         backend = TensorRTEngineBackend(engine, self.cudart, label=f"{variant.id} ({facts['path']})",
                                         plugins=plugins, batch=variant.build.batch,
                                         cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
-                                        precision=variant.precision, device=self.device.get("gpu"))
+                                        precision=variant.precision, device=self.device.get("gpu"),
+                                        logger=self.trt_log.logger if self.trt_log is not None else None)
         return backend, facts
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
-        """The variant's engine from the device's cache, else built now and cached."""
+        """The variant's engine from the device's cache, else built now (by --builder) and cached."""
         from jetson.engine import EngineCache, build_engine_bytes, cache_key, default_cache_root, engine_manifest
 
         root = Path(self.options.cache_dir) if self.options.cache_dir else default_cache_root()
         cache = EngineCache(root / "engines")
         identity = self.device["identity"]
         files = {name: entry["sha256"] for name, entry in self.bundle.files.items()}
-        key = cache_key(variant.graph_sha256, variant.build, files, identity)
+        key = cache_key(variant.graph_sha256, variant.build, files, identity, self.options.builder)
         cached = cache.load(key, identity, self.log)
         if cached is not None:
             self.log(f"{variant.id}: engine from the cache ({cache.engine_path(key)})")
@@ -382,8 +443,21 @@ class Runner:
             timing_cache.parent.mkdir(parents=True, exist_ok=True)
             timing_cache.write_bytes(self.bundle.path(variant.build.timing_cache).read_bytes())
         graph = self.bundle.path(variant.graph)
-        engine, facts = build_engine_bytes(graph, variant.build, plugins=plugins, timing_cache=timing_cache,
-                                           log=self.log)
+        if self.trtexec is not None:
+            from jetson.trtexec import build_engine_with_trtexec
+
+            binary, version = self.trtexec
+            calibration = variant.build.calibration_cache
+            self.log(f"{variant.id}: building the engine with {binary} (output: {self.log_path(variant, 'trtexec')})")
+            engine, facts = build_engine_with_trtexec(
+                binary, version, graph, variant.build, work_dir=root / "building" / key,
+                log_path=self.log_path(variant, "trtexec"), inputs=variant.inputs, timing_cache=timing_cache,
+                plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
+            facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
+        else:
+            engine, facts = build_engine_bytes(graph, variant.build, plugins=plugins, timing_cache=timing_cache,
+                                               log=self.log,
+                                               logger=self.trt_log.logger if self.trt_log is not None else None)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
                                    variant=variant.id, bundle_sha256=self.bundle.sha256)
         path = cache.store(key, engine, manifest)
@@ -400,7 +474,7 @@ class Runner:
         from jetson.energy import Window, summarize
         from jetson.sampler import TegrastatsSampler
 
-        log_path = self.out / "logs" / f"{variant.id}.tegrastats.log"
+        log_path = self.log_path(variant, "tegrastats")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with TegrastatsSampler(protocol.tegrastats_interval_ms, log_path=log_path) as sampler:
             idle = None
@@ -456,6 +530,7 @@ class Runner:
             "partial": partial,
             "bundle_sha256": self.bundle.sha256, "config": self.config(), "config_key": self.config_key(),
             "graph": variant.graph, "graph_sha256": variant.graph_sha256,
+            "logs": self.logs(variant),
             "finished": _now(),
         }
 

@@ -65,7 +65,8 @@ class TensorRTEngineBackend:
 
     def __init__(self, engine: bytes, cudart: Any, *, label: str, plugins: list[str] | tuple[str, ...] = (),
                  batch: int | None = None, cuda_graph: bool = False, layer_runs: int = 20, seed: int = 0,
-                 precision: str | None = None, device: str | None = None) -> None:
+                 precision: str | None = None, device: str | None = None,
+                 logger: tensorrt.ILogger | None = None) -> None:
         trt = load_tensorrt()
         self.label = label
         self.cudart = cudart
@@ -73,7 +74,7 @@ class TensorRTEngineBackend:
         self.device = device
         self.engine_bytes = len(engine)
         self.features = detect_features(trt)
-        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.logger = logger or trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
         self.plugins = self._load_plugins(trt, plugins)
         self.engine = self.runtime.deserialize_cuda_engine(engine)

@@ -119,11 +119,29 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
     registry = types.SimpleNamespace(load_library=lambda path: (m.calls.append(("load_library", path)),
                                                                  m.plugin_libraries.append(path)))
 
-    class Logger:
-        VERBOSE, INFO, WARNING, ERROR = "VERBOSE", "INFO", "WARNING", "ERROR"
+    severity = _enum("Severity", {"INTERNAL_ERROR": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "VERBOSE": 4})
 
-        def __init__(self, severity="WARNING") -> None:
+    class ILogger:
+        """A user's logger subclasses it and overrides ``log``; the fake's builder, parser and runtime call
+        ``log`` with (a few of) the messages real TensorRT 10 writes at the same points."""
+
+        Severity = severity
+        INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = (severity.INTERNAL_ERROR, severity.ERROR, severity.WARNING,
+                                                         severity.INFO, severity.VERBOSE)
+
+        def __init__(self) -> None:
+            pass
+
+        def log(self, severity, msg: str) -> None:
+            pass
+
+    class Logger(ILogger):
+        def __init__(self, severity=ILogger.WARNING) -> None:
             self.severity = severity
+
+    def _log(logger, severity: str, message: str) -> None:
+        if isinstance(logger, ILogger):
+            logger.log(getattr(ILogger.Severity, severity), message)
 
     class ParserError:
         def __init__(self, index: int, name: str, op: str, desc: str) -> None:
@@ -171,10 +189,13 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
     class OnnxParser:
         def __init__(self, network: INetworkDefinition, logger: Logger) -> None:
             self.network = network
+            self.logger = logger
             self.errors: list[ParserError] = []
 
         def parse(self, model: bytes, path: str | None = None) -> bool:
             proto = onnx.load_from_string(bytes(model))
+            _log(self.logger, "INFO", "----------------------------------------------------------------")
+            _log(self.logger, "INFO", f"Input filename:   {path}")
             m.calls.append(("parse", path, [p.value for p in proto.metadata_props if p.key == "edge.precision"]))
             for i, node in enumerate(proto.graph.node):
                 if node.op_type in unsupported_ops:
@@ -185,6 +206,8 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                         self.errors.append(ParserError(i, node.name, node.op_type, "Plugin not found, are the "
                                                        "plugin name, version, and namespace correct?"))
                     self.network.plugin_layers.append(node.op_type)
+            for error in self.errors:
+                _log(self.logger, "ERROR", f"ModelImporter.cpp:949: ERROR: {error.desc()}")
             if self.errors:
                 return False
             self.network.inputs = [_tensor(v) for v in proto.graph.input]
@@ -318,7 +341,13 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig):
             m.calls.append(("build",))
+            _log(self.logger, "INFO", "[MemUsageChange] Init CUDA: CPU +2, GPU +0, now: CPU 31, GPU 3402 (MiB)")
+            if config.timing_cache is None:
+                _log(self.logger, "INFO", "Local timing cache in use. Profiling results in this builder pass will "
+                                          "not be stored.")
             if fail_build:
+                _log(self.logger, "ERROR", "[virtualMemoryBuffer.cpp::resizePhysical::140] Error Code 2: OutOfMemory "
+                                           "(Requested size was 2147483648 bytes.)")
                 return None
             calibration = None
             if getattr(config, "int8_calibrator", None) is not None and "INT8" in config.flags:
@@ -431,11 +460,16 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         def deserialize_cuda_engine(self, data: bytes) -> ICudaEngine | None:
             if not bytes(data).startswith(b"FAKE-ENGINE"):
+                _log(self.logger, "ERROR", "1: [runtime.cpp::parsePlan::314] Error Code 1: Serialization ("
+                                           "Serialization assertion plan->header.magicTag == "
+                                           "rt::kPLAN_MAGIC_TAG failed.)")
                 return None
+            _log(self.logger, "INFO", f"Loaded engine size: {len(data) >> 20} MiB")
             engine = ICudaEngine(data)
             missing = [p for p in engine.request["plugin_libraries"] if p not in m.plugin_libraries]
             if (engine.request["plugin_layers"] and not m.builtin_plugins) or missing:
                 m.calls.append(("error", "getPluginCreator could not find a plugin creator"))
+                _log(self.logger, "ERROR", "3: getPluginCreator could not find plugin: FakePlugin version: 1")
                 return None
             return engine
 
@@ -443,7 +477,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def __init__(self) -> None:
             pass
 
-    for cls in (Logger, ParserError, INetworkDefinition, OnnxParser, ITimingCache, IOptimizationProfile,
+    for cls in (ILogger, Logger, ParserError, INetworkDefinition, OnnxParser, ITimingCache, IOptimizationProfile,
                 IProgressMonitor, IBuilderConfig, Builder, IExecutionContext, ICudaEngine, Runtime, IProfiler):
         setattr(m, cls.__name__, cls)
     if legacy:

@@ -22,6 +22,11 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   edge compress fmnist-deit-tiny --plan dwconv:auto=6:init=lsq:k=3 --out runs/dw6
   edge compress fmnist-deit-tiny --plan "linear:9-10,dwconv:blocks=2+5+7:variant=ensembled" --out runs/mixed
 
+  # attention removed (MLP-only blocks): listed blocks, or K chosen by NOSE / the first-K baseline;
+  # init=affine puts a closed-form affine map of the attention input in its place (training-free)
+  edge compress fmnist-deit-tiny --plan attnrm:blocks=0+1+3+4 --out runs/attnrm4
+  edge compress fmnist-deit-tiny --plan "attnrm:auto=4:select=first:init=affine" --out runs/attnrm4-affine
+
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
   edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"""
 
@@ -51,13 +56,18 @@ def register(subparsers) -> None:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = [f"{'round':>5} {'block':>5} {'KL':>10} {'agree':>7} {'feat.err':>9} {'BR':>10}  plan"]
-    for r in rows:
-        mark = " <" if r["chosen"] else ""
-        lines.append(f"{r['round']:>5} {r['block']:>5} {r.get('kl', float('nan')):>10.5f} "
-                     f"{r.get('agreement', float('nan')):>7.3f} {r['feature_rel_error']:>9.5f} "
-                     f"{r['block_redundancy']:>10.2f}  {r['plan']}{mark}")
-    return "\n".join(lines)
+    """The planners' candidate rows, whatever their method's columns (the chosen ones marked ``<``)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "chosen"))
+
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.5g}"
+        return "" if value is None else str(value)
+
+    table = [keys, *([cell(r.get(k)) for k in keys] for r in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(keys))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table]
+    return "\n".join(line + (" <" if i and rows[i - 1].get("chosen") else "") for i, line in enumerate(lines))
 
 
 def _finetune(model, manifest: dict, args) -> dict:

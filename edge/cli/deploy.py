@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from edge.cli.common import add_command, emit
-from edge.cli.options import ExistingFile, ExistingFolder, Number, OutputFile, OutputFolder, Text, config_type
+from edge.cli.options import (
+    ExistingFile,
+    ExistingFolder,
+    ExistingPath,
+    Number,
+    OutputFile,
+    OutputFolder,
+    Text,
+    config_type,
+)
 from edge.config import Bounds
 
 EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # TensorRT; results in bundles/demo-devices
   edge deploy bundles/demo --host nvidia@jetson --power-mode 15W --lock-clocks --report runs/demo
   edge deploy bundles/demo --hosts fleet.txt --identity ~/.ssh/jetson_ed25519 --report runs/demo
-  edge deploy bundles/demo --host nvidia@new-board --accept-new-host-key --backend ort"""
+  edge deploy bundles/demo --host nvidia@new-board --accept-new-host-key --backend ort
+  edge deploy bundles/demo.tar.gz --host nvidia@jetson --builder trtexec   # unpacked on the device"""
 
 
 def register(subparsers) -> None:
@@ -24,7 +34,9 @@ def register(subparsers) -> None:
         "prompts. A fleet (--host repeated, or --hosts) is deployed in parallel; a device that fails does not\n"
         "stop the others, and an engine built on one device is reused on those of the same identity.\n"
         "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input.", EXAMPLES)
-    parser.add_argument("bundle", type=ExistingFolder(), help="a bundle folder written by `edge bundle`")
+    parser.add_argument("bundle", type=ExistingPath(),
+                        help="a bundle folder written by `edge bundle`, or its .tar.gz (--tar): copied "
+                             "whole and unpacked on the device, after its members are checked here")
     parser.add_argument("--host", action="append", default=[], metavar="USER@ADDR[:PORT]",
                         type=Text(parse_host, keep_text=True), help="a device (repeatable)")
     parser.add_argument("--hosts", metavar="FILE", type=ExistingFile(),
@@ -42,6 +54,9 @@ def register(subparsers) -> None:
                         help="seconds to wait for a device to answer")
     parser.add_argument("--backend", choices=("tensorrt", "ort"), default="tensorrt",
                         help="ort: the same protocol on ONNX Runtime (where TensorRT is absent)")
+    parser.add_argument("--builder", choices=("python", "trtexec"), default="python",
+                        help="TensorRT: who builds the engines on the device: python (TensorRT's Python API) or "
+                             "trtexec (its output fetched with the logs)")
     parser.add_argument("--power-mode", type=Text(),
                         help="nvpmodel mode by name for the run (e.g. 15W), put back after")
     parser.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")
@@ -73,8 +88,8 @@ def run(args) -> int:
         ssh=SshOptions(identity=Path(args.identity) if args.identity else None,
                        known_hosts=Path(args.known_hosts) if args.known_hosts else None,
                        accept_new_host_key=args.accept_new_host_key, connect_timeout_s=args.connect_timeout),
-        runner=RunnerOptions(backend=args.backend, power_mode=args.power_mode, lock_clocks=args.lock_clocks,
-                             nvpmodel_conf=args.nvpmodel_conf),
+        runner=RunnerOptions(backend=args.backend, builder=args.builder, power_mode=args.power_mode,
+                             lock_clocks=args.lock_clocks, nvpmodel_conf=args.nvpmodel_conf),
         remote_dir=args.remote_dir, remote_python=args.remote_python)
     result = deploy(args.bundle, hosts, config, out=args.out, report=args.report,
                     progress=lambda message: print(message, file=sys.stderr, flush=True))

@@ -17,12 +17,18 @@ EXAMPLES = """  # one epoch of distillation from fmnist-deit-tiny into its 6-blo
 
   # a shortened run of the same schedule; run the same command again to continue it
   edge finetune runs/dw6 --epochs 1 --max-steps 100 --out runs/dw6-ft
-  edge finetune runs/dw6 --epochs 1 --out runs/dw6-ft"""
+  edge finetune runs/dw6 --epochs 1 --out runs/dw6-ft
+
+  # dilution learning of an attention-removal artifact: 2 epochs, the removed attention faded out
+  # (M 1 -> 0 over the first 75 % of the steps, then M = 0); the result is MLP-only blocks x = 2x + ...
+  edge compress fmnist-deit-tiny --plan attnrm:auto=4 --out runs/rm4
+  edge finetune runs/rm4 --dilute --epochs 2 --out runs/rm4-dilute
+  edge finetune runs/rm4 --dilute --dilution-fraction 0.5 --dilution-schedule cosine --epochs 2 --out runs/rm4-cos"""
 
 
 def add_finetune_options(parser) -> None:
     """The recipe options beyond data, epochs and seed."""
-    from edge.compress.finetune import TRAINABLE, FinetuneConfig
+    from edge.compress.finetune import DILUTION_SCHEDULES, TRAINABLE, FinetuneConfig
 
     d = FinetuneConfig()
     parser.add_argument("--steps", type=config_type(FinetuneConfig, "--steps"),
@@ -62,6 +68,15 @@ def add_finetune_options(parser) -> None:
     parser.add_argument("--device", type=Device(), default=d.device, help="auto, cpu or cuda[:N]")
     parser.add_argument("--checkpoint-every", type=config_type(FinetuneConfig, "--checkpoint-every"),
                         default=d.checkpoint_every, help="steps between checkpoints")
+    parser.add_argument("--dilute", action="store_true",
+                        help="dilution learning: the attention of MLP-only blocks comes back from the teacher and "
+                             "is faded out, x = M attn(x) + (2 - M) x, M set every step from 1 to 0; only the "
+                             "M = 0 model (x = 2x; x = x + MLP(LN(x))) is written")
+    parser.add_argument("--dilution-fraction", type=config_type(FinetuneConfig, "--dilution-fraction"),
+                        default=d.dilution_fraction,
+                        help="part of the steps over which M decays to 0; the rest trains at M = 0")
+    parser.add_argument("--dilution-schedule", choices=DILUTION_SCHEDULES, default=d.dilution_schedule,
+                        help="shape of M's decay in the step index")
 
 
 def finetune_config(args, **fixed):
@@ -107,6 +122,11 @@ def run(args) -> int:
     config = finetune_config(args, command=["edge", *sys.argv[1:]])
     record = finetune(args.artifact, args.out, config, resume=args.resume)
     before, after = record["eval_before"], record["eval"]
+    if record["artifact"] is None:
+        emit({**record, "out": args.out}, args.json,
+             f"stopped {record['stopped']}: no artifact written (only the final structure is), only "
+             f"{args.out}/checkpoint.pt; run the same command without --max-steps to continue")
+        return 0
     emit({**record, "out": args.out}, args.json,
          f"{after['data']} accuracy {before['accuracy']:.4f} -> {after['accuracy']:.4f} after "
          f"{plural(record['steps'], 'step')} ({record['epochs']:g} epochs, {record['wall_time_s'] / 60:.1f} min)\n"

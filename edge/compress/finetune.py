@@ -23,6 +23,14 @@ and ``OUT/checkpoint.pt`` (model, optimizer, step, recipe) is continued by the s
 a checkpoint of another recipe, student or teacher is refused. The result is an artifact like
 the one it started from (same plan and modules, restorable by :func:`load_artifact`), whose
 manifest gains a ``finetune`` record: recipe, teacher, held-out accuracy before and after.
+
+``dilute`` (dilution learning, :mod:`edge.compress.dilution`): a method may train its modules
+through a temporary structure, a :class:`~edge.compress.method.TrainingPhase` it returns from
+``training_phase``; here the removed attention of each MLP-only block comes back from the
+teacher and is faded out, its mask M set every step. The phase's state travels in the
+checkpoint; evaluations record M; the artifact is written only once every phase is ``final``
+(M = 0) and has been converted to its final structure: a run stopped earlier (``max_steps``)
+leaves only the checkpoint, to be continued.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -41,7 +49,8 @@ from torch import nn
 from edge import __version__
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
 from edge.compress.load import load_model
-from edge.compress.registry import module_types
+from edge.compress.method import TrainingPhase
+from edge.compress.registry import methods, module_types
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
@@ -55,14 +64,15 @@ from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
 from edge.train import (
     atomic_torch_save,
     learning_rate,
+    load_checkpoint,
     param_groups,
-    resume_from,
     training_batch,
     training_set,
 )
 
 CHECKPOINT = "checkpoint.pt"
 TRAINABLE = ("all", "replaced")
+DILUTION_SCHEDULES = ("linear", "cosine")
 # Not part of the recipe a checkpoint must match: where/how fast it runs, when it saves, where it stops.
 RUN_ONLY = ("command", "checkpoint_every", "threads", "device", "eval_every_epoch", "max_steps")
 
@@ -100,6 +110,11 @@ class FinetuneConfig:
     device: str = "auto"                  # auto | cpu | cuda[:N]
     threads: int | None = option(None, minimum=1, maximum=MAX_THREADS)
     checkpoint_every: int = option(100, minimum=1, maximum=MAX_STEPS)
+    dilute: bool = False                  # dilution learning: the removed attention faded out (mask M 1 -> 0)
+    # M decays over the first 0.75 of the steps, then a quarter of the run trains the exact saved
+    # structure at M = 0 (why 0.75: edge/compress/dilution.py)
+    dilution_fraction: float = option(0.75, above=0, maximum=1)
+    dilution_schedule: str = "linear"     # linear | cosine (shape of M's decay in the step index)
     command: list[str] = field(default_factory=list)
 
 
@@ -117,11 +132,20 @@ def check_config(config: FinetuneConfig) -> None:
         (config.lr <= 0, "lr", config.lr, "> 0"),
         (config.amp not in ("auto", "bf16", "fp16", "off"), "amp", config.amp, "auto, bf16, fp16 or off"),
         (config.checkpoint_every < 1, "checkpoint-every", config.checkpoint_every, ">= 1"),
+        (not 0 < config.dilution_fraction <= 1, "dilution-fraction", config.dilution_fraction,
+         "in (0, 1]: M decays from 1 to 0 over that part of the steps and must end at 0, the model kept"),
+        (config.dilution_schedule not in DILUTION_SCHEDULES, "dilution-schedule", config.dilution_schedule,
+         " or ".join(DILUTION_SCHEDULES)),
     ]
     for bad, name, value, expected in problems:
         if bad:
             raise EdgeError(f"--{name} {value} is not a valid fine-tuning option", expected=expected,
                             fix=f"pass --{name} with a value {expected}")
+    defaults = FinetuneConfig()
+    if not config.dilute and (config.dilution_fraction, config.dilution_schedule) != \
+            (defaults.dilution_fraction, defaults.dilution_schedule):
+        raise EdgeError("--dilution-fraction and --dilution-schedule shape the mask of dilution learning, which "
+                        "is off", fix="add --dilute, or drop the dilution options")
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -160,15 +184,18 @@ def logits_and_features(model: nn.Module, x: torch.Tensor, features: bool) -> tu
     return model.head(pre_logits), pre_logits
 
 
-def select_trainable(model: nn.Module, which: str) -> int:
-    """Set ``requires_grad`` for ``train=all|replaced``; returns the number of trainable parameters."""
+def select_trainable(model: nn.Module, which: str, extra_types: tuple[type[nn.Module], ...] = ()) -> int:
+    """Set ``requires_grad`` for ``train=all|replaced``; returns the number of trainable parameters.
+
+    ``replaced`` trains the registered methods' modules and ``extra_types`` (training phases' modules).
+    """
     if which not in TRAINABLE:
         raise EdgeError(f"--train {which}", expected=f"one of {', '.join(TRAINABLE)}")
     for p in model.parameters():
         p.requires_grad_(which == "all")
     if which == "replaced":
         for module in model.modules():
-            if isinstance(module, module_types()):
+            if isinstance(module, (*module_types(), *extra_types)):
                 for p in module.parameters():
                     p.requires_grad_(True)
     count = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -215,6 +242,29 @@ def held_out_set(config: FinetuneConfig):
     return data
 
 
+def training_phases(student: nn.Module, teacher: nn.Module, config: FinetuneConfig, where: str,
+                    used: set[str]) -> list[TrainingPhase]:
+    """The training phases of the methods in ``used`` (those the artifact's plan applied; ``config.steps``
+    resolved); none changes ``student`` yet. Only the plan's own methods are asked: two methods may put
+    modules of one type (an MLP-only block) into models, and each trains only its own."""
+    phases = [p for m in methods() if m.name in used and (p := m.training_phase(student, teacher, config)) is not None]
+    if config.dilute and not phases:
+        raise EdgeError(f"--dilute: nothing in {where} can be diluted", expected="an artifact whose plan removes "
+                        "attention sub-layers (MLP-only blocks) and an edge with the method that removed them",
+                        fix="compress with an attnrm step, or fine-tune without --dilute")
+    return phases
+
+
+def _resume(state: dict, student: nn.Module, optimizer: torch.optim.Optimizer,
+            phases: list[TrainingPhase]) -> tuple[int, list, float]:
+    """Load a checkpoint into the student, optimizer and phases: (step, history, elapsed)."""
+    student.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    for phase in phases:
+        phase.load_state_dict(state["phases"][phase.name])
+    return int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
+
+
 def _accuracy(model: nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
     result = evaluate(model, data, spec, device=device, show_progress=False)
     return {"data": result["data"], "samples": result["samples"], "accuracy": result["accuracy"],
@@ -249,7 +299,6 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     reference = teacher_reference(manifest, config)
     teacher = build_teacher(reference).to(device)
     student = student.to(device)
-    trainable = select_trainable(student, config.train)
     spec = InputSpec.from_data_config(data_config(student))
     preprocess = ArrayPreprocess(spec)
     train_set = training_set(config.data, config.train_samples, config.seed)
@@ -258,34 +307,50 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = config.steps or steps_per_epoch * config.epochs
     last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
-    optimizer = torch.optim.AdamW(param_groups(student, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
+    phases = training_phases(student, teacher, replace(config, steps=total_steps), str(folder),
+                             {step["method"] for step in manifest.get("steps", [])})
     teacher_sha = source_state_sha256(teacher)
     recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
               "student_sha256": sha256_file(folder / WEIGHTS), "teacher_sha256": teacher_sha}
 
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
+    state = None
     if resume and checkpoint_path.is_file():
-        step, history, elapsed = resume_from(checkpoint_path, recipe, asdict(FinetuneConfig()), student, optimizer)
+        # refuse another recipe before any work; fields added in later versions compare as their defaults
+        state = load_checkpoint(checkpoint_path, recipe, asdict(FinetuneConfig()))
+    else:  # the compressed model as it came, before any phase changes it
+        history.append({"epoch": 0, "step": 0, **_accuracy(student, held_out, spec, device)})
+    for phase in phases:
+        phase.start()
+    trainable = select_trainable(student, config.train, tuple(t for p in phases for t in p.module_types))
+    optimizer = torch.optim.AdamW(param_groups(student, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
+    if state is not None:
+        step, history, elapsed = _resume(state, student, optimizer, phases)
+        del state
         log(f"resuming {checkpoint_path} at step {step}/{last_step}")
     else:
         out.mkdir(parents=True, exist_ok=True)
-        history.append({"epoch": 0, "step": 0, **_accuracy(student, held_out, spec, device)})
 
     def save_checkpoint() -> None:
         atomic_torch_save({"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                           "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
+                           "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed,
+                           "phases": {p.name: p.state_dict() for p in phases}}, checkpoint_path)
 
     log(f"finetune {folder} ({manifest.get('plan')}) from {reference['model']} on {train_set.name} "
         f"({len(train_set)} images): {plural(last_step, 'step')} ({steps_per_epoch}/epoch), train={config.train} "
         f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}")
+    for phase in phases:
+        log(f"{phase.name}: {phase.record()}")
     features = bool(config.feature_weight)
+    values = {k: v for phase in phases for k, v in phase.state_dict().items()}  # until the first step sets them
     student.train()
     started = time.perf_counter() - elapsed
     with bar(total=last_step, initial=step, desc="finetune", unit="step") as progress:
         while step < last_step:
             epoch, images, labels = training_batch(train_set, step, config.batch_size, config.seed, config.augment)
             x, y = preprocess(images).to(device), labels.to(device)
+            values = {k: v for phase in phases for k, v in phase.step(step, total_steps).items()}
             lr = learning_rate(step, total_steps, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -308,25 +373,35 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
             step += 1
             elapsed = time.perf_counter() - started
             postfix = {"epoch": epoch, "loss": f"{loss.item():.4f}", "kl": f"{parts['kl'].item():.4f}",
-                       "lr": f"{lr:.2e}"}
+                       "lr": f"{lr:.2e}", **{k: f"{v:.3f}" for k, v in values.items()}}
             epoch_done = step % steps_per_epoch == 0
             if epoch_done and config.eval_every_epoch and step < last_step:
                 result = _accuracy(student, held_out, spec, device)
                 student.train()
                 history.append({"epoch": epoch + 1, "step": step, "train_loss": loss.item(), **result,
-                                "elapsed_s": round(elapsed, 1)})
+                                "elapsed_s": round(elapsed, 1), **_phase_state(phases, values)})
                 postfix["acc"] = f"{result['accuracy']:.4f}"
                 log(f"epoch {epoch + 1} step {step}: loss {loss.item():.4f} {held_out.name} accuracy "
-                    f"{result['accuracy']:.4f} ({elapsed / 60:.1f} min)")
+                    f"{result['accuracy']:.4f}{_phase_note(phases, values)} ({elapsed / 60:.1f} min)")
             progress.set_postfix(postfix, refresh=False)
             progress.update(1)
             if step % config.checkpoint_every == 0 or epoch_done or step == last_step:
                 save_checkpoint()
 
-    student.eval()
-    final = _accuracy(student, held_out, spec, device)
     before = history[0]
-    log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} after {plural(step, 'step')}")
+    complete = all(phase.final for phase in phases)
+    final, stopped = None, None
+    if complete:
+        for phase in phases:
+            phase.finish()
+        student.eval()
+        final = _accuracy(student, held_out, spec, device)
+        log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} "
+            f"after {plural(step, 'step')}")
+    else:
+        stopped = f"at step {step} of {total_steps} with {_values_text(values)}, before the final structure"
+        log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
+            f"{checkpoint_path}; run the same command without --max-steps to continue")
     record = {
         "recipe": {**recipe, "max_steps": config.max_steps},
         "teacher": {**reference, "sha256": teacher_sha},
@@ -340,6 +415,8 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
         "train_samples": len(train_set),
         "eval_before": {k: before[k] for k in ("data", "samples", "accuracy", "loss")},
         "eval": final,
+        "artifact": str(out) if complete else None,
+        "stopped": stopped,
         "history": history,
         "command": config.command or [sys.argv[0], *sys.argv[1:]],
         "wall_time_s": round(elapsed, 1),
@@ -348,9 +425,30 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
                       "weights": "float32", "eval": "float32"},
         "edge": __version__,
     }
+    if phases:
+        record["phases"] = {phase.name: phase.record() for phase in phases}
+    if not complete:
+        return record
     stages = [*manifest.get("finetune", []), record]
     save_artifact(student.cpu(), out, {**manifest, "finetune": stages}, keep=(CHECKPOINT,))
     return record
 
 
-__all__ = ["FinetuneConfig", "check_config", "distillation_loss", "finetune", "held_out_set", "select_trainable"]
+def _phase_state(phases: list[TrainingPhase], values: dict) -> dict:
+    """What a history entry records of the phases: their logged values and whether the model is final."""
+    return {**values, "final_structure": all(p.final for p in phases)} if phases else {}
+
+
+def _values_text(values: dict) -> str:
+    return ", ".join(f"{k} = {v:.3g}" for k, v in values.items())
+
+
+def _phase_note(phases: list[TrainingPhase], values: dict) -> str:
+    if not phases:
+        return ""
+    shown = _values_text(values)
+    return f" at {shown}" if all(p.final for p in phases) else f" at {shown} (not the final structure)"
+
+
+__all__ = ["FinetuneConfig", "check_config", "distillation_loss", "finetune", "held_out_set", "select_trainable",
+           "training_phases"]

@@ -19,6 +19,10 @@ A module a method introduces counts its own FLOPs: ``flops(tokens) -> int`` for 
 ``tokens`` tokens (see :func:`edge.compress.cost.analytic_flops`); a module standing in
 ``model.blocks`` for several original blocks names them in ``replaced`` (see
 :func:`edge.models.info.original_block_indices`).
+
+A method whose compressed model trains through a temporary structure (dilution learning fades
+the removed attention out over the fine-tune) returns a :class:`TrainingPhase` from
+:meth:`Method.training_phase`; the fine-tuner drives it and keeps only what ``finish`` leaves.
 """
 
 from __future__ import annotations
@@ -80,6 +84,40 @@ class Built:
     removed: set[int] = field(default_factory=set)            # whole blocks these steps replace
 
 
+class TrainingPhase(Protocol):
+    """A structure a method puts into the student for the length of a fine-tune (e.g. dilution learning).
+
+    The fine-tuner calls, in this order: ``start()`` once, after the held-out accuracy before
+    training is measured and before the optimizer is made (the phase's parameters train; its
+    ``module_types`` count as replaced modules for ``train=replaced``); ``step(step, total)``
+    before every training step (``step`` 0-based; sets per-step values, returns what to log, e.g.
+    ``{"M": 0.73}``); ``finish()`` once at the end, only when ``final`` is True, to leave the
+    model's final structure, which is what is saved. ``state_dict``/``load_state_dict`` travel in
+    the fine-tune checkpoint (after the student's weights are loaded); ``record()`` goes into the
+    manifest's ``finetune`` record.
+    """
+
+    name: str
+    module_types: tuple[type[nn.Module], ...]
+
+    def start(self) -> None: ...
+
+    def step(self, step: int, total: int) -> dict[str, float]: ...
+
+    @property
+    def final(self) -> bool:
+        """Whether the student already computes exactly what ``finish()`` leaves."""
+        ...
+
+    def finish(self) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def record(self) -> dict: ...
+
+
 class Method:
     """Base of every compression method; a subclass sets the class attributes and overrides the phases."""
 
@@ -125,6 +163,15 @@ class Method:
     def upgrade_v1(self, manifest: dict) -> list[dict]:
         """Step entries (``{method, step, options, record}``) from a format-1 manifest's own keys."""
         return []
+
+    def training_phase(self, student: nn.Module, teacher: nn.Module, config) -> TrainingPhase | None:
+        """The phase this method's modules in ``student`` train through when ``config`` asks for one, else None.
+
+        ``config`` is the fine-tune's resolved recipe (``steps`` is the schedule length); a method
+        refuses a recipe it cannot follow with an EdgeError. Nothing in ``student`` changes before
+        the phase's ``start()``.
+        """
+        return None
 
     def is_applied(self, model: nn.Module) -> bool:
         return any(isinstance(m, self.module_types) for m in model.modules()) if self.module_types else False

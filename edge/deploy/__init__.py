@@ -19,7 +19,8 @@ from edge.deploy.fleet import deploy_fleet
 from edge.deploy.merge import merge_report
 from edge.deploy.ssh import DeployError, Host, SshOptions, parse_host, read_hosts
 from edge.errors import EdgeError, plural
-from jetson.bundle import Bundle, read_bundle, verify_bundle
+from jetson.archive import ArchiveError, archive_files
+from jetson.bundle import MANIFEST, Bundle, parse_manifest, read_bundle, verify_bundle
 from jetson.errors import JetsonError
 
 REMOTE_ROOT = "edge-bundles"  # the default remote folder, under the login user's home
@@ -36,15 +37,41 @@ class DeployConfig:
     share_engines: bool = True
 
 
-def checked_bundle(path: str | Path) -> Bundle:
-    """The bundle at ``path``, every file checked against its manifest here, before any device sees it."""
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+
+
+def checked_source(path: str | Path) -> tuple[Bundle, Path | None]:
+    """The bundle at ``path``, a folder or its ``.tar.gz`` (then also the archive's path), every file
+    checked against its manifest here, before any device sees it. An archive is read without being
+    unpacked; its members are checked as the device checks them again (jetson.archive): an absolute
+    path, a ``..`` part, a link or a member outside its one folder is refused, naming the member."""
     path = Path(path)
+    if path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES):
+        return _checked_archive(path), path
     if not path.is_dir():
-        raise EdgeError(f"bundle {path} is not a folder", expected="a folder written by `edge bundle --out`",
-                        fix="pass the bundle folder (unpack a .tar.gz first)")
+        raise EdgeError(f"bundle {path} is neither a folder nor a .tar.gz",
+                        expected="a folder written by `edge bundle --out`, or the .tar.gz of `edge bundle --tar`",
+                        fix="pass the bundle folder or its archive")
     try:
         bundle = read_bundle(path)
         verify_bundle(bundle)
+    except JetsonError as e:
+        raise EdgeError(f"bundle {path}: {e.what}", expected=e.expected, found=e.found, fix=e.fix) from e
+    return bundle, None
+
+
+def _checked_archive(path: Path) -> Bundle:
+    try:
+        top, files, manifest, _ = archive_files(path)
+    except ArchiveError as e:
+        raise EdgeError(str(e), expected="an archive written by `edge bundle --tar`: one folder of files",
+                        fix="make the archive again with `edge bundle --tar`; never unpack a refused one") from e
+    if manifest is None:
+        raise EdgeError(f"{path} is not a bundle: {top}/{MANIFEST} is missing",
+                        expected="the .tar.gz of `edge bundle --tar`", fix="make it again with `edge bundle --tar`")
+    try:
+        bundle = parse_manifest(manifest, path.parent / top, f"{path}:{top}/{MANIFEST}")
+        verify_bundle(bundle, files)
     except JetsonError as e:
         raise EdgeError(f"bundle {path}: {e.what}", expected=e.expected, found=e.found, fix=e.fix) from e
     return bundle
@@ -64,7 +91,7 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
     """Deploy to every host; their records (``failed`` lists the devices that did not finish)."""
     config = config or DeployConfig()
     progress = progress or (lambda message: None)
-    bundle = checked_bundle(bundle_path)
+    bundle, archive = checked_source(bundle_path)
     if not hosts:
         raise EdgeError("no device given", fix="pass --host user@address (repeatable) or --hosts FILE")
     labels = [h.label for h in hosts]
@@ -78,15 +105,17 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
                                  bundle.root.parent / f"{bundle.root.name}-devices")
     remote_dir = remote_folder(config, bundle)
     devices = [DeviceDeploy(bundle, host, config.ssh, config.runner, remote_dir, config.remote_python,
-                            out / host.label, progress) for host in hosts]
-    progress(f"deploying {bundle.root} ({plural(len(bundle.variants), 'variant')}) to {len(devices)} device(s)")
+                            out / host.label, progress, archive=archive) for host in hosts]
+    progress(f"deploying {archive or bundle.root} ({plural(len(bundle.variants), 'variant')}) to "
+             f"{len(devices)} device(s)")
     deploy_fleet(devices, share_engines=config.share_engines and config.runner.backend == "tensorrt")
     records = [d.record() for d in devices]
     merged = merge_report(Path(report), out) if report is not None else None
-    return {"bundle": str(bundle.root), "bundle_sha256": bundle.sha256, "out": str(out), "devices": records,
+    return {"bundle": str(archive or bundle.root), "bundle_sha256": bundle.sha256, "out": str(out),
+            "devices": records,
             "failed": [r["label"] for r in records if r["status"] != "ok"],
             "report": merged}
 
 
-__all__ = ["RECORD", "DeployConfig", "DeployError", "Host", "RunnerOptions", "SshOptions", "checked_bundle", "deploy",
-           "parse_host", "read_hosts"]
+__all__ = ["RECORD", "DeployConfig", "DeployError", "Host", "RunnerOptions", "SshOptions", "checked_source",
+           "deploy", "parse_host", "read_hosts"]

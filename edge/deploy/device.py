@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO
 
 from edge.deploy.ssh import SSH_FAILED, Connection, DeployError, Host, SshOptions, remote_words, ssh_failure
 from edge.fileio import write_json_atomic
+from jetson import archive as archive_module
 from jetson.bundle import MANIFEST, OWNED, Bundle
 
 RECORD, LOG, RESULTS = "deploy.json", "deploy.log", "results"
@@ -36,6 +38,7 @@ class RunnerOptions:
     """What the device runner is asked (``python3 -m jetson run``'s options)."""
 
     backend: str = "tensorrt"
+    builder: str = "python"       # TensorRT: python (TensorRT's Python API) or trtexec
     power_mode: str | None = None
     lock_clocks: bool = False
     nvpmodel_conf: str | None = None
@@ -43,6 +46,8 @@ class RunnerOptions:
 
     def argv(self) -> list[str]:
         argv = ["run", "--backend", self.backend, "--out", RESULTS]
+        if self.builder != "python":
+            argv += ["--builder", self.builder]
         if self.power_mode:
             argv += ["--power-mode", self.power_mode]
         if self.lock_clocks:
@@ -64,6 +69,7 @@ class DeviceDeploy:
     remote_python: str
     out: Path                                   # this device's local folder
     progress: Callable[[str], None] = print
+    archive: Path | None = None                 # the bundle's .tar.gz: copied whole and unpacked on the device
     status: str = "pending"
     stage: str = "connect"
     error: str | None = None
@@ -92,6 +98,9 @@ class DeviceDeploy:
         have = self.remote_files()
         local = {**{p: f["sha256"] for p, f in self.bundle.files.items()},
                  MANIFEST: self.bundle.sha256}
+        if self.archive is not None:
+            self.upload_archive(self.archive, have, local)
+            return
         send = [p for p, sha in local.items() if have.get(p) != sha and p != MANIFEST]
         stray = sorted(set(have) - set(local))
         if send or stray or have.get(MANIFEST) != self.bundle.sha256:
@@ -106,13 +115,62 @@ class DeviceDeploy:
         if stray:
             command += f" && rm -f -- {remote_words(*stray)}"
         command += " && tar -xf -"
+
+        def write(stream: IO[bytes]) -> None:
+            with tarfile.open(fileobj=stream, mode="w|") as archive:
+                for relative in send:
+                    archive.add(self.bundle.root / relative, arcname=relative, filter=_owned_by_nobody)
+
+        self._stream(command, write, "copying the bundle")
+
+    def upload_archive(self, archive: Path, have: dict[str, str], local: dict[str, str]) -> None:
+        """Copy the bundle's .tar.gz whole (unless the device holds every file already), unpack it there
+        with jetson.archive (which checks every member again), and check the files against the manifest."""
+        stray = sorted(set(have) - set(local))
+        if not stray and all(have.get(p) == sha for p, sha in local.items()):
+            self.copy = {"archive": str(archive), "sent": [], "kept": len(local), "removed": [], "bytes_sent": 0}
+            self.say(f"every file of {archive.name} is in {self.remote_dir} already")
+            return
+        size = archive.stat().st_size
+        self.copy = {"archive": str(archive), "sent": sorted(local), "kept": 0, "removed": stray, "bytes_sent": size}
+        self.say(f"copying {archive.name} ({size:,} bytes) to {self.remote_dir} and unpacking it there")
+        upload = f".{archive.name}.upload"
+        folder = remote_words(self.remote_dir)
+
+        def write(stream: IO[bytes]) -> None:
+            with open(archive, "rb") as f:
+                shutil.copyfileobj(f, stream, 1 << 20)
+
+        self._stream(f"cd -- {folder} && cat > {remote_words(upload)}", write, "copying the archive")
+        unpack = remote_words(self.remote_python, "-c", Path(archive_module.__file__).read_text(), upload, ".",
+                              MANIFEST)
+        command = (f"cd -- {folder} && " + (f"rm -f -- {remote_words(*stray)} && " if stray else "")
+                   + f"{unpack}; status=$?; rm -f -- {remote_words(upload)}; exit $status")
+        done = self.connection.run(command, check=False)
+        if done.returncode != 0:
+            stderr = done.stderr.decode(errors="replace").strip()
+            refused = done.returncode == archive_module.EXIT_REFUSED
+            raise DeployError("copy", f"{self.host}: " + ("the device refused the archive" if refused else
+                                                          f"unpacking the archive failed (exit {done.returncode})")
+                              + f" in {self.remote_dir}", found=stderr[-800:] or None,
+                              fix="make the archive again with `edge bundle --tar`" if refused
+                              else f"check {self.remote_python} on the device (--remote-python)")
+        after = self.remote_files()
+        wrong = sorted(p for p, sha in local.items() if after.get(p) != sha)
+        if wrong:
+            raise DeployError("copy", f"{self.host}: after unpacking {archive.name}, {wrong[0]} in {self.remote_dir} "
+                              "does not match its sha256 in the manifest" + (f" (and {len(wrong) - 1} more)"
+                                                                               if len(wrong) > 1 else ""),
+                              fix="deploy again (an interrupted copy), or check the device's disk")
+
+    def _stream(self, command: str, write: Callable[[IO[bytes]], None], doing: str) -> None:
+        """Run ``command`` on the device with ``write``'s bytes as its stdin; a failure raises DeployError."""
         with tempfile.TemporaryFile() as errors:
             process = self.connection.pipe_in(command, errors)
             assert process.stdin is not None
             try:
-                with process.stdin, tarfile.open(fileobj=process.stdin, mode="w|") as archive:
-                    for relative in send:
-                        archive.add(self.bundle.root / relative, arcname=relative, filter=_owned_by_nobody)
+                with process.stdin:
+                    write(process.stdin)
             except BrokenPipeError:
                 pass  # the remote side ended early: its status and message say why
             process.wait()
@@ -121,7 +179,7 @@ class DeviceDeploy:
         if process.returncode == SSH_FAILED:
             raise ssh_failure(self.host, stderr, self.ssh)
         if process.returncode:
-            raise DeployError("copy", f"{self.host}: copying the bundle to {self.remote_dir} failed "
+            raise DeployError("copy", f"{self.host}: {doing} to {self.remote_dir} failed "
                               f"(exit {process.returncode})", found=stderr.strip()[-800:])
 
     def remote_files(self) -> dict[str, str]:

@@ -27,13 +27,13 @@ class TensorRTBackend(TensorRTEngineBackend):
 
     def __init__(self, engine_path: str | Path, batch: int | None = None, cuda_graph: bool = False,
                  layer_runs: int = 20, seed: int = 0, check_manifest: bool = True) -> None:
+        self.path = Path(engine_path)
+        if not self.path.is_file():  # before TensorRT is looked for: a missing file is the first thing to say
+            raise EdgeError(f"{self.path} does not exist", expected="an engine written by `edge build`",
+                            fix="build one on this device: edge build MODEL.onnx --out MODEL.engine")
         trt = load_tensorrt()
         from edge.trt.cuda import device_identity, load_cudart
 
-        self.path = Path(engine_path)
-        if not self.path.is_file():
-            raise EdgeError(f"{self.path} does not exist", expected="an engine written by `edge build`",
-                            fix="build one on this device: edge build MODEL.onnx --out MODEL.engine")
         cudart = load_cudart()
         self.manifest = read_manifest(self.path)
         self.identity = {"tensorrt": trt.__version__, **device_identity(cudart)}

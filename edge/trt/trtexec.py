@@ -4,7 +4,8 @@ Which flags exist depends on trtexec's version (``samples/common/sampleOptions.c
 release): ``--tilingOptimizationLevel`` from 10.8 (10.3 stops with "Unknown option"); 11 dropped
 ``--fp16/--int8/--best/--calib`` and turned ``--stronglyTyped``, ``--useCudaGraph``,
 ``--noDataTransfers``, ``--useSpinWait`` and ``--separateProfileRun`` into deprecated no-ops (their
-behaviour is the default). The version comes from trtexec's banner, ``[TensorRT v100300]``.
+behaviour is the default). The version comes from trtexec's banner, ``[TensorRT v100300]``; finding
+trtexec and reading its version are jetson.trtexec's (the device runner builds with it too).
 
 What trtexec prints and exports is read into the ``edge profile`` result schema by
 :mod:`edge.profile.trtexec`.
@@ -12,47 +13,24 @@ What trtexec prints and exports is read into the ``edge profile`` result schema 
 
 from __future__ import annotations
 
-import re
 import shlex
-import shutil
-import subprocess
 from pathlib import Path
 
 from edge.errors import EdgeError
 from edge.trt.builder import BuildConfig
+from jetson.trtexec import (  # noqa: F401 - the version logic is the device runner's (--builder trtexec)
+    JETPACK_TRTEXEC,
+    NO_OPS_IN_11,
+    TILING_SINCE,
+    banner_version,
+    find_trtexec,
+    trtexec_version,
+)
 
-JETPACK_TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
 #: what NVIDIA's maintainers ask benchmark reports to use
 BENCHMARK_FLAGS = ("--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun", "--dumpProfile",
                    "--dumpLayerInfo", "--profilingVerbosity=detailed")
-#: no-ops in trtexec 11 (its default behaviour), left out there
-NO_OPS_IN_11 = ("--stronglyTyped", "--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun")
-TILING_SINCE = (10, 8)
 WEAK_TYPING_FLAGS = {"fp16": "--fp16", "int8": "--int8", "best": "--best"}
-
-
-def find_trtexec() -> str | None:
-    return shutil.which("trtexec") or (JETPACK_TRTEXEC if Path(JETPACK_TRTEXEC).is_file() else None)
-
-
-def banner_version(text: str) -> tuple[int, int, int] | None:
-    """TensorRT's version from trtexec's banner: "[TensorRT v100300]" -> (10, 3, 0); 8.x wrote v8601."""
-    match = re.search(r"\[TensorRT v(\d+)\]", text)
-    if not match:
-        return None
-    n = int(match.group(1))
-    if n >= 100000:  # 10.0 on: major * 10000 + minor * 100 + patch
-        return n // 10000, n // 100 % 100, n % 100
-    return n // 1000, n // 100 % 10, n % 100  # 8.x: major * 1000 + minor * 100 + patch
-
-
-def trtexec_version(binary: str) -> tuple[int, int, int] | None:
-    """The TensorRT version of a trtexec binary (its banner, printed by ``--help``), None if it says none."""
-    try:
-        done = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return banner_version(done.stdout + done.stderr)
 
 
 def left_out(config: BuildConfig, version: tuple[int, ...] | None) -> dict[str, str]:

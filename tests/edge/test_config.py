@@ -179,7 +179,8 @@ def test_cli_reads_the_library_default_and_help_shows_it(monkeypatch, capsys, mo
     assert _defaults("profile", "m.onnx")["iterations"] == 123
     with pytest.raises(SystemExit):
         build_parser().parse_args(["profile", "--help"])
-    assert "timed iterations (at least) (1 <= N <= 100000000; default: 123)" in " ".join(capsys.readouterr().out.split())
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "timed iterations (at least) (1 <= N <= 100000000; default: 123)" in shown
 
 
 def test_importing_the_recipe_module_loads_no_library_code():

@@ -24,6 +24,9 @@ def test_export_is_verified_deterministic_and_carries_metadata(tmp_path, weights
     assert model.opset_import[0].version >= 17
     ops = {n.op_type for n in model.graph.node}
     assert "LayerNormalization" in ops and "Softmax" in ops  # explicit attention, native LayerNorm
+    from edge.graph.manager import count_nodes  # the report counts nodes as `edge clean` does (issue 19)
+    assert report["nodes"] == count_nodes(model)
+    assert report["nodes"] + report["constant_nodes"] == len(model.graph.node)
     assert [i.name for i in model.graph.input] == ["input"] and [o.name for o in model.graph.output] == ["logits"]
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [1, 1, 28, 28]
@@ -70,3 +73,15 @@ def test_eval_of_a_file_that_is_not_onnx(tmp_path, capsys):
     bad.write_bytes(b"not a protobuf at all")
     assert main(["eval", str(bad), "--data", "fmnist-mini"]) == 2
     assert "not a readable ONNX model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("batch", [1, 9, 16, 32])
+def test_export_verifies_and_writes_any_static_batch(tmp_path, weights, capsys, batch):
+    """The CLI verifies with 8 real images; a static batch above 8 repeats them (issue 19, point 1)."""
+    out = tmp_path / f"b{batch}.onnx"
+    assert main(["export", TINY, "--weights", weights, "--batch", str(batch), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {v["inputs"] for v in report["verification"]} == {"random", "real"}
+    assert all(v["passed"] for v in report["verification"])
+    dims = [d.dim_value for d in onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [batch, 1, 28, 28]

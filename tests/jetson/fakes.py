@@ -1,4 +1,4 @@
-"""Put the named fakes of tegrastats, nvpmodel and jetson_clocks (tests/jetson/bin/fake_*) on PATH
+"""Put the named fakes of tegrastats, nvpmodel, jetson_clocks and trtexec (tests/jetson/bin/fake_*) on PATH
 under the real names, with a call log, for tests here and for tests that run the device side
 elsewhere (a remote PATH)."""
 
@@ -43,7 +43,7 @@ class FakeJetson:
 
 def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.conf",
                   trace: Path = DATA / "jp6_orin_nano_user_trace.log") -> FakeJetson:
-    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks}`` that run the fakes with this
+    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks,trtexec}`` that run the fakes with this
     interpreter, isolated and without site (a tenth of the start-up time of ``python3`` via PATH)."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -52,4 +52,9 @@ def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.
         command = f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(BIN / fake))}"
         wrapper.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
         wrapper.chmod(0o755)
+    # trtexec "builds" with tests/fake_tensorrt.py, which needs numpy and onnx: the interpreter's site stays on
+    trtexec = bin_dir / "trtexec"
+    command = f"{shlex.quote(sys.executable)} -I {shlex.quote(str(BIN / 'fake_trtexec'))}"
+    trtexec.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+    trtexec.chmod(0o755)
     return FakeJetson(bin_dir, root / "calls.jsonl", root / "nvpmodel.state", conf, trace)

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from edge.bundle import BundleConfig, make_bundle
 from edge.profile import OrtBackend, ProfileConfig, profile
 from jetson import cuda as cuda_module
-from jetson import device as device_module
-from jetson.bundle import Protocol, read_bundle
+from jetson.bundle import read_bundle
 from jetson.energy import Window, rail_energy
 from jetson.errors import JetsonError
 from jetson.power import Interrupted
@@ -25,21 +23,11 @@ from jetson.sampler import read_sampler_log
 from jetson.stats import latency_stats
 from tests.edge.trt.test_build import NANO_MODEL, tiny_onnx
 from tests.fake_cuda import AGX_ORIN, FakeCudaRuntime
-from tests.fake_tensorrt import make_fake_tensorrt
 from tests.jetson.fakes import DATA
 
 #: what `edge profile` writes and every device result carries too
 PROFILE_KEYS = {"backend", "device", "precision", "batch", "threads", "model", "latency", "warmup", "seconds",
                 "weight_bytes", "peak_rss_mb", "clock"}
-
-
-@pytest.fixture
-def bundle(tmp_path) -> Path:
-    """Two variants (a and b), fp32, a short protocol."""
-    graphs = [tiny_onnx(tmp_path / "a.onnx"), tiny_onnx(tmp_path / "b.onnx")]
-    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=Protocol(
-        warmup=2, iterations=20, idle_s=0.3)))
-    return tmp_path / "bundle"
 
 
 def runner_env(**extra: str) -> dict:
@@ -179,18 +167,6 @@ def test_an_interruption_writes_partial_results_and_exits_128_plus_the_signal(bu
 
 
 # TensorRT, against the fakes
-
-@pytest.fixture
-def fake_device(tmp_path, monkeypatch):
-    """FakeTensorRT 10.3 as `tensorrt` and its FakeCudaRuntime as the CUDA binding, on an Orin Nano."""
-    model = tmp_path / "device-tree-model"
-    model.write_bytes(NANO_MODEL.encode() + b"\x00")
-    monkeypatch.setattr(device_module, "DEVICE_TREE_MODEL", str(model))
-    trt = make_fake_tensorrt("10.3")
-    monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None: trt.cuda)
-    return trt
-
 
 def test_tensorrt_builds_once_caches_the_engine_and_times_it_on_the_gpu(bundle, fake_device, tmp_path):
     from edge.trt.manifest import check_compatible, read_manifest

@@ -30,7 +30,7 @@ def toy():
 
 
 def test_built_in_methods_are_registered_in_application_order():
-    assert [m.name for m in methods()] == ["block-approximation", "dwconv"]
+    assert [m.name for m in methods()] == ["block-approximation", "attnrm", "dwconv"]
     assert "linear" in method_named("block-approximation").keywords
 
 

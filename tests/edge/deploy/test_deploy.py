@@ -14,9 +14,10 @@ from onnx import numpy_helper
 
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
-from edge.deploy import DeployConfig, RunnerOptions, deploy, parse_host, read_hosts
+from edge.deploy import DeployConfig, RunnerOptions, checked_source, deploy, parse_host, read_hosts
+from edge.deploy.device import DeviceDeploy
 from edge.errors import EdgeError
-from jetson.bundle import Protocol
+from jetson.bundle import Protocol, read_bundle
 from jetson.energy import Window, rail_energy
 from jetson.sampler import read_sampler_log
 from tests.conftest import TINY
@@ -148,6 +149,35 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert calls[-1][:2] == ["jetson_clocks", "--restore"]
 
 
+def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd, tmp_path):
+    """``edge deploy BUNDLE.tar.gz``: nothing unpacked on the host; the device unpacks it into the remote
+    folder (jetson/archive.py) and the files are checked against the manifest as for a folder."""
+    server = sshd({})
+    device = server.devices[0]
+    make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "made" / "bundle",
+                BundleConfig(precisions=("fp32",), protocol=PROTOCOL), tar=True)
+    archive = tmp_path / "bundle.tar.gz"
+    (tmp_path / "made" / "bundle.tar.gz").rename(archive)  # only the archive is left on the host
+    shutil.rmtree(tmp_path / "made")
+    remote = tmp_path / "remote" / "it's here"
+    first = only(deploy(archive, [device.host], config(server, remote_dir=str(remote)), out=tmp_path / "out"))
+    assert first["status"] == "ok", first["error"]
+    assert first["copy"]["archive"] == str(archive) and first["copy"]["bytes_sent"] == archive.stat().st_size
+    assert not (tmp_path / "bundle").exists()  # never unpacked here
+    assert [p.name for p in remote.iterdir() if p.name.startswith(".")] == []  # the uploaded archive removed
+    assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done"}
+    # a file damaged on the device: the archive is sent and unpacked again, and checked; then nothing is sent
+    (remote / "jetson" / "runner.py").write_text("damaged")
+    bundle, _ = checked_source(archive)
+    copy = DeviceDeploy(bundle, device.host, server.options(), RunnerOptions(backend="ort"), str(remote),
+                        str(server.python), tmp_path / "again", lambda message: None, archive=archive)
+    copy.upload()
+    assert copy.copy["bytes_sent"] == archive.stat().st_size and copy.copy["removed"] == []
+    assert read_bundle(remote).files == bundle.files and (remote / "manifest.json").is_file()
+    copy.upload()
+    assert copy.copy["sent"] == [] and copy.copy["bytes_sent"] == 0
+
+
 # faults, each a test
 
 def only(result: dict) -> dict:
@@ -262,7 +292,7 @@ def test_a_tampered_bundle_is_refused_naming_the_file_before_any_device_sees_it(
     assert code == 2
     assert "the bundle was altered: graphs/a/fp32.onnx does not match its sha256" in capsys.readouterr().err
     assert not (server.devices[0].home / "edge-bundles").exists()
-    with pytest.raises(EdgeError, match="bundle .* is not a folder"):
+    with pytest.raises(EdgeError, match="bundle .* is neither a folder nor a .tar.gz"):
         deploy(tmp_path / "nope", [server.devices[0].host], config(server))
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from edge.cli import main
+from edge.errors import EdgeError
 from edge.profile import ProfileConfig, latency_stats, profile
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
@@ -177,3 +178,11 @@ def test_side_by_side_sessions_do_not_spin_by_default():
     from edge.profile.sidebyside import SideBySideConfig
 
     assert SideBySideConfig().spinning is False
+
+
+def test_a_missing_engine_is_named_before_tensorrt_is_looked_for(tmp_path):
+    """Issue 19, point 6: not "TensorRT was not found" for a path that does not exist."""
+    from edge.profile.tensorrt import TensorRTBackend
+
+    with pytest.raises(EdgeError, match="missing.engine does not exist"):
+        TensorRTBackend(tmp_path / "missing.engine")
