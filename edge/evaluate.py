@@ -11,12 +11,27 @@ from torch import nn
 
 from edge.config import MAX_BATCH, option
 from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.errors import EdgeError
 from edge.progress import bar
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
     batch_size: int = option(256, minimum=1, maximum=MAX_BATCH)  # images per forward pass
+
+
+def head_mismatch(shape: tuple[int, ...], num_classes: int, data: str) -> str | None:
+    """Why outputs of ``shape`` (batch first) are not class scores for ``data``, or None when they are.
+
+    A 1000-class ImageNet head on a 10-class set, or a feature-only model (``num_classes=0``: its
+    outputs are features), would be scored as if its outputs were logits: accuracy near 0, or a
+    loss computed on features.
+    """
+    if len(shape) != 2:
+        return f"outputs have shape {list(shape[1:])} per image, not one score per class of {data}"
+    if shape[1] != num_classes:
+        return f"outputs are {shape[1]} values per image but {data} has {num_classes} classes"
+    return None
 
 
 @torch.no_grad()
@@ -35,8 +50,11 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = Ev
     with bar(total=len(dataset), desc=f"eval {dataset.name}", unit="img", disable=not show_progress) as progress:
         for x, y in dataset.batches(batch_size, preprocess):
             logits = model(x.to(device)).float().cpu()
-            if logits.shape[-1] < num_classes:
-                raise ValueError(f"model has {logits.shape[-1]} outputs but {dataset.name} has {num_classes} classes")
+            mismatch = head_mismatch(tuple(logits.shape), num_classes, dataset.name)
+            if mismatch:
+                raise EdgeError(f"the model's {mismatch}", expected=f"a classifier head of {num_classes} classes",
+                                fix="evaluate its features with --probe (a linear classifier on the frozen "
+                                    "backbone), or fine-tune a head for this data first")
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             hit = logits.argmax(-1) == y
             total += torch.bincount(y, minlength=num_classes)

@@ -34,28 +34,36 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 PRECISIONS = ("fp16", "int8")
 
 
-def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray) -> dict:
+def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray, classes: int,
+               data: str) -> dict:
     """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
     from calib.data import graph_batch
     from edge.compare import ort_session
+    from edge.evaluate import head_mismatch
 
     name = reference.graph.input[0].name
     batch = graph_batch(reference) or len(inputs)
     sessions = [ort_session(m.SerializeToString()) for m in (reference, candidate)]
     chunks = [inputs[i:i + batch] for i in range(0, len(inputs) - batch + 1, batch)]
     a, b = (np.concatenate([s.run(None, {name: c})[0] for c in chunks]).astype(np.float64) for s in sessions)
-    return {"images": int(len(a)), "max_abs": float(np.abs(a - b).max()),
-            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "finite": bool(np.isfinite(b).all())}
+    check = {"images": int(len(a)), "max_abs": float(np.abs(a - b).max()), "finite": bool(np.isfinite(b).all())}
+    mismatch = head_mismatch(a.shape, classes, data)
+    if mismatch:  # another data set's head, or features: argmax agreement would mean nothing
+        return {**check, "outputs": "features", "note": f"{mismatch}: compared as features (max abs), no top-1 "
+                f"agreement; for accuracy on {data} use `edge eval MODEL --probe`"}
+    return {**check, "outputs": "class scores", "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
 
 
-def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> np.ndarray:
-    """``count`` test images, or one static batch of the graph when that is larger."""
+def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> tuple[np.ndarray, int, str]:
+    """``count`` test images (or one static batch of the graph when that is larger), the class count, the name."""
     from calib.data import graph_batch, input_spec_of
     from edge.data import ArrayPreprocess, load_dataset
 
     count = max(count, graph_batch(model) or 0)
     spec = input_spec_of(model, source)
-    return ArrayPreprocess(spec)(load_dataset(data, "test").images[:count]).numpy().astype(np.float32)
+    dataset = load_dataset(data, "test")
+    images = ArrayPreprocess(spec)(dataset.images[:count]).numpy().astype(np.float32)
+    return images, dataset.num_classes, dataset.name
 
 
 def fp16_metadata(config: Fp16Config) -> dict[str, str]:
@@ -105,8 +113,8 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     except onnx.checker.ValidationError as e:
         raise EdgeError(f"the {precision} graph of {model_path} fails onnx.checker", found=str(e)[:500],
                         fix="nothing was written; report this graph as a bug") from e
-    inputs = _check_images(model, str(model_path), check_data)
-    result["check"] = _agreement(model, converted, inputs)
+    inputs, classes, data_name = _check_images(model, str(model_path), check_data)
+    result["check"] = _agreement(model, converted, inputs, classes, data_name)
     if not result["check"]["finite"]:
         raise EdgeError(f"the {precision} graph of {model_path} gives non-finite outputs on real images",
                         fix="nothing was written; keep more ops in float32 (--keep-fp32 OP)")

@@ -71,13 +71,16 @@ def _input_config(a: Side, b: Side) -> dict:
 
 
 def verify_pair(a: Side, b: Side, *, real: np.ndarray | None = None, batch: int = 8, seed: int = 0,
-                tolerance: Tolerance = Tolerance()) -> dict:
+                tolerance: Tolerance = Tolerance(), classes: int | None = None, data: str = "the data") -> dict:
     """Run ``a`` and ``b`` on seeded random inputs and on real images (uint8 arrays); compare outputs.
 
-    ``b`` is the candidate, ``a`` the reference: relative error is measured against ``a``.
+    ``b`` is the candidate, ``a`` the reference: relative error is measured against ``a``. With
+    ``classes`` (the real images' class count), outputs that are not ``classes`` scores per image
+    (another data set's head, or features) are compared as features: no top-1 agreement, a note.
     """
     from edge.data import ArrayPreprocess, InputSpec
     from edge.errors import EdgeError
+    from edge.evaluate import head_mismatch
 
     config = _input_config(a, b)
     spec = InputSpec.from_data_config(config)
@@ -92,9 +95,13 @@ def verify_pair(a: Side, b: Side, *, real: np.ndarray | None = None, batch: int 
                             found=f"{tuple(reference.shape)} vs {tuple(candidate.shape)}",
                             fix="compare a model with its own export (same head, same batch)")
         results.append(compare_arrays(reference, candidate, tolerance, name))
-        if reference.ndim == 2:
+        mismatch = head_mismatch(tuple(reference.shape), classes, data) if classes else None
+        if reference.ndim == 2 and not mismatch:
             agreement[name] = float((reference.argmax(1) == candidate.argmax(1)).mean())
-    return {"reference": {"model": a.name, "backend": a.kind}, "candidate": {"model": b.name, "backend": b.kind},
+    note = (f"{mismatch}: compared as features (max abs, relative L2), no top-1 agreement; for accuracy on "
+            f"{data} use `edge eval MODEL --probe`") if classes and mismatch else None
+    return {"outputs": "features" if note else "class scores", **({"note": note} if note else {}),
+            "reference": {"model": a.name, "backend": a.kind}, "candidate": {"model": b.name, "backend": b.kind},
             "input_size": list(config["input_size"]), "batch": batch, "seed": seed,
             "tolerance": asdict(tolerance), "comparisons": [r.as_dict() for r in results],
             "top1_agreement": agreement, "passed": all(r.passed for r in results)}

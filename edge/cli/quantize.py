@@ -86,6 +86,8 @@ def run(args) -> int:
                   f"{calibration['method']} on {calibration['samples']} samples"
                   + (" (cached ranges)" if calibration["cache_hit"] else "")
                   + f", the rest {result['float_precision']}")
+    agreement = f"top-1 agreement {check['top1_agreement']:.3f}, " if "top1_agreement" in check else ""
     emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
-                            f"top-1 agreement {check['top1_agreement']:.3f}, max abs {check['max_abs']:.2e}")
+                            f"{agreement}max abs {check['max_abs']:.2e}"
+                            + (f"\nnote: {check['note']}" if "note" in check else ""))
     return 0

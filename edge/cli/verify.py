@@ -57,7 +57,9 @@ def run(args) -> int:
     data = load_dataset(args.data, "test")
     real = data.images[: args.batch].numpy() if hasattr(data, "images") else None
     result = verify_pair(a, b, real=real, batch=args.batch, seed=args.seed,
-                         tolerance=Tolerance(args.max_abs, args.rel_l2))
+                         tolerance=Tolerance(args.max_abs, args.rel_l2), classes=data.num_classes, data=data.name)
+    if "note" in result:
+        print(f"edge verify: note: {result['note']}", file=sys.stderr)
     lines = [f"{args.b} ({b.kind}) against {args.a} ({a.kind}), batch {args.batch}:"]
     for c in result["comparisons"]:
         agree = result["top1_agreement"].get(c["inputs"])
