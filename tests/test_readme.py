@@ -132,6 +132,8 @@ SLOW = {
     "edge eval fmnist-deit-tiny --data fmnist-mini": "CI time: 2,000 images (the full-data eval runs on the small set)",
     "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images":
         "CI time: a DeiT-Small at 224 on the CPU",
+    "edge compress fmnist-deit-tiny --plan attnrm:auto=4:init=affine --out runs/rm4-affine":
+        "CI time: the NOSE search again (the identity command above runs it; tests/edge/compress covers affine)",
     "edge compress fmnist-deit-tiny --plan auto-linear:3 --out runs/auto3":
         "CI time: the planner fits 33 candidates (tests/edge/compress covers it on a tiny model)",
     "edge finetune runs/dw6 --train replaced --alpha 0.2 --out runs/dw6-ft-replaced":
