@@ -78,7 +78,7 @@ def test_grammar_is_in_the_help():
     ("attnrm:auto=0", "positive block count"),
     ("attnrm:auto=2:select=best", "select=best"),
     ("attnrm:auto=2:select=random:seed=-1", "seed=-1"),
-    ("attnrm:auto=2:select=random:seed=x", "seed=x .* not a int"),
+    ("attnrm:auto=2:select=random:seed=x", "seed=x .* not an int"),
     ("attnrm:auto=2:seed=3", "seed= .* select=random only"),
     ("attnrm:blocks=1:select=first", "nothing is selected"),
     ("attnrm:blocks=1:init=zero", "init=zero"),
