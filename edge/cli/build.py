@@ -52,7 +52,9 @@ def register(subparsers) -> None:
     add_field(parser, "--samples", BuildConfig, "calibration_samples",
               help="--weakly-typed int8 only: calibration samples")
     parser.add_argument("--trtexec", action="store_true",
-                        help="print the equivalent trtexec command (run it and parse its results where trtexec exists)")
+                        help="print the equivalent trtexec command (run it and parse its results where trtexec "
+                             "exists); a graph the builder would convert first (e.g. --precision fp16 of a float32 "
+                             "graph) is written beside the engine as OUT.VARIANT.onnx for trtexec to read")
     parser.add_argument("--verbose", action="store_true", help="TensorRT's verbose log")
     parser.set_defaults(run=run)
 
@@ -116,7 +118,8 @@ def _trtexec(args, config) -> int:
     shown = ".".join(map(str, version)) if version else "unknown"
     comments = "".join(f"# left out {flag}: {why}\n" for flag, why in notes.items())
     if binary is None:
-        emit({"trtexec": None, "trtexec_version": shown, "command": argv, "left_out": notes}, args.json,
+        emit({"trtexec": None, "trtexec_version": shown, "command": argv, "left_out": notes,
+              "onnx_written": onnx_path if onnx_path != args.model else None}, args.json,
              f"# trtexec not found here (on JetPack: {Path('/usr/src/tensorrt/bin/trtexec')}); the equivalent:\n"
              f"{comments}{as_shell(argv)}")
         return 0
@@ -132,7 +135,8 @@ def _trtexec(args, config) -> int:
     batch = config.batch or config.opt_batch or (dims[0] if dims and dims[0] > 0 else 1)
     result = trtexec_result(done.stdout, f"{stem}.times.json", f"{stem}.profile.json", precision=args.precision,
                             batch=batch)
-    result.update({"command": argv, "trtexec_version": shown, "left_out": notes})
+    result.update({"command": argv, "trtexec_version": shown, "left_out": notes,
+                   "onnx_written": onnx_path if onnx_path != args.model else None})
     latency = result["latency"]
     warned = "".join(f"\ntrtexec warned: {w}" for w in result.get("warnings", []))
     emit(result, args.json, f"trtexec: median {latency['median_ms']:.3f} ms, p99 {latency['p99_ms']:.3f} ms, "

@@ -127,9 +127,11 @@ def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph
     engine = tmp_path / "m.engine"
     assert main(["build", str(source), "--precision", "fp16", "--batch", "1", "--trtexec", "--out", str(engine),
                  "--json"]) == 0
-    argv = json.loads(capsys.readouterr().out)["command"]
+    result = json.loads(capsys.readouterr().out)
+    argv = result["command"]
     fp16 = tmp_path / "m.float16.onnx"
     assert f"--onnx={fp16}" in argv and "--stronglyTyped" in argv
+    assert result["onnx_written"] == str(fp16)  # reported, and named in --trtexec's help (issue 19)
     assert "--shapes=pixels:1x8" in argv  # the graph's own input name
     converted = onnx.load(str(fp16))
     assert TensorProto.FLOAT16 in {t.data_type for t in converted.graph.initializer}
