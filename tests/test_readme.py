@@ -132,6 +132,8 @@ SLOW = {
     "edge eval fmnist-deit-tiny --data fmnist-mini": "CI time: 2,000 images (the full-data eval runs on the small set)",
     "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images":
         "CI time: a DeiT-Small at 224 on the CPU",
+    "edge analyze fmnist-deit-tiny --data fmnist --samples 500 --entropy --nose 4 --out runs/entropy":
+        "CI time: a third analyze (two run above; tests/edge/analysis/test_entropy.py covers --entropy and --nose)",
     "edge compress fmnist-deit-tiny --plan attnrm:auto=4:init=affine --out runs/rm4-affine":
         "CI time: the NOSE search again (the identity command above runs it; tests/edge/compress covers affine)",
     "edge compress fmnist-deit-tiny --plan auto-linear:3 --out runs/auto3":

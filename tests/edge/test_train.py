@@ -66,6 +66,7 @@ def test_learning_rate_schedule():
     assert all(a >= b for a, b in zip(values, values[1:]))
 
 
+@pytest.mark.slow  # CI time: 60 training steps on full Fashion-MNIST plus a full-split evaluation; nightly: -m slow
 @needs_fmnist
 def test_short_run_of_the_documented_recipe_reproduces_the_recorded_figure(tmp_path):
     """CI's check of `edge train`: the first steps of the shipped recipe, same seed, same accuracy (0.5 pt)."""

@@ -84,6 +84,7 @@ def full_eval():
     return json.loads(buffer.getvalue())
 
 
+@pytest.mark.slow  # CI time: the full 10,000-image evaluation (about a minute on 2 cores); nightly: -m slow
 @needs_fmnist
 def test_reference_model_reproduces_its_model_card(full_eval):
     from edge.models import model_card
@@ -95,6 +96,7 @@ def test_reference_model_reproduces_its_model_card(full_eval):
 ACCEPTANCE_TARGET = 0.900  # issue 2: accuracy on the full 10,000-image test split
 
 
+@pytest.mark.slow  # the same full-split evaluation as above
 @needs_fmnist
 def test_reference_model_meets_the_accuracy_target(full_eval):
     """Acceptance of issue 2 (the shipped model: 9,000 of 10,000, the same at 1 and 2 threads)."""
