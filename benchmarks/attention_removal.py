@@ -171,7 +171,16 @@ def main() -> None:
     calibration = calibration_set(args.data, args.samples, 0)
 
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    kept = {(r["plan"], r["variant"]): r for r in previous.get("rows", []) if previous.get("settings") == settings}
+    # rows of earlier runs with the same settings are kept; training-free rows also when only the dilution recipe
+    # changed (they do not depend on it)
+    def same(old: dict | None, dilution: bool) -> bool:
+        def strip(d: dict | None) -> dict:
+            return {k: v for k, v in (d or {}).items() if k != "dilution"}
+
+        return old == settings if dilution else strip(old) == strip(settings)
+
+    kept = {(r["plan"], r["variant"]): r for r in previous.get("rows", [])
+            if same(previous.get("settings"), r["variant"] == "dilution")}
     # the largest K first: NOSE's greedy order for a smaller K is a prefix of it
     wanted = [(k, s, init) for k in sorted(args.counts, reverse=True) for s in args.selections for init in args.inits]
     wanted += [(k, s, "dilution") for s, k in dilute]
