@@ -23,7 +23,6 @@ from edge.compress.method import BuildContext, Built, Method, PlanCheck
 from edge.compress.registry import registered
 from edge.errors import EdgeError
 from edge.models import create_model
-from edge.train import TrainConfig, train
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
 
@@ -82,13 +81,6 @@ def method():
         yield m
 
 
-@pytest.fixture(scope="module")
-def teacher_weights(tmp_path_factory):
-    """A tiny ViT trained for 32 steps on fmnist-mini."""
-    out = tmp_path_factory.mktemp("teacher")
-    train(TrainConfig(model=TINY, data="fmnist-mini", epochs=4, batch_size=32, train_samples=256, warmup_steps=4,
-                      threads=1, amp="off", save_dtype="float32", eval_every_epoch=False), out)
-    return out / "model.safetensors"
 
 
 def _artifact(teacher_weights, folder, plan):

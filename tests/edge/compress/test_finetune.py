@@ -20,19 +20,12 @@ from edge.errors import EdgeError
 from edge.evaluate import evaluate
 from edge.models import create_model, data_config
 from edge.models.weights_io import save_safetensors
-from edge.train import TrainConfig, train, training_batch, training_set
+from edge.train import training_batch, training_set
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
 PLAN = "dwconv:blocks=0+1:init=gaussian"
 
 
-@pytest.fixture(scope="module")
-def teacher_weights(tmp_path_factory):
-    """A tiny ViT trained for 32 steps on fmnist-mini (a random one has near-constant, ill-conditioned logits)."""
-    out = tmp_path_factory.mktemp("teacher")
-    train(TrainConfig(model=TINY, data="fmnist-mini", epochs=4, batch_size=32, train_samples=256, warmup_steps=4,
-                      threads=1, amp="off", save_dtype="float32", eval_every_epoch=False), out)
-    return out / "model.safetensors"
 
 
 @pytest.fixture(scope="module")
