@@ -196,8 +196,10 @@ REWRITES = (
     Rewrite(("analyze", "quantize"), r"--samples 500(?= |$)", "--samples 64", "64 calibration images, not 500"),
     Rewrite(("compress",), r"^(?!.* --samples )(.*)$", r"\1 --samples 64",
             "64 calibration images, not the default 500"),
-    Rewrite(("train", "finetune"), r"^(.*)$", r"\1 --max-steps 1",
+    Rewrite(("train", "finetune"), r"^(?!.*--dilute)(.*)$", r"\1 --max-steps 1",
             "the same schedule, stopped after its first step (the verb's own --max-steps)"),
+    Rewrite(("finetune",), r"^(.*--dilute.*)$", r"\1 --steps 2",
+            "a whole 2-step schedule: dilution writes only its final (M = 0) model, so it cannot stop early"),
     Rewrite(("profile",), r"--iterations \d+", "--iterations 20", "20 timed iterations"),
 )
 
