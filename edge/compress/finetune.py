@@ -478,9 +478,10 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
 def _processes_note(batch_size: int) -> str:
     if not distributed.active():
         return ""
-    return (f", {distributed.world_size()} processes (DistributedDataParallel), "
-            f"{batch_size // distributed.world_size()}-{-(-batch_size // distributed.world_size())} "
-            f"of each global batch of {batch_size} per process")
+    processes = distributed.world_size()
+    rows = batch_size // processes
+    share = f"{rows}" if batch_size % processes == 0 else f"{rows}-{rows + 1}"
+    return f", {processes} processes (DistributedDataParallel), {share} rows of each global batch of {batch_size} each"
 
 
 def _phase_state(phases: list[TrainingPhase], values: dict) -> dict:
