@@ -1,4 +1,7 @@
-"""Progress bars on stderr (never stdout, which carries ``--json`` output)."""
+"""Progress bars on stderr (never stdout, which carries ``--json`` output).
+
+Under torchrun only the main process (rank 0) shows progress and log lines; the others are quiet.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +13,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def main_process() -> bool:
+    """Whether this is the process that speaks: rank 0 of a torchrun job (``RANK``), or the only process."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def enabled() -> bool:
-    return os.environ.get("EDGE_NO_PROGRESS", "") in ("", "0")
+    return os.environ.get("EDGE_NO_PROGRESS", "") in ("", "0") and main_process()
 
 
 def bar(iterable: Iterable[T] | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
@@ -25,5 +33,6 @@ def bar(iterable: Iterable[T] | None = None, *, total: int | None = None, desc: 
 
 
 def log(message: str) -> None:
-    """A line of human progress on stderr."""
-    print(message, file=sys.stderr, flush=True)
+    """A line of human progress on stderr (from the main process only)."""
+    if main_process():
+        print(message, file=sys.stderr, flush=True)

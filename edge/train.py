@@ -4,6 +4,14 @@ Determinism: the model is initialised from ``seed``; epoch ``e`` visits the trai
 in the order ``randperm(N, seed=(seed, e))``; the augmentation of step ``s`` draws from a
 generator seeded with ``(seed, s)``. A run therefore resumes from any checkpoint to the
 same weights as an uninterrupted run on the same machine, threads and precision.
+
+Under ``torchrun --nproc_per_node N -m edge train ...`` the same steps run with PyTorch's
+DistributedDataParallel: every process draws the same global batch of ``batch_size`` and trains on
+its rows (:func:`edge.distributed.batch_rows`), its loss weighted by its share, so the weights equal
+a one-process run's up to the order of float additions (and a checkpoint continues with any number
+of processes). Held-out evaluations are sharded and their counts added (:func:`held_out_accuracy`);
+only the main process writes (checkpoint, weights, card) and prints; ``--out`` must be a folder
+every process sees (a shared file system on several machines).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edge import __version__
+from edge import __version__, distributed
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.augment import random_shift_flip
@@ -109,6 +117,33 @@ def training_batch(data: LabeledImages, step: int, batch_size: int, seed: int,
     return epoch, images, data.labels[idx]
 
 
+def check_global_batch(samples: int, batch_size: int) -> None:
+    """Refuse a global batch (or an epoch's last, partial one) with fewer images than processes."""
+    processes = distributed.world_size()
+    smallest = min(batch_size, samples % batch_size or batch_size)
+    if smallest < processes:
+        raise EdgeError(f"a global batch of {smallest} image(s) cannot be split over {processes} processes "
+                        f"({samples} training images, --batch-size {batch_size})",
+                        expected=f"every batch of the epoch to have at least {processes} images, one per process",
+                        fix=f"raise --batch-size to at least {processes} or change --train-samples so that the "
+                            "last batch of an epoch is not that small")
+
+
+def held_out_accuracy(model: torch.nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
+    """:func:`edge.evaluate.evaluate` without progress; under torchrun each process scores its share of
+    ``data`` and the correct counts, sample counts and loss sums are added (the same result in every process)."""
+    share = distributed.shard_of(data)
+    if not distributed.active():
+        return evaluate(model, share, spec, device=device, show_progress=False)
+    result = evaluate(model, share, spec, device=device, show_progress=False) if len(share) else \
+        {"correct": 0, "samples": 0, "loss": 0.0}
+    sums = torch.tensor([result["correct"], result["samples"], result["loss"] * result["samples"]],
+                        dtype=torch.float64)
+    correct, samples, loss_sum = distributed.all_reduce_sum(sums).tolist()
+    return {"accuracy": correct / samples, "samples": int(samples), "correct": int(correct),
+            "loss": loss_sum / samples, "data": data.name}
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Trainable parameters; no weight decay on biases, norms, tokens and position embeddings (as timm/DeiT)."""
     decay, no_decay = [], []
@@ -144,9 +179,11 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     With ``resume`` (default) an existing ``out/checkpoint.pt`` of the same recipe is continued.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     threads = set_threads(config.threads)
-    device = resolve_device(config.device)
+    device = distributed.local_device(resolve_device(config.device))
+    distributed.init(device)
+    if distributed.is_main():
+        out.mkdir(parents=True, exist_ok=True)
     amp_dtype = resolve_amp(config.amp, device)
     spec = parse_model_spec(config.model)
 
@@ -157,6 +194,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     train_set = training_set(config.data, config.train_samples, config.seed)
     eval_set = load_dataset(config.eval_data or config.data, "test")
 
+    check_global_batch(len(train_set), config.batch_size)
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     last_step = min(total_steps, config.max_steps or total_steps)
@@ -167,32 +205,39 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
                                                                    "device", "eval_every_epoch", "max_steps")}
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
-    if resume and checkpoint_path.is_file():
+    if resume and found_by_all(checkpoint_path):
         # fields added in later versions compare as their defaults
         step, history, elapsed = resume_from(checkpoint_path, recipe, asdict(TrainConfig()), model, optimizer)
         log(f"resuming {checkpoint_path} at step {step}/{last_step}")
 
     def save_checkpoint() -> None:
+        if not distributed.is_main():
+            return
         atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed}, checkpoint_path)
 
     log(f"train {config.model} on {train_set.name} ({len(train_set)} images): {plural(last_step, 'step')} "
         f"({steps_per_epoch}/epoch), device {device}, amp {amp_dtype}, threads {threads}")
+    trainer = distributed.data_parallel(model, device)
     model.train()
     started = time.perf_counter() - elapsed
     with bar(total=last_step, initial=step, desc="train", unit="step") as progress:
         while step < last_step:
             epoch, images, labels = training_batch(train_set, step, config.batch_size, config.seed, config.augment)
-            x, y = preprocess(images).to(device), labels.to(device)
+            rows = distributed.batch_rows(len(labels))       # this process's rows of the global batch
+            share = (rows.stop - rows.start) / len(labels)
+            x, y = preprocess(images[rows]).to(device), labels[rows].to(device)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, total_steps, config)
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(model(x), y, label_smoothing=config.label_smoothing)
+                local = F.cross_entropy(trainer(x), y, label_smoothing=config.label_smoothing)
+            loss = distributed.all_reduce_sum(local.detach() * share)  # the global batch's mean loss
             if not torch.isfinite(loss):
                 raise EdgeError(f"training diverged at step {step}: loss is {float(loss)}",
                                 fix="lower --lr or use --amp off")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # DDP averages the gradients: weighted by its share, each adds its part of the global mean's gradient
+            (local * (share * distributed.world_size())).backward()
             if config.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
@@ -204,7 +249,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
             epoch_done = step % steps_per_epoch == 0
             if epoch_done and config.eval_every_epoch:
                 model.eval()
-                result = evaluate(model, eval_set, input_spec, device=device, show_progress=False)
+                result = held_out_accuracy(model, eval_set, input_spec, device)
                 model.train()
                 history.append({"epoch": epoch + 1, "step": step, "loss": loss_value,
                                 "eval_accuracy": result["accuracy"], "elapsed_s": round(elapsed, 1)})
@@ -216,11 +261,14 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     model.eval()
     dtype = getattr(torch, config.save_dtype)
     weights_path = out / "model.safetensors"
-    save_safetensors({k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}, weights_path,
-                     metadata={"model": config.model, "edge": __version__})
+    if distributed.is_main():
+        save_safetensors({k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}, weights_path,
+                         metadata={"model": config.model, "edge": __version__})
+    distributed.barrier()   # the weights file is written before any process reads it
     # Accuracy of the weights as saved (e.g. float16), evaluated in float32 on the full test split.
     saved = create_model(spec, weights=weights_path)
-    final = evaluate(saved, eval_set, input_spec, device=device)
+    final = evaluate(saved, eval_set, input_spec, device=device) if not distributed.active() else \
+        held_out_accuracy(saved, eval_set, input_spec, device)
     card = {
         "model": config.model,
         "architecture": spec.arch,
@@ -242,5 +290,19 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
                       "weights": config.save_dtype, "eval": "float32"},
         "edge": __version__,
     }
-    write_text_atomic(json.dumps(card, indent=2) + "\n", out / "card.json")
+    if distributed.active():
+        card["processes"] = distributed.world_size()
+    if distributed.is_main():
+        write_text_atomic(json.dumps(card, indent=2) + "\n", out / "card.json")
+    distributed.barrier()   # the others return once the main process has written
     return card
+
+
+def found_by_all(path: Path) -> bool:
+    """Whether ``path`` is a file, refusing a checkpoint some processes see and others do not."""
+    found = path.is_file()
+    seen = distributed.all_reduce_count(int(found))
+    if seen not in (0, distributed.world_size()):
+        raise EdgeError(f"{path} is seen by {seen} of {distributed.world_size()} processes",
+                        expected="an output folder every process sees", fix="put --out on a shared file system")
+    return found

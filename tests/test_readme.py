@@ -105,6 +105,13 @@ COMMANDS_IN_README = readme_commands(README.read_text(encoding="utf-8"))
 EXCLUDED = {
     "bash scripts/main.sh": "the main job: set-up, then the full built-in pipeline (minutes); its steps run below",
     "bash scripts/test.sh": "the test command: it runs this suite, which cannot run itself",
+    "torchrun --nproc_per_node 8 -m edge finetune runs/rm4 --data ~/imagenet --dilute --epochs 30 --batch-size 1024 "
+    "--out runs/rm4-dil": "8 GPUs and ImageNet; tests/edge/test_distributed.py runs edge finetune (and --dilute) "
+                          "under torchrun --nproc_per_node 2 on the CPU",
+    "torchrun --nproc_per_node 8 -m edge compress timm:deit_small_patch16_224 --weights deit_small.safetensors "
+    "--plan dwconv:auto=6:init=lsq --data ~/imagenet --samples 50000 --out runs/deit-dw6":
+        "8 processes on ImageNet; tests/edge/test_distributed.py runs edge compress and every calibration "
+        "statistic under torchrun --nproc_per_node 2 on the CPU",
 }
 
 # Commands that need TensorRT and a CUDA GPU (the Jetson); they run where both are present.

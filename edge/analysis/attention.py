@@ -12,6 +12,10 @@ forward hook there sees ``[B, H, N, N]``. Each map is folded into float64 Welfor
 hook, so at most one block's batch of maps is alive at a time and memory stays bounded by
 ``2 * blocks * H * N * N`` float64 numbers.
 
+Under torchrun each process folds its share of the images (:func:`edge.distributed.shard_of`);
+the accumulators are then merged exactly from all-reduced sums (:func:`edge.distributed.merge_welford`)
+before any standard deviation is taken.
+
 The standard deviation is the sample one (``n - 1`` in the denominator). Scores are summed over
 the patch-to-patch part of the map (what a convolution over the patch grid can stand for);
 ``all_tokens`` scores include the class/register rows and columns too.
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from edge import distributed
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info
@@ -52,6 +57,11 @@ class WelfordMap:
             self.mean += delta / self.count
             self.m2 += delta * (x - self.mean)
 
+    def all_reduce(self) -> WelfordMap:
+        """Merge every process's accumulator into this one (in place; nothing changes in one process)."""
+        self.count, self.mean, self.m2 = distributed.merge_welford(self.count, self.mean, self.m2)
+        return self
+
     def std(self) -> torch.Tensor:
         if self.count < 2:
             raise EdgeError(f"attention statistics of {self.count} sample(s)",
@@ -69,6 +79,13 @@ class AttentionStats:
     grid: tuple[int, int]
     samples: int = 0
     extra: dict = field(default_factory=dict)
+
+    def all_reduce(self) -> AttentionStats:
+        """Merge every process's maps and sample count into these (in place)."""
+        for welford in self.maps:
+            welford.all_reduce()
+        self.samples = distributed.all_reduce_count(self.samples)
+        return self
 
     def mean_map(self, block: int) -> torch.Tensor:
         """The mean attention map ``[H, N, N]`` of original block ``block`` (float64)."""
@@ -127,8 +144,12 @@ def attention_maps(modules: dict[int, nn.Module], on_map):
 @torch.no_grad()
 def collect_attention_stats(model: nn.Module, images, spec: InputSpec, *, blocks: tuple[int, ...] | None = None,
                             batch_size: int = 32, desc: str = "attention statistics") -> AttentionStats:
-    """Stream ``images`` through ``model``; Welford mean/std of every head's attention map, per block."""
+    """Stream ``images`` through ``model``; Welford mean/std of every head's attention map, per block.
+
+    Under torchrun: this process's share of ``images``, merged over all processes.
+    """
     info = model_info(model)
+    images = distributed.shard_of(images)
     modules = attention_modules(model)
     if blocks is not None:
         missing = [b for b in blocks if b not in modules]
@@ -152,7 +173,7 @@ def collect_attention_stats(model: nn.Module, images, spec: InputSpec, *, blocks
             model.forward_features(x)
             stats.samples += int(x.shape[0])
             progress.update(int(x.shape[0]))
-    return stats
+    return stats.all_reduce()
 
 
 def save_attention_plot(stats: AttentionStats, title: str, path) -> None:

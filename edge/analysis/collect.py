@@ -10,6 +10,10 @@ index ``b + 1`` is the output of ``blocks[b]``. Three token views are kept apart
   models without one, which is what their ``global_pool='avg'`` head sees).
 
 The all-token view is ``prefix`` merged with ``patch``.
+
+Under torchrun each process streams its share of the images (:func:`edge.distributed.shard_of`)
+and the float64 sums are added over the processes before they are returned: every process gets
+the moments of the whole set.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from edge import distributed
 from edge.analysis.moments import PairMoments
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.models.info import ModelInfo, model_info
@@ -41,6 +46,13 @@ class BlockMoments:
         if name in ("cls", "pooled"):
             return self.pooled
         return {"prefix": self.prefix, "patch": self.patch}[name]
+
+    def all_reduce(self) -> BlockMoments:
+        """Sum every process's moments into these (in place; nothing changes in one process)."""
+        for view in (self.prefix, self.patch, self.pooled):
+            view.all_reduce()
+        self.samples = distributed.all_reduce_count(self.samples)
+        return self
 
 
 @contextmanager
@@ -66,8 +78,12 @@ def pooled_token(tokens: torch.Tensor, info: ModelInfo) -> torch.Tensor:
 @torch.no_grad()
 def collect_block_moments(model: nn.Module, images, spec: InputSpec, *, batch_size: int = 64,
                           desc: str = "analyze") -> BlockMoments:
-    """Stream the representations of ``images`` (a data set) through the model into float64 moments."""
+    """Stream the representations of ``images`` (a data set) through the model into float64 moments.
+
+    Under torchrun: this process's share of ``images``, summed over all processes.
+    """
     info = model_info(model)
+    images = distributed.shard_of(images)
     reps, dim, prefix = info.num_blocks + 1, info.embed_dim, info.num_prefix_tokens
     moments = BlockMoments(PairMoments.zeros(reps, dim), PairMoments.zeros(reps, dim),
                            PairMoments.zeros(reps, dim), 0)
@@ -84,4 +100,4 @@ def collect_block_moments(model: nn.Module, images, spec: InputSpec, *, batch_si
             moments.pooled.update([pooled_token(t, info) for t in captured], images=n)
             moments.samples += n
             progress.update(n)
-    return moments
+    return moments.all_reduce()

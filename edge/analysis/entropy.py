@@ -21,7 +21,10 @@ over the channels ``j`` of its output ``F``. Here:
   constant ``D/2 log(n/(n-1))`` to every entropy; transfer entropies do not change.
 * **Streaming.** Per channel a float64 count, mean and sum of squared deviations, merged batch by
   batch (Chan, Golub and LeVeque's pairwise update), so memory does not grow with the calibration
-  set and the result does not depend on the batch size beyond rounding.
+  set and the result does not depend on the batch size beyond rounding. Under torchrun each
+  process streams its share of the images (:func:`edge.distributed.shard_of`) and the moments are
+  merged exactly from all-reduced sums (:func:`edge.distributed.merge_welford`) before any entropy
+  is taken, so every process makes the same NOSE choice.
 * A channel with zero std (e.g. the output of an attention whose projection is zero) has
   ``log 0 = -inf``: the entropy is then ``-inf`` and the JSON writes ``null`` with the count of
   such channels.
@@ -72,6 +75,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge import distributed
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info, original_block_indices
@@ -106,6 +110,11 @@ class ChannelMoments:
         self.m2 += m2 + delta ** 2 * (self.count * n / total)
         self.mean += delta * (n / total)
         self.count = total
+
+    def all_reduce(self) -> ChannelMoments:
+        """Merge every process's moments into these (in place; nothing changes in one process)."""
+        self.count, self.mean, self.m2 = distributed.merge_welford(self.count, self.mean, self.m2)
+        return self
 
     def std(self) -> torch.Tensor:
         """Population std per channel (divide by the count)."""
@@ -194,6 +203,13 @@ class SublayerEntropy:
     num_prefix_tokens: int
     samples: int = 0
 
+    def all_reduce(self) -> SublayerEntropy:
+        """Merge every process's moments and sample count into these (in place)."""
+        for moments in (*self.attention.values(), *self.mlp.values(), self.target):
+            moments.all_reduce()
+        self.samples = distributed.all_reduce_count(self.samples)
+        return self
+
     def rows(self) -> list[dict]:
         out = []
         for position, entry in enumerate(self.blocks):
@@ -224,8 +240,12 @@ def sublayer_outputs(model: nn.Module, on_output):
 @torch.no_grad()
 def collect_entropy(model: nn.Module, images, spec: InputSpec, *, tokens: str = "patch", batch_size: int = 64,
                     desc: str = "entropy") -> SublayerEntropy:
-    """Stream ``images`` through ``model``: float64 per-channel moments of every sub-layer output and the target."""
+    """Stream ``images`` through ``model``: float64 per-channel moments of every sub-layer output and the target.
+
+    Under torchrun: this process's share of ``images``, merged over all processes.
+    """
     _check_tokens(tokens)
+    images = distributed.shard_of(images)
     info = model_info(model)
     dim, prefix = info.embed_dim, info.num_prefix_tokens
     stats = SublayerEntropy(original_block_indices(model.blocks), {}, {}, ChannelMoments.zeros(dim), tokens, prefix)
@@ -245,7 +265,7 @@ def collect_entropy(model: nn.Module, images, spec: InputSpec, *, tokens: str = 
             stats.target.update(target_features(model, model.forward_features(x)))
             stats.samples += int(x.shape[0])
             progress.update(int(x.shape[0]))
-    return stats
+    return stats.all_reduce()
 
 
 # ---- transfer entropy and NOSE ---------------------------------------------------------------
@@ -259,12 +279,15 @@ def transfer_entropy(model: nn.Module, images, spec: InputSpec, removed, *, batc
     positions = _positions(model, set(removed))
     dim = model_info(model).embed_dim
     original, without = ChannelMoments.zeros(dim), ChannelMoments.zeros(dim)
+    images = distributed.shard_of(images)
     model.eval()
     preprocess = _preprocess(images, spec)
     for x, _ in images.batches(batch_size, preprocess):
         original.update(target_features(model, model.forward_features(x)))
         with attention_removed(model, positions):
             without.update(target_features(model, model.forward_features(x)))
+    original.all_reduce()
+    without.all_reduce()
     h, h_without = original.entropy(), without.entropy()
     return {"te": h - h_without, "entropy": h_without, "target_entropy": h}
 
@@ -332,7 +355,10 @@ def block_inputs(model: nn.Module):
 @torch.no_grad()
 def _step(model: nn.Module, images, preprocess, batch_size: int, state: list[int], candidates: list[int],
           positions: dict[int, int], dim: int, baseline: ChannelMoments | None, progress) -> dict[int, ChannelMoments]:
-    """One greedy step: target moments with ``state + [c]`` removed, for every candidate ``c``."""
+    """One greedy step: target moments with ``state + [c]`` removed, for every candidate ``c``.
+
+    ``images`` is this process's share; the moments returned (and ``baseline``) are those of all processes.
+    """
     moments = {c: ChannelMoments.zeros(dim) for c in candidates}
     blocks = model.blocks
     with attention_removed(model, [positions[b] for b in state]):
@@ -347,14 +373,24 @@ def _step(model: nn.Module, images, preprocess, batch_size: int, state: list[int
                     tokens = blocks[start:](inputs[start])
                 moments[c].update(target_features(model, model.norm(tokens)))
             progress.update(int(x.shape[0]))
+    if baseline is not None:
+        baseline.all_reduce()
+    for c in candidates:
+        moments[c].all_reduce()
     return moments
 
 
 @torch.no_grad()
 def nose_search(model: nn.Module, calibration, spec: InputSpec, count: int, excluded: set[int] | None = None,
                 batch_size: int = 64) -> NoseResult:
-    """NOSE (Algorithm 1): greedily add the attention layer of least ``|TE|`` until ``count`` are chosen."""
+    """NOSE (Algorithm 1): greedily add the attention layer of least ``|TE|`` until ``count`` are chosen.
+
+    Under torchrun each process streams its share of ``calibration``; every step's moments are merged
+    over the processes before the choice, so all processes choose the same layers.
+    """
     start_time = time.perf_counter()
+    samples = len(calibration)
+    calibration = distributed.shard_of(calibration)
     excluded = set(excluded or ())
     free = nose_candidates(model, count, excluded)
     positions = attention_blocks(model)
@@ -386,7 +422,7 @@ def nose_search(model: nn.Module, calibration, spec: InputSpec, count: int, excl
             chosen.append(best)
     settings = {"criterion": "min |TE| (ties: lower block)", "target": "pre-logits features (one row per image)",
                 "std": "population (divide by n), float64"}
-    return NoseResult(chosen, trajectory, h_target, free, sorted(excluded), len(calibration),
+    return NoseResult(chosen, trajectory, h_target, free, sorted(excluded), samples,
                       round(time.perf_counter() - start_time, 2), settings)
 
 

@@ -10,7 +10,8 @@ For representations ``X_0 .. X_{L}`` (row = one token of one image, column = one
 
 Memory does not grow with the number of samples. Everything later steps need follows
 exactly from these sums: centred covariances, linear CKA, mean squared distances, Block
-Redundancy, and the closed-form least-squares maps between any two blocks.
+Redundancy, and the closed-form least-squares maps between any two blocks. Being sums, they
+are added over processes (:meth:`PairMoments.all_reduce`) before anything is derived from them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from edge import distributed
 
 
 @dataclass
@@ -52,6 +55,14 @@ class PairMoments:
         self.grams += (flat.T @ flat).reshape(self.num_reps, self.dim, self.num_reps, self.dim).permute(0, 2, 1, 3)
         unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         self.cosine_sums += torch.einsum("ird,jrd->ij", unit, unit)
+
+    def all_reduce(self) -> PairMoments:
+        """Sum every process's moments into this one (in place; nothing changes in one process)."""
+        for tensor in (self.sums, self.grams, self.cosine_sums):
+            distributed.all_reduce_sum(tensor)
+        self.count = distributed.all_reduce_count(self.count)
+        self.sample_count = distributed.all_reduce_count(self.sample_count)
+        return self
 
     def merge(self, other: PairMoments) -> PairMoments:
         return PairMoments(self.count + other.count, self.sums + other.sums, self.grams + other.grams,

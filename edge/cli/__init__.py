@@ -87,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         _report_bug(args.command, f"{type(e).__name__}: {e}")
         return InternalError.exit_code
     finally:
+        from edge import distributed
         from edge.compare import log_ort_messages
 
         log_ort_messages(f"edge {args.command}")  # ONNX Runtime's notes: to a log file, with their count
+        distributed.shutdown()  # under torchrun: leave the process group, so that every process stops cleanly
 
 
 def _report_bug(command: str, message: str) -> None:

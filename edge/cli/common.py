@@ -115,6 +115,11 @@ def add_img_size_option(parser: argparse.ArgumentParser) -> None:
 
 
 def emit(result: dict, as_json: bool, human: str) -> None:
+    """The result on stdout: JSON or the human lines; nothing from the other processes of a torchrun job."""
+    from edge.progress import main_process
+
+    if not main_process():
+        return
     if as_json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

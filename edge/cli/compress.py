@@ -90,6 +90,7 @@ def _finetune(model, manifest: dict, args) -> dict:
 
 
 def run(args) -> int:
+    from edge import distributed
     from edge.compress import CompressConfig, compress, save_artifact
     from edge.compress.load import load_model
     from edge.runtime import set_threads
@@ -100,11 +101,11 @@ def run(args) -> int:
     config = CompressConfig(plan=args.plan, data=args.data, samples=args.samples, seed=args.seed,
                             holdout=args.holdout)
     model, manifest = compress(model, source, config)
-    if manifest["planner"]:
+    if manifest["planner"] and distributed.is_main():
         print(_table(manifest["planner"]), file=sys.stderr)
     if args.finetune_epochs:
         manifest = _finetune(model, manifest, args)
-    else:
+    elif distributed.is_main():   # under torchrun the statistics are everyone's, the file the main process's
         save_artifact(model, args.out, manifest)
     b, a = manifest["before"], manifest["after"]
     human = (f"plan {manifest['plan']}\nparams {b['params']:,} -> {a['params']:,} "

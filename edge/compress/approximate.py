@@ -3,6 +3,11 @@
 Closed-form spans are solved from the streamed float64 moments of the calibration images
 (:mod:`edge.analysis`). The trained translators (``mlp``, ``resmlp``) are the papers'
 comparison baselines: Adam, lr 1e-3, 300 steps on the same calibration tokens.
+
+Under torchrun the moments are those of all processes (:func:`edge.analysis.collect_block_moments`
+reduces them), so every process fits the same maps. The trained translators are not split: each
+process trains the same translator on all calibration tokens, seeded, so all hold the same module
+(they are small baselines fitted on about 500 images; only the main process writes it).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ NOSE (:func:`edge.analysis.entropy.nose_select`) and the affine fits see the ori
 of every block. The affine fit of block ``i`` regresses the attention output (``proj``
 included, before ``ls1``) on its input (the ``norm1`` output), one row per token of every
 calibration image, [CLS] and register tokens included (one shared map), in float64 from
-streamed sums (:mod:`edge.analysis.fit`: centred, relative ridge).
+streamed sums (:mod:`edge.analysis.fit`: centred, relative ridge). Under torchrun each process
+streams its share of the images and the sums are added over the processes before the fit.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 import torch
 from torch import nn
 
+from edge import distributed
 from edge.analysis.fit import fit_map, fit_residual
 from edge.analysis.moments import PairMoments
 from edge.compress.attnrm import AffineAttention, AttnRmStep, MLPOnlyBlock
@@ -78,8 +80,12 @@ def select_blocks(step: AttnRmStep, free: list[int], model: nn.Module, calibrati
 @torch.no_grad()
 def collect_attention_moments(model: nn.Module, blocks: list[int], images, spec: InputSpec, *,
                               batch_size: int = 64) -> dict[int, PairMoments]:
-    """Per block: float64 moments of (attention input, attention output) over every calibration token."""
+    """Per block: float64 moments of (attention input, attention output) over every calibration token.
+
+    Under torchrun: this process's share of ``images``, the sums added over all processes.
+    """
     place = positions(model)
+    images = distributed.shard_of(images)
     dim = model_info(model).embed_dim
     moments = {b: PairMoments.zeros(2, dim) for b in blocks}
     handles = []
@@ -96,7 +102,7 @@ def collect_attention_moments(model: nn.Module, blocks: list[int], images, spec:
     finally:
         for handle in handles:
             handle.remove()
-    return moments
+    return {b: m.all_reduce() for b, m in moments.items()}
 
 
 def fit_affine_attention(model: nn.Module, ridges: dict[int, float], images, spec: InputSpec, *,

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from torch import nn
 
+from edge import distributed
 from edge.compress.cost import analytic_flops, count_params, measured_flops
 from edge.compress.method import BuildContext, Built
 from edge.compress.plan import Plan, parse_plan
@@ -42,8 +43,13 @@ def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn
     ``source`` records how to rebuild the uncompressed model (``{"model": spec, "img_size": ...}``).
     The plan is applied in the phases of :mod:`edge.compress.method`, each method in the registry's
     order: prepare, build (resolve and fit on the model before any replacement), place, record.
+
+    Under torchrun (``torchrun --nproc_per_node N -m edge compress ...``) every process streams its
+    share of the calibration images and the statistics are summed over the processes before any fit
+    or choice, so every process returns the same model; the caller writes it from the main process.
     """
     start = time.perf_counter()
+    distributed.init("cpu")
     if any(method.is_applied(model) for method in methods()):
         raise EdgeError(f"{source.get('model')} is already compressed",
                         expected="an uncompressed model (plans index the original blocks)",

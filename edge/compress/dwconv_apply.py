@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from edge import distributed
 from edge.analysis.attention import AttentionStats, collect_attention_stats
 from edge.compress.dwconv import (
     DepthwiseAttention,
@@ -116,8 +117,12 @@ def _fit_inputs(attn: nn.Module, heads: tuple[int, ...], variant: str):
 @torch.no_grad()
 def fit_kernels(model: nn.Module, plans: dict[int, tuple[tuple[int, ...], str]], images, spec: InputSpec, *,
                 k: int, num_prefix_tokens: int, grid: tuple[int, int], batch_size: int = 32) -> dict[int, KernelFit]:
-    """One pass over ``images``: per block, the normal equations of the least-squares kernel fit."""
+    """One pass over ``images``: per block, the normal equations of the least-squares kernel fit.
+
+    Under torchrun: this process's share of ``images``, the sums added over all processes.
+    """
     attns = _attention_by_block(model)
+    images = distributed.shard_of(images)
     p = num_prefix_tokens
     fits, funcs, inputs, handles = {}, {}, {}, []
     for block, (heads, variant) in plans.items():
@@ -140,7 +145,7 @@ def fit_kernels(model: nn.Module, plans: dict[int, tuple[tuple[int, ...], str]],
     finally:
         for handle in handles:
             handle.remove()
-    return fits
+    return {block: fit.all_reduce() for block, fit in fits.items()}
 
 
 def _kernels(init: str, block: int, heads: tuple[int, ...], variant: str, head_dim: int, k: int,

@@ -12,7 +12,8 @@ Three training-free choices:
   real attention output of that channel at every patch token of the calibration images, with
   the same zero padding the convolution uses. Normal equations are accumulated in float64 and
   solved with a ridge term relative to the mean diagonal of the Gram matrix (the bias is not
-  penalised).
+  penalised). Under torchrun the sums are added over the processes (:meth:`KernelFit.all_reduce`)
+  before the solve.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
+
+from edge import distributed
 
 INITS = ("gaussian", "mean", "lsq")
 
@@ -89,6 +92,13 @@ class KernelFit:
         self.target_sq += (y * y).sum((0, 2))
         self.target_sum += y.sum((0, 2))
         self.count += int(y.shape[0] * y.shape[2])
+
+    def all_reduce(self) -> KernelFit:
+        """Sum every process's normal equations into these (in place; nothing changes in one process)."""
+        for tensor in (self.gram, self.cross, self.target_sq, self.target_sum):
+            distributed.all_reduce_sum(tensor)
+        self.count = distributed.all_reduce_count(self.count)
+        return self
 
     def solve(self, ridge: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Kernels ``[C, k, k]``, biases ``[C]`` and in-sample fit statistics (R^2 per channel summary)."""

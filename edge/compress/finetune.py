@@ -31,6 +31,16 @@ teacher and is faded out, its mask M set every step. The phase's state travels i
 checkpoint; evaluations record M; the artifact is written only once every phase is ``final``
 (M = 0) and has been converted to its final structure: a run stopped earlier (``max_steps``)
 leaves only the checkpoint, to be continued.
+
+Many processes (``torchrun --nproc_per_node N -m edge finetune ...``): PyTorch's
+DistributedDataParallel, gloo on the CPU, NCCL on GPUs (one GPU per process). The global batch
+stays ``batch_size``: every process draws the same global batch the one-process run draws and
+takes its rows (:func:`edge.distributed.batch_rows`); its loss is weighted by its share of the
+rows, so the averaged gradient is the gradient of the global batch mean, and the weights equal the
+one-process run's up to the order of float additions. The held-out evaluations are sharded: every
+process scores its share of the images and the counts and loss sums are added (:func:`edge.train.
+held_out_accuracy`). Only the main process writes the checkpoint and the artifact and prints; the
+others wait for it at a barrier and end with it.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge import __version__
+from edge import __version__, distributed
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
 from edge.compress.load import load_model
 from edge.compress.method import TrainingPhase
@@ -56,13 +66,15 @@ from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError, plural
-from edge.evaluate import evaluate
 from edge.fileio import sha256_file
 from edge.models import data_config, parse_model_spec
 from edge.progress import bar, log
 from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
 from edge.train import (
     atomic_torch_save,
+    check_global_batch,
+    found_by_all,
+    held_out_accuracy,
     learning_rate,
     load_checkpoint,
     param_groups,
@@ -175,6 +187,21 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return loss, parts
 
 
+class StudentOutputs(nn.Module):
+    """The student's logits (and pre-logit features) from one ``forward``, the unit DistributedDataParallel wraps.
+
+    It holds the student (its state dict is ``model.*``); the student itself is saved, never this.
+    """
+
+    def __init__(self, model: nn.Module, features: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.features = features
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return logits_and_features(self.model, x, self.features)
+
+
 def logits_and_features(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor,
                                                                                        torch.Tensor | None]:
     """The logits, and with ``features`` also the pre-logit features timm's head reads."""
@@ -266,7 +293,7 @@ def _resume(state: dict, student: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def _accuracy(model: nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
-    result = evaluate(model, data, spec, device=device, show_progress=False)
+    result = held_out_accuracy(model, data, spec, device)
     return {"data": result["data"], "samples": result["samples"], "accuracy": result["accuracy"],
             "loss": result["loss"]}
 
@@ -293,7 +320,8 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
 
     threads = set_threads(config.threads)
-    device = resolve_device(config.device)
+    device = distributed.local_device(resolve_device(config.device))
+    distributed.init(device)
     amp_dtype = resolve_amp(config.amp, device)
     student, manifest = load_artifact(folder)
     reference = teacher_reference(manifest, config)
@@ -304,6 +332,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     train_set = training_set(config.data, config.train_samples, config.seed)
     held_out = held_out_set(config)
 
+    check_global_batch(len(train_set), config.batch_size)
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = config.steps or steps_per_epoch * config.epochs
     last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
@@ -316,7 +345,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
     state = None
-    if resume and checkpoint_path.is_file():
+    if resume and found_by_all(checkpoint_path):
         # refuse another recipe before any work; fields added in later versions compare as their defaults
         state = load_checkpoint(checkpoint_path, recipe, asdict(FinetuneConfig()))
     else:  # the compressed model as it came, before any phase changes it
@@ -329,27 +358,33 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
         step, history, elapsed = _resume(state, student, optimizer, phases)
         del state
         log(f"resuming {checkpoint_path} at step {step}/{last_step}")
-    else:
+    elif distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)
 
     def save_checkpoint() -> None:
+        if not distributed.is_main():
+            return
         atomic_torch_save({"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                            "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed,
                            "phases": {p.name: p.state_dict() for p in phases}}, checkpoint_path)
 
     log(f"finetune {folder} ({manifest.get('plan')}) from {reference['model']} on {train_set.name} "
         f"({len(train_set)} images): {plural(last_step, 'step')} ({steps_per_epoch}/epoch), train={config.train} "
-        f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}")
+        f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}"
+        f"{_processes_note(config.batch_size)}")
     for phase in phases:
         log(f"{phase.name}: {phase.record()}")
     features = bool(config.feature_weight)
     values = {k: v for phase in phases for k, v in phase.state_dict().items()}  # until the first step sets them
+    trainer = distributed.data_parallel(StudentOutputs(student, features), device, find_unused=bool(phases))
     student.train()
     started = time.perf_counter() - elapsed
     with bar(total=last_step, initial=step, desc="finetune", unit="step") as progress:
         while step < last_step:
             epoch, images, labels = training_batch(train_set, step, config.batch_size, config.seed, config.augment)
-            x, y = preprocess(images).to(device), labels.to(device)
+            rows = distributed.batch_rows(len(labels))       # this process's rows of the global batch
+            share = (rows.stop - rows.start) / len(labels)
+            x, y = preprocess(images[rows]).to(device), labels[rows].to(device)
             values = {k: v for phase in phases for k, v in phase.step(step, total_steps).items()}
             lr = learning_rate(step, total_steps, config)
             for group in optimizer.param_groups:
@@ -357,22 +392,26 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                 with torch.no_grad():
                     teacher_logits, teacher_features = logits_and_features(teacher, x, features)
-                student_logits, student_features = logits_and_features(student, x, features)
-            loss, parts = distillation_loss(student_logits, teacher_logits, y, temperature=config.temperature,
-                                            alpha=config.alpha, student_features=student_features,
-                                            teacher_features=teacher_features, feature_weight=config.feature_weight)
+                student_logits, student_features = trainer(x)
+            local, parts = distillation_loss(student_logits, teacher_logits, y, temperature=config.temperature,
+                                             alpha=config.alpha, student_features=student_features,
+                                             teacher_features=teacher_features, feature_weight=config.feature_weight)
+            # the global batch's mean loss and KL (the sum of every process's share; the same on all)
+            loss, kl = distributed.all_reduce_sum(torch.stack([local.detach(), parts["kl"]]) * share).unbind()
             if not torch.isfinite(loss):
                 raise EdgeError(f"fine-tuning diverged at step {step}: loss is {float(loss)}",
                                 fix="lower --lr or use --amp off")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # DDP averages the processes' gradients: weighted by its share of the rows, each adds its part of
+            # the gradient of the global batch mean (the weight is exactly 1 in one process)
+            (local * (share * distributed.world_size())).backward()
             if config.grad_clip:
                 torch.nn.utils.clip_grad_norm_([p for p in student.parameters() if p.requires_grad],
                                                config.grad_clip)
             optimizer.step()
             step += 1
             elapsed = time.perf_counter() - started
-            postfix = {"epoch": epoch, "loss": f"{loss.item():.4f}", "kl": f"{parts['kl'].item():.4f}",
+            postfix = {"epoch": epoch, "loss": f"{loss.item():.4f}", "kl": f"{kl.item():.4f}",
                        "lr": f"{lr:.2e}", **{k: f"{v:.3f}" for k, v in values.items()}}
             epoch_done = step % steps_per_epoch == 0
             if epoch_done and config.eval_every_epoch and step < last_step:
@@ -427,11 +466,22 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     }
     if phases:
         record["phases"] = {phase.name: phase.record() for phase in phases}
-    if not complete:
-        return record
-    stages = [*manifest.get("finetune", []), record]
-    save_artifact(student.cpu(), out, {**manifest, "finetune": stages}, keep=(CHECKPOINT,))
+    if distributed.active():
+        record["processes"] = distributed.world_size()
+    if complete and distributed.is_main():
+        stages = [*manifest.get("finetune", []), record]
+        save_artifact(student.cpu(), out, {**manifest, "finetune": stages}, keep=(CHECKPOINT,))
+    distributed.barrier()   # the others return once the main process has written
     return record
+
+
+def _processes_note(batch_size: int) -> str:
+    if not distributed.active():
+        return ""
+    processes = distributed.world_size()
+    rows = batch_size // processes
+    share = f"{rows}" if batch_size % processes == 0 else f"{rows}-{rows + 1}"
+    return f", {processes} processes (DistributedDataParallel), {share} rows of each global batch of {batch_size} each"
 
 
 def _phase_state(phases: list[TrainingPhase], values: dict) -> dict:

@@ -1,0 +1,217 @@
+"""edge under ``torchrun --nproc_per_node 2`` on the CPU (gloo) against edge in one process.
+
+* Statistics: every process streams its share of the calibration set in float64 and the sums are
+  all-reduced, so the result equals one process's to rounding (measured: at most 6e-15 relative).
+  Asserted: within 1e-10 of the one-process value, relative where the value is above 1 in size.
+* Training: both runs draw the same global batch of 16 each step; two processes train on 8 rows
+  each and DistributedDataParallel averages their gradients. The only difference is the order of
+  float additions (two half-batch sums, then their mean, against one full-batch sum), about 1e-7
+  relative in a gradient. AdamW divides each gradient by its running RMS, so an entry whose true
+  gradient is 0 (the attention's key bias: softmax ignores a constant added to every key) moves by
+  rounding noise scaled up to a learning-rate-sized step, differently in each run; every other
+  weight follows its gradient. Measured (lr 1e-3, 5-6 steps): distillation of a dwconv artifact
+  1.6e-7 max abs; dilution of an attnrm artifact 1.1e-6 max abs, key bias 2.9e-5.
+* Writing: only the main process writes (the output folder is the one-process run's) and prints.
+
+Each launch starts two Python processes that import torch and timm (about 10 s on 2 idle cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from edge import distributed
+from edge.cli import main
+from edge.compress import CompressConfig, compress, save_artifact
+from edge.errors import EdgeError
+from edge.models import create_model
+from edge.models.weights_io import save_safetensors
+from edge.train import check_global_batch
+from tests.edge.compress.conftest import TINY, teacher_weights  # noqa: F401 (a fixture)
+from tests.edge.distributed_worker import TINY as TINY4
+from tests.edge.distributed_worker import statistics
+
+ROOT = Path(__file__).resolve().parents[2]
+STATISTICS_TOLERANCE = 1e-10
+FINETUNE = ["--data", "fmnist-mini", "--train-samples", "48", "--batch-size", "16", "--eval-samples", "100",
+            "--threads", "1", "--amp", "off", "--lr", "1e-3", "--warmup-steps", "2", "--device", "cpu",
+            "--checkpoint-every", "2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(args: list[str], cwd: Path) -> tuple[list[str], list[str]]:
+    """Run ``torchrun --nproc_per_node 2 ARGS`` in ``cwd``; the stdout and stderr of rank 0 and rank 1."""
+    logs = cwd / "torchrun-logs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EDGE_NO_PROGRESS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), "--log-dir", str(logs), "--redirects", "3", *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    ranks = [next(logs.glob(f"*/attempt_0/{rank}")) for rank in (0, 1)]
+    out = [(r / "stdout.log").read_text() for r in ranks]
+    err = [(r / "stderr.log").read_text() for r in ranks]
+    assert result.returncode == 0, f"{' '.join(command)}\nexit {result.returncode}\n{result.stderr[-3000:]}\n" \
+                                   f"rank 0: {err[0][-3000:]}\nrank 1: {err[1][-3000:]}"
+    return out, err
+
+
+def assert_same(one, two, path: str = "") -> None:
+    """Equal structure; numbers within STATISTICS_TOLERANCE, relative where larger than 1 in size."""
+    if isinstance(one, dict):
+        assert set(one) == set(two), path
+        for key in one:
+            assert_same(one[key], two[key], f"{path}/{key}")
+    elif isinstance(one, list):
+        assert len(one) == len(two), path
+        for i, (a, b) in enumerate(zip(one, two)):
+            assert_same(a, b, f"{path}[{i}]")
+    elif isinstance(one, torch.Tensor):
+        assert one.dtype == two.dtype == torch.float64 and one.shape == two.shape, path
+        error = ((one - two).abs() / one.abs().clamp_min(1.0)).max().item()
+        assert error <= STATISTICS_TOLERANCE, f"{path}: {error:.3g}"
+    elif isinstance(one, float):
+        assert abs(one - two) <= STATISTICS_TOLERANCE * max(1.0, abs(one)), f"{path}: {one} != {two}"
+    else:
+        assert one == two, f"{path}: {one} != {two}"
+
+
+def test_statistics_of_two_processes_equal_one_process(tmp_path):
+    torch.manual_seed(0)
+    weights = tmp_path / "tiny.safetensors"
+    save_safetensors(create_model(TINY4).state_dict(), weights)
+    out, _ = torchrun(["-m", "tests.edge.distributed_worker", str(weights), str(tmp_path / "two.pt")], tmp_path)
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    assert two.pop("world_size") == 2 and out == ["", ""]
+    one = statistics(str(weights))
+    assert one["block_moments"]["samples"] == 37 and one["attention"]["samples"] == 37
+    assert_same(one, two)
+
+
+@pytest.fixture(scope="module")
+def artifacts(teacher_weights, tmp_path_factory):  # noqa: F811 (the fixture imported above)
+    """The tiny teacher compressed two ways: every attention a depthwise conv, and block 1's attention removed."""
+    source = {"model": TINY, "weights": str(teacher_weights), "img_size": None}
+    folder = tmp_path_factory.mktemp("compressed")
+    out = {}
+    for name, plan in (("dwconv", "dwconv:blocks=0+1:init=gaussian"), ("attnrm", "attnrm:blocks=1")):
+        model, manifest = compress(create_model(TINY, weights=teacher_weights), source,
+                                   CompressConfig(plan=plan, data="fmnist-mini", samples=24))
+        out[name] = save_artifact(model, folder / name, manifest)
+    return out
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _finetune_both(artifact: Path, tmp_path: Path, extra: list[str], capsys) -> tuple[dict, dict, list, list]:
+    """One process (in this one) and two (torchrun) on the same recipe: their weights, rank outputs."""
+    assert main(["finetune", str(artifact), "--out", str(tmp_path / "one"), *FINETUNE, *extra]) == 0
+    capsys.readouterr()
+    work = tmp_path / "work"
+    work.mkdir()
+    out, err = torchrun(["-m", "edge", "finetune", str(artifact), "--out", str(work / "two"), "--json", *FINETUNE,
+                         *extra], work)
+    # only the main process wrote: the folder holds what the one-process run wrote, nothing else beside it
+    assert _files(work / "two") == _files(tmp_path / "one") == ["checkpoint.pt", "edge-model.json",
+                                                                "model.safetensors"]
+    assert sorted(p.name for p in work.iterdir()) == ["torchrun-logs", "two"]
+    return load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(work / "two" / "model.safetensors")), \
+        out, err
+
+
+def test_distillation_of_two_processes_equals_one_process_and_one_writes(artifacts, tmp_path, capsys):
+    one, two, out, err = _finetune_both(artifacts["dwconv"], tmp_path, ["--epochs", "2"], capsys)
+    assert out[1] == "", "rank 1 printed on stdout"
+    assert "accuracy" not in err[1] and "finetune" not in err[1], "rank 1 logged progress"
+    record = json.loads(out[0])
+    assert record["processes"] == 2 and record["steps"] == 6 and record["artifact"] is not None
+    assert one.keys() == two.keys()
+    for name in one:   # measured 1.6e-7 at most (lr 1e-3, 6 steps)
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-6, msg=name)
+    tuned = json.loads((tmp_path / "one" / "edge-model.json").read_text())["finetune"][-1]
+    assert "processes" not in tuned
+    for a, b in zip(tuned["history"], record["history"]):   # sharded held-out evaluation: the same counts
+        assert (a["samples"], a["accuracy"]) == (b["samples"], b["accuracy"])
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_dilution_of_two_processes_equals_one_process(artifacts, tmp_path, capsys):
+    """Dilution: the copied attention trains while M > 0 and gets no gradient at M = 0 (DDP finds it unused)."""
+    one, two, out, _ = _finetune_both(artifacts["attnrm"], tmp_path, ["--dilute", "--steps", "5"], capsys)
+    assert out[1] == ""
+    assert json.loads(out[0])["phases"]["dilution"]["M"] == 0.0
+    _assert_trained_weights_close(one, two, lr=1e-3, steps=5, dim=32)   # measured 1.1e-6; key bias 2.9e-5
+
+
+def test_global_batch_must_give_every_process_a_row(monkeypatch):
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    check_global_batch(48, 16)
+    check_global_batch(34, 16)                   # the last batch of an epoch has 2 images, one per process
+    with pytest.raises(EdgeError, match="batch of 1 image"):
+        check_global_batch(48, 1)
+    with pytest.raises(EdgeError, match="batch of 1 image.*49 training images"):
+        check_global_batch(49, 16)
+
+
+def _assert_trained_weights_close(one: dict, two: dict, lr: float, steps: int, dim: int) -> None:
+    """Every weight within 1e-5; the attention's key bias (exact gradient 0) within ``lr * steps``."""
+    assert one.keys() == two.keys()
+    for name in one:
+        if name.endswith("attn.qkv.bias"):
+            key = slice(dim, 2 * dim)
+            torch.testing.assert_close(two[name][key], one[name][key], rtol=0, atol=lr * steps, msg=name)
+            one[name][key] = two[name][key]
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_train_of_two_processes_equals_one_process(tmp_path, capsys):
+    args = [TINY, "--data", "fmnist-mini", "--train-samples", "64", "--batch-size", "16", "--epochs", "1",
+            "--warmup-steps", "2", "--threads", "1", "--amp", "off", "--save-dtype", "float32"]
+    assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    work = tmp_path / "work"
+    work.mkdir()
+    out, _ = torchrun(["-m", "edge", "train", *args, "--out", str(work / "two"), "--json"], work)
+    assert out[1] == "" and json.loads(out[0])["processes"] == 2
+    assert _files(work / "two") == _files(tmp_path / "one")
+    _assert_trained_weights_close(load_file(str(tmp_path / "one" / "model.safetensors")),
+                                  load_file(str(work / "two" / "model.safetensors")), lr=1e-3, steps=4, dim=32)
+
+
+@pytest.mark.slow
+def test_compress_of_two_processes_equals_one_process(tmp_path, capsys):
+    """NOSE (entropy moments) and the affine fit (attention moments) from two processes' shares."""
+    torch.manual_seed(0)
+    weights = tmp_path / "tiny.safetensors"
+    save_safetensors(create_model(TINY4).state_dict(), weights)
+    args = [TINY4, "--weights", str(weights), "--plan", "attnrm:auto=2:init=affine", "--data", "fmnist-mini",
+            "--samples", "37"]
+    assert main(["compress", *args, "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    work = tmp_path / "work"
+    work.mkdir()
+    out, _ = torchrun(["-m", "edge", "compress", *args, "--out", str(work / "two"), "--json"], work)
+    assert out[1] == ""
+    assert _files(work / "two") == _files(tmp_path / "one")
+    manifests = [json.loads((folder / "edge-model.json").read_text()) for folder in (tmp_path / "one", work / "two")]
+    assert manifests[0]["plan"] == manifests[1]["plan"] == json.loads(out[0])["plan"]
+    one, two = (load_file(str(folder / "model.safetensors")) for folder in (tmp_path / "one", work / "two"))
+    for name in one:   # measured 3.6e-12: maps solved in float64 from sums equal to 1e-15
+        torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-9, msg=name)
