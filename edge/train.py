@@ -176,7 +176,9 @@ def resume_from(path: Path, recipe: dict, defaults: dict, model: torch.nn.Module
 def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     """Train ``config.model`` on ``config.data``; write weights, checkpoint and model card to ``out``.
 
-    With ``resume`` (default) an existing ``out/checkpoint.pt`` of the same recipe is continued.
+    With ``resume`` (default) an existing ``out/checkpoint.pt`` of the same recipe is continued. The
+    checkpoint is removed once the whole schedule has run; a run stopped earlier (``max_steps``,
+    Ctrl-C, a crash) keeps it.
     """
     out = Path(out)
     threads = set_threads(config.threads)
@@ -294,6 +296,8 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
         card["processes"] = distributed.world_size()
     if distributed.is_main():
         write_text_atomic(json.dumps(card, indent=2) + "\n", out / "card.json")
+        if step >= total_steps:  # finished: nothing left to resume (a --max-steps stop keeps its checkpoint)
+            checkpoint_path.unlink(missing_ok=True)
     distributed.barrier()   # the others return once the main process has written
     return card
 

@@ -50,6 +50,13 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path):
     assert all(torch.equal(ws[k], wr[k]) for k in ws)
 
 
+def test_the_checkpoint_stays_only_while_resumable_work_remains(tmp_path):
+    train(_config(max_steps=3), tmp_path / "run")  # stopped early: the checkpoint is kept to continue
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+    assert train(_config(), tmp_path / "run")["steps"] == 8
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["card.json", "model.safetensors"]
+
+
 def test_resume_with_a_different_recipe_is_refused(tmp_path):
     train(_config(max_steps=2), tmp_path / "run")
     with pytest.raises(EdgeError, match="different recipe .*lr"):
