@@ -1,10 +1,11 @@
-"""``edge finetune``: distil the source model into a compressed artifact (KL on logits, AdamW, resumable)."""
+"""``edge finetune``: distil the source model into a compressed artifact or another model (KL on logits, AdamW,
+resumable)."""
 
 from __future__ import annotations
 
 import sys
 
-from edge.cli.common import add_command, emit
+from edge.cli.common import add_command, add_weights_option, emit
 from edge.cli.options import Data, Device, ExistingFile, Model, OutputFolder, config_type
 from edge.errors import plural
 
@@ -16,8 +17,8 @@ EXAMPLES = """  # one epoch of distillation from fmnist-deit-tiny into its 6-blo
   edge finetune runs/dw6 --train replaced --alpha 0.2 --feature-weight 1.0 --out runs/dw6-ft-replaced
 
   # a shortened run of the same schedule; run the same command again to continue it
-  edge finetune runs/dw6 --epochs 1 --max-steps 100 --out runs/dw6-ft
-  edge finetune runs/dw6 --epochs 1 --out runs/dw6-ft
+  edge finetune runs/dw6 --epochs 1 --max-steps 100 --out runs/dw6-short
+  edge finetune runs/dw6 --epochs 1 --out runs/dw6-short
 
   # dilution learning of an attention-removal artifact: 2 epochs, the removed attention faded out
   # (M 1 -> 0 over the first 75 % of the steps, then M = 0); the result is MLP-only blocks x = 2x + ...
@@ -60,9 +61,10 @@ def add_finetune_options(parser) -> None:
                         help="turn off shift/flip")
     parser.add_argument("--eval-samples", type=config_type(FinetuneConfig, "--eval-samples"),
                         help="held-out images (seeded, class-balanced subset of the test split; default: all)")
-    parser.add_argument("--teacher", type=Model(), help="model to distil from (default: the artifact's source model)")
+    parser.add_argument("--teacher", type=Model(),
+                        help="model to distil from (default: the artifact's source model, or the named model itself)")
     parser.add_argument("--teacher-weights", type=ExistingFile(),
-                        help="weights of the teacher (default: the artifact's source weights)")
+                        help="weights of the teacher (default: the artifact's source weights, or the bundled ones)")
     parser.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default=d.amp,
                         help="mixed precision; auto = bf16 where the CPU/GPU runs it natively")
     parser.add_argument("--device", type=Device(), default=d.device, help="auto, cpu or cuda[:N]")
@@ -96,11 +98,18 @@ def register(subparsers) -> None:
     parser = add_command(subparsers, "finetune", "fine-tune a compressed model by distillation from its source model",
                          "KL divergence between the softened logits of the source model (the teacher) and the\n"
                          "compressed model, optionally mixed with hard-label cross-entropy and a feature MSE;\n"
-                         "AdamW, warm-up then cosine decay; GPU if present. OUT is an artifact like ARTIFACT\n"
-                         "whose edge-model.json records the recipe, the teacher and the held-out accuracy\n"
-                         "before and after; OUT/checkpoint.pt lets the same command continue a stopped run.",
+                         "AdamW, warm-up then cosine decay; GPU if present. STUDENT is an artifact folder, or a\n"
+                         "model name with --weights (a model compressed or pruned elsewhere; its shapes must be\n"
+                         "those the name builds); a module of your own code goes through the Python entry point\n"
+                         "edge.compress.finetune.distil. OUT is an artifact whose edge-model.json records the\n"
+                         "recipe, the teacher and the held-out accuracy before and after; OUT/checkpoint.pt lets\n"
+                         "the same command continue a stopped run (a finished run removes it).",
                          EXAMPLES)
-    parser.add_argument("artifact", type=Model(), help="a folder written by `edge compress`")
+    parser.add_argument("student", type=Model(),
+                        help="a folder written by `edge compress`, or fmnist-deit-tiny / timm:ARCH[,key=value...] "
+                             "with --weights")
+    add_weights_option(parser, help="weights of a named STUDENT (.safetensors, or a weights-only torch state dict); "
+                                    "its shapes must be those the name builds")
     parser.add_argument("--out", required=True, type=OutputFolder(),
                         help="output folder (an artifact, written atomically)")
     parser.add_argument("--data", type=Data(), default=d.data,
@@ -120,7 +129,7 @@ def run(args) -> int:
     from edge.compress.finetune import finetune
 
     config = finetune_config(args, command=["edge", *sys.argv[1:]])
-    record = finetune(args.artifact, args.out, config, resume=args.resume)
+    record = finetune(args.student, args.out, config, weights=args.weights, resume=args.resume)
     before, after = record["eval_before"], record["eval"]
     if record["artifact"] is None:
         emit({**record, "out": args.out}, args.json,

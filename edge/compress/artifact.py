@@ -7,6 +7,10 @@ An artifact is a folder:
   record}`` per plan step, the record written by the step's method (format version 2; version 1
   kept one key per method, ``spans``/``dwconv``/``prefix_dropped``, and still loads);
 * ``model.safetensors`` the compressed model's full state dict (float32).
+* ``origin`` (only when ``edge finetune`` / ``distil`` started from no artifact): ``{"kind": "model",
+  "model": SPEC, ...}`` rebuilds from the spec like a source model; ``{"kind": "module", "class": ...}``
+  is a module of the user's code, which edge cannot rebuild: :func:`load_artifact` refuses it and says
+  how to restore it in Python.
 
 Restoring needs neither the calibration data nor the source weights: the source
 architecture is rebuilt from its name, each method rebuilds its recorded modules at their seams
@@ -40,20 +44,22 @@ def is_artifact(path: str | Path) -> bool:
     return (path / MANIFEST).is_file() or (path.name == MANIFEST and path.is_file())
 
 
-def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple[str, ...] = ()) -> Path:
+def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple[str, ...] = (),
+                  drop: tuple[str, ...] = ()) -> Path:
     """Write ``out/`` atomically: the manifest of :func:`~edge.compress.compress` (with each step's record)
     and the full state dict.
 
-    Files of an existing ``out/`` named in ``keep`` (a fine-tuning checkpoint) move into the new folder.
+    Files of an existing ``out/`` named in ``keep`` (a fine-tuning checkpoint) move into the new folder;
+    those named in ``drop`` may be there and go with the folder it replaces (a finished run's checkpoint).
     """
     if "steps" not in manifest:
         raise InternalError("save_artifact needs a manifest from compress() or load_artifact() (it has no 'steps')")
     out = Path(out)
-    if out.exists() and not is_artifact(out) and any(p.name not in keep for p in out.iterdir()):
+    if out.exists() and not is_artifact(out) and any(p.name not in (*keep, *drop) for p in out.iterdir()):
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
     with atomic_folder(out) as tmp:
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "edge": __version__, **manifest,
-                  "info": model_info(model).as_dict()}
+                  "info": _info(model)}
         record.update(format=FORMAT, format_version=FORMAT_VERSION, edge=__version__)  # a loaded manifest's own
         save_safetensors({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp / WEIGHTS,
                          metadata={"format": FORMAT})
@@ -62,6 +68,13 @@ def save_artifact(model: nn.Module, out: str | Path, manifest: dict, keep: tuple
             if (out / name).is_file():
                 os.replace(out / name, tmp / name)
     return out
+
+
+def _info(model: nn.Module) -> dict:
+    """The ViT geometry of ``model``; only its parameter count for a module of the user's own (not a timm ViT)."""
+    if all(hasattr(model, name) for name in ("patch_embed", "blocks", "num_prefix_tokens", "embed_dim")):
+        return model_info(model).as_dict()
+    return {"params": sum(p.numel() for p in model.parameters())}
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -123,6 +136,14 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
     path = Path(path)
     folder = path.parent if path.name == MANIFEST else path
     manifest = read_manifest(folder)
+    origin = manifest.get("origin") or {}
+    if origin.get("kind") == "module":
+        raise EdgeError(f"{folder} holds the weights of a model built by Python code ({origin.get('class')}); edge "
+                        "cannot rebuild that module (an artifact restores from a model name and a plan)",
+                        expected="an artifact of `edge compress`, or of `edge finetune` on a model edge knows",
+                        fix="in Python, build the module as for distil(), load the weights with "
+                            f"edge.compress.finetune.load_distilled(module, {str(folder)!r}), then evaluate or "
+                            "export it there (edge.evaluate.evaluate, edge.export.export)")
     try:
         source = manifest["source"]
         model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)

@@ -1,7 +1,10 @@
 """Fine-tune a compressed model by knowledge distillation from the model it was compressed from.
 
-The teacher is the artifact's source model (its manifest names the model, weights and input
-size; the bundled reference model rebuilds from its name). Each step feeds the same seeded,
+The student (:mod:`edge.compress.student`) is an artifact of ``edge compress``, a model spec with a
+weights file (e.g. a model pruned by another tool), or, through :func:`distil`, a module of the
+user's own code; one recipe serves all three. The teacher is ``--teacher`` (``teacher=``), else the
+artifact's source model (its manifest names the model, weights and input size; the bundled
+reference model rebuilds from its name) or the spec's own model. Each step feeds the same seeded,
 augmented batch to both models and minimises (Hinton et al.)
 
     L = (1 - alpha) * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
@@ -20,8 +23,9 @@ training images: ``all`` 0.807, ``replaced`` 0.732
 Determinism and resuming follow ``edge train``: epoch ``e`` visits the training set in the
 order ``randperm(N, seed=(seed, e))``, step ``s`` draws its augmentation from ``(seed, s)``,
 and ``OUT/checkpoint.pt`` (model, optimizer, step, recipe) is continued by the same command;
-a checkpoint of another recipe, student or teacher is refused. The result is an artifact like
-the one it started from (same plan and modules, restorable by :func:`load_artifact`), whose
+a checkpoint of another recipe, student or teacher is refused. It is kept only while resumable
+work remains (a ``max_steps`` stop, Ctrl-C, a crash): a finished run's artifact holds none. The
+result is an artifact like the one it started from (same plan and modules, restorable by :func:`load_artifact`), whose
 manifest gains a ``finetune`` record: recipe, teacher, held-out accuracy before and after.
 
 ``dilute`` (dilution learning, :mod:`edge.compress.dilution`): a method may train its modules
@@ -45,11 +49,12 @@ others wait for it at a barrier and end with it.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -57,17 +62,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge import __version__, distributed
-from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, save_artifact, source_state_sha256
+from edge.compress.artifact import WEIGHTS, is_artifact, save_artifact, source_state_sha256
 from edge.compress.load import load_model
 from edge.compress.method import TrainingPhase
 from edge.compress.registry import methods, module_types
+from edge.compress.student import ENTRY_POINT, Student, check_classifier, load_student, module_student, own_data_config
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError, plural
-from edge.fileio import sha256_file
-from edge.models import data_config, parse_model_spec
+from edge.models import parse_model_spec
+from edge.models.weights_io import load_weights, read_state_dict
 from edge.progress import bar, log
 from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
 from edge.train import (
@@ -234,22 +240,24 @@ def select_trainable(model: nn.Module, which: str, extra_types: tuple[type[nn.Mo
 
 
 def teacher_reference(manifest: dict, config: FinetuneConfig) -> dict:
-    """How to build the teacher: ``--teacher``/``--teacher-weights``, else the artifact's source model."""
-    source = manifest.get("source", {})
+    """How to build the teacher: ``--teacher``/``--teacher-weights``, else the teacher the manifest names (that of
+    an earlier fine-tune, or a model student's own model), else the artifact's source model."""
+    default = manifest.get("teacher") or manifest.get("source") or {}
     if config.teacher:
         reference = {"model": config.teacher, "weights": config.teacher_weights, "img_size": None}
     else:
-        reference = {"model": source.get("model"), "weights": config.teacher_weights or source.get("weights"),
-                     "img_size": source.get("img_size")}
+        reference = {"model": default.get("model"), "weights": config.teacher_weights or default.get("weights"),
+                     "img_size": default.get("img_size")}
     spec = reference["model"]
     if not spec:
-        raise EdgeError("the artifact's manifest names no source model to distil from",
-                        fix="pass --teacher MODEL (and --teacher-weights)")
+        raise EdgeError("no teacher to distil from: the student names no source model",
+                        fix="pass --teacher MODEL (and --teacher-weights), or teacher= in Python")
     if reference["weights"] is None and not (Path(spec).exists() and is_artifact(spec)) \
             and parse_model_spec(spec).bundled is None:
         raise EdgeError(f"the teacher {spec} has no weights (it would be randomly initialised)",
                         expected="a bundled model, an artifact, or a timm architecture with --teacher-weights",
-                        fix="pass --teacher-weights with the weights the artifact was compressed from")
+                        fix="pass --teacher-weights with the weights of the model to distil from (the one the "
+                            "student was compressed or pruned from)")
     return reference
 
 
@@ -298,49 +306,105 @@ def _accuracy(model: nn.Module, data, spec: InputSpec, device: torch.device) -> 
             "loss": result["loss"]}
 
 
-def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, resume: bool = True,
-             student_name: str | None = None) -> dict:
-    """Distil the artifact's source model into the compressed model; write the result as an artifact at ``out``.
-
-    Returns the ``finetune`` record added to the manifest. With ``resume`` (default) an existing
-    ``out/checkpoint.pt`` of the same recipe, student and teacher is continued. ``student_name``
-    replaces the artifact's path in the record (for a temporary artifact).
-    """
-    check_config(config)
-    artifact, out = Path(artifact), Path(out)
-    if not is_artifact(artifact):
-        raise EdgeError(f"{artifact} is not a compressed model", expected="a folder written by `edge compress` "
-                        "(with edge-model.json)", fix="run `edge compress MODEL --plan ... --out FOLDER` first")
-    folder = artifact.parent if artifact.is_file() else artifact
-    if out.resolve() == folder.resolve():
+def check_out(out: Path, student: str | Path | Student) -> None:
+    """Refuse an ``out`` that is the student's own folder, a file, or a folder of something else."""
+    folder = student.folder if isinstance(student, Student) else Path(student)
+    if folder is not None and folder.exists() and out.resolve() == folder.resolve():
         raise EdgeError(f"--out {out} is the artifact being fine-tuned", fix="write the result to another folder")
     if out.exists() and not out.is_dir():
         raise EdgeError(f"--out {out} is a file", fix="choose a new folder")
     if out.exists() and not is_artifact(out) and any(p.name != CHECKPOINT for p in out.iterdir()):
         raise EdgeError(f"--out {out} exists and is not an edge artifact", fix="choose a new or empty folder")
 
+
+def resolve_teacher(manifest: dict, config: FinetuneConfig, module: nn.Module | None) -> tuple[dict, nn.Module]:
+    """The teacher's reference (what the record names) and the frozen teacher: ``module`` if given (Python)."""
+    if module is None:
+        reference = teacher_reference(manifest, config)
+        return reference, build_teacher(reference)
+    if config.teacher or config.teacher_weights:
+        raise EdgeError("a teacher module and --teacher/--teacher-weights were both given", fix="give one teacher")
+    for p in module.parameters():
+        p.requires_grad_(False)
+    cls = f"{type(module).__module__}.{type(module).__qualname__}"
+    return {"model": f"Python module {cls}", "weights": None, "img_size": None}, module.eval()
+
+
+def input_config(source: Student, teacher: nn.Module, reference: dict) -> dict:
+    """The timm data config both models are fed with: the student's own, else the teacher's."""
+    config = source.data_config or own_data_config(teacher)
+    if config is None:
+        raise EdgeError(f"neither the student {source.where} nor the teacher {reference['model']} says which inputs "
+                        "it takes", expected="a timm ViT on either side, or a data config",
+                        fix="pass data_config={'input_size': (C, H, W), 'mean': ..., 'std': ...} to distil()")
+    return config
+
+
+def check_pair(source: Student, student: nn.Module, teacher: nn.Module, reference: dict, spec: InputSpec,
+               data, config: FinetuneConfig, device: torch.device) -> None:
+    """Refuse a student/teacher pair the recipe cannot distil, before anything is written."""
+    size = (spec.channels, spec.height, spec.width)
+    for role, model, where in (("student", student, source.where), ("teacher", teacher, reference["model"])):
+        check_classifier(model, size, data.num_classes, data.name, role=role, where=where, device=device)
+    if config.feature_weight and not all(hasattr(m, a) for m in (student, teacher)
+                                         for a in ("forward_features", "forward_head", "head")):
+        raise EdgeError(f"--feature-weight {config.feature_weight} needs the pre-logit features of both models",
+                        expected="timm models (forward_features, forward_head, head)",
+                        fix="drop --feature-weight (distil the logits only)")
+    if source.kind == "artifact":
+        return
+    if config.train == "replaced":
+        raise EdgeError(f"--train replaced trains the modules a compression put in; {source.where} has none "
+                        "(it is no artifact of `edge compress`)", fix="use --train all")
+    if config.alpha == 0 and source.sha256 == source_state_sha256(teacher):
+        raise EdgeError(f"the student {source.where} and the teacher {reference['model']} are the same weights: "
+                        "the distillation loss is 0 and only weight decay would move them",
+                        fix="pass the student's own weights (--weights), or another teacher (--teacher, "
+                            "--teacher-weights)")
+
+
+def finetune(student: str | Path | Student, out: str | Path, config: FinetuneConfig, *,
+             weights: str | Path | None = None, teacher: nn.Module | None = None, resume: bool = True,
+             student_name: str | None = None) -> dict:
+    """Distil the teacher into the student; write the result as an artifact at ``out``.
+
+    ``student``: an artifact folder (the teacher defaults to its source model), a model spec with its
+    ``weights`` (the teacher defaults to the spec's own model), or a :class:`Student` (:func:`distil`
+    makes one of a Python module). ``teacher``: a teacher module (Python only; default: built from
+    ``config.teacher``, else the student's default). Returns the ``finetune`` record added to the
+    manifest. With ``resume`` (default) an existing ``out/checkpoint.pt`` of the same recipe, student
+    and teacher is continued. ``student_name`` replaces the artifact's path in the record (for a
+    temporary artifact).
+    """
+    check_config(config)
+    out = Path(out)
+    check_out(out, student)
+    source = student if isinstance(student, Student) else load_student(student, weights=weights)
+    folder = source.where
+
     threads = set_threads(config.threads)
     device = distributed.local_device(resolve_device(config.device))
     distributed.init(device)
     amp_dtype = resolve_amp(config.amp, device)
-    student, manifest = load_artifact(folder)
-    reference = teacher_reference(manifest, config)
-    teacher = build_teacher(reference).to(device)
+    student, manifest = source.model, source.manifest
+    reference, teacher = resolve_teacher(manifest, config, teacher)
+    teacher = teacher.to(device)
     student = student.to(device)
-    spec = InputSpec.from_data_config(data_config(student))
+    spec = InputSpec.from_data_config(input_config(source, teacher, reference))
     preprocess = ArrayPreprocess(spec)
     train_set = training_set(config.data, config.train_samples, config.seed)
     held_out = held_out_set(config)
+    check_pair(source, student, teacher, reference, spec, train_set, config, device)
 
     check_global_batch(len(train_set), config.batch_size)
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = config.steps or steps_per_epoch * config.epochs
     last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
-    phases = training_phases(student, teacher, replace(config, steps=total_steps), str(folder),
+    phases = training_phases(student, teacher, replace(config, steps=total_steps), folder,
                              {step["method"] for step in manifest.get("steps", [])})
     teacher_sha = source_state_sha256(teacher)
     recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
-              "student_sha256": sha256_file(folder / WEIGHTS), "teacher_sha256": teacher_sha}
+              "student_sha256": source.sha256, "teacher_sha256": teacher_sha}
 
     step, history, elapsed = 0, [], 0.0
     checkpoint_path = out / CHECKPOINT
@@ -368,7 +432,8 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
                            "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed,
                            "phases": {p.name: p.state_dict() for p in phases}}, checkpoint_path)
 
-    log(f"finetune {folder} ({manifest.get('plan')}) from {reference['model']} on {train_set.name} "
+    log(f"finetune {folder}{f' ({plan})' if (plan := manifest.get('plan')) else ''} from {reference['model']} "
+        f"on {train_set.name} "
         f"({len(train_set)} images): {plural(last_step, 'step')} ({steps_per_epoch}/epoch), train={config.train} "
         f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}"
         f"{_processes_note(config.batch_size)}")
@@ -444,7 +509,7 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
     record = {
         "recipe": {**recipe, "max_steps": config.max_steps},
         "teacher": {**reference, "sha256": teacher_sha},
-        "student": {"artifact": student_name or str(folder), "plan": manifest.get("plan"),
+        "student": {**source.record, **({"artifact": student_name} if student_name else {}),
                     "sha256": recipe["student_sha256"]},
         "trainable_params": trainable,
         "steps": step,
@@ -470,7 +535,11 @@ def finetune(artifact: str | Path, out: str | Path, config: FinetuneConfig, *, r
         record["processes"] = distributed.world_size()
     if complete and distributed.is_main():
         stages = [*manifest.get("finetune", []), record]
-        save_artifact(student.cpu(), out, {**manifest, "finetune": stages}, keep=(CHECKPOINT,))
+        # the teacher a later fine-tune of this artifact distils from by default (a module cannot be rebuilt)
+        named = {"teacher": reference} if not reference["model"].startswith("Python module") else {}
+        # the checkpoint stays only while resumable work remains (a --max-steps stop); a finished run drops it
+        save_artifact(student.cpu(), out, {**manifest, **named, "finetune": stages},
+                      keep=(CHECKPOINT,) if step < total_steps else (), drop=(CHECKPOINT,))
     distributed.barrier()   # the others return once the main process has written
     return record
 
@@ -500,5 +569,49 @@ def _phase_note(phases: list[TrainingPhase], values: dict) -> str:
     return f" at {shown}" if all(p.final for p in phases) else f" at {shown} (not the final structure)"
 
 
-__all__ = ["FinetuneConfig", "check_config", "distillation_loss", "finetune", "held_out_set", "select_trainable",
-           "training_phases"]
+RECIPE_ARGUMENTS = tuple(f.name for f in fields(FinetuneConfig) if f.name not in ("data", "teacher", "teacher_weights",
+                                                                                   "command"))
+
+
+def distil(student: nn.Module, *, out: str | Path, teacher: str | nn.Module, teacher_weights: str | Path | None = None,
+           data: str = "fmnist", name: str | None = None, data_config: dict | None = None, resume: bool = True,
+           **recipe) -> dict:
+    """Distil ``teacher`` into a model built by your own code, with the recipe of ``edge finetune``.
+
+    ``student``: any ``torch.nn.Module`` classifier of ``data``'s classes (e.g. a ViT pruned by another
+    tool, whose widths no model spec names). ``teacher``: a model spec edge knows (with
+    ``teacher_weights``), an artifact folder, or a module. ``recipe``: the options of ``edge finetune``
+    as :class:`FinetuneConfig` fields (``epochs=1, lr=5e-4, batch_size=64, ...``). The inputs (size,
+    mean, std) are ``data_config`` if given, else the student's own (a timm ViT), else the teacher's.
+
+    Neither module you pass is changed. ``out`` holds the trained weights (``model.safetensors``) and a
+    manifest whose ``origin`` names the student's class: edge cannot rebuild a module from it, so restore
+    it with :func:`load_distilled` on a module built as ``student`` was. Returns the fine-tune record.
+    """
+    unknown = sorted(set(recipe) - set(RECIPE_ARGUMENTS))
+    if unknown:
+        raise EdgeError(f"distil() has no recipe option {', '.join(map(repr, unknown))}",
+                        expected=f"FinetuneConfig fields: {', '.join(RECIPE_ARGUMENTS)}",
+                        fix="check the spelling (the CLI's --max-steps is max_steps)")
+    if not isinstance(teacher, (str, Path, nn.Module)):
+        raise EdgeError(f"teacher= is a {type(teacher).__name__}",
+                        expected="a model spec, an artifact folder, or a torch.nn.Module")
+    source = module_student(copy.deepcopy(student), name=name, data_config=data_config)
+    module = copy.deepcopy(teacher) if isinstance(teacher, nn.Module) else None
+    config = FinetuneConfig(data=data, teacher=None if module is not None else str(teacher),
+                            teacher_weights=None if teacher_weights is None else str(teacher_weights),
+                            command=[f"{ENTRY_POINT}({source.record['name']}, ...)"], **recipe)
+    return finetune(source, out, config, teacher=module, resume=resume)
+
+
+def load_distilled(module: nn.Module, folder: str | Path) -> nn.Module:
+    """Load the weights :func:`distil` wrote to ``folder`` into ``module`` (built as the student was); returns it."""
+    folder = Path(folder)
+    if not is_artifact(folder):
+        raise EdgeError(f"{folder} is not an edge artifact", expected="the out= folder of distil()")
+    load_weights(module, read_state_dict(folder / WEIGHTS), str(folder / WEIGHTS))
+    return module.eval()
+
+
+__all__ = ["FinetuneConfig", "check_config", "distil", "distillation_loss", "finetune", "held_out_set",
+           "load_distilled", "select_trainable", "training_phases"]

@@ -7,7 +7,7 @@ from edge.train import TrainConfig, train
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # trained once for every fine-tuning test module (12 s)
 def teacher_weights(tmp_path_factory):
     """A tiny ViT trained for 32 steps on fmnist-mini (a random one has near-constant, ill-conditioned logits)."""
     out = tmp_path_factory.mktemp("teacher")

@@ -203,7 +203,8 @@ def test_schedules_that_do_not_end_at_zero_are_refused(total, fraction, shape, m
 
 
 def test_dilution_writes_only_the_m0_model_as_mlp_only_blocks_and_records_m(teacher_weights, artifact, tmp_path):
-    record = finetune(artifact, tmp_path / "d", _config())
+    # stopped at step 5 of 6 (M = 0 from step 4): the artifact is written and the checkpoint kept to compare with
+    record = finetune(artifact, tmp_path / "d", _config(max_steps=5))
     model, manifest = load_artifact(tmp_path / "d")
     assert isinstance(model.blocks[1], MLPOnlyBlock) and float(model.blocks[1].scale) == 2.0
     assert not isinstance(model.blocks[0], MLPOnlyBlock)

@@ -121,10 +121,35 @@ def test_interrupted_run_resumes_to_identical_weights(artifact, tmp_path):
     assert resumed["history"][0]["step"] == 0 and resumed["eval_before"] == partial["eval_before"]
 
 
+def test_the_checkpoint_stays_only_while_resumable_work_remains(artifact, tmp_path, monkeypatch):
+    import edge.compress.finetune as module
+
+    out = tmp_path / "ft"
+    finetune(artifact, out, _config(max_steps=3))  # stopped by --max-steps: artifact of step 3 and its checkpoint
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "edge-model.json", "model.safetensors"]
+    schedule = module.learning_rate
+
+    def interrupted(step, total, config):  # Ctrl-C during step 5 (0-based 4), after the checkpoint of step 4
+        if step == 4:
+            raise KeyboardInterrupt
+        return schedule(step, total, config)
+
+    monkeypatch.setattr(module, "learning_rate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(artifact, out, _config())
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 4
+    assert load_artifact(out)[1]["finetune"][-1]["steps"] == 3  # the stopped run's artifact is untouched
+    monkeypatch.setattr(module, "learning_rate", schedule)
+    assert finetune(artifact, out, _config())["steps"] == 6  # continued from step 4 to the end
+    assert sorted(p.name for p in out.iterdir()) == ["edge-model.json", "model.safetensors"]
+
+
 def test_finetuned_artifact_restores_to_identical_outputs_and_records_the_recipe(teacher_weights, artifact, tmp_path):
-    record = finetune(artifact, tmp_path / "ft", _config())
+    # stopped at step 5 of 6: the artifact of step 5 is written and the checkpoint of step 5 kept beside it
+    record = finetune(artifact, tmp_path / "ft", _config(max_steps=5))
     restored, manifest = load_artifact(tmp_path / "ft")
     checkpoint = torch.load(tmp_path / "ft" / "checkpoint.pt", weights_only=True)
+    assert checkpoint["step"] == record["steps"] == 5
     trained, _ = load_artifact(artifact)
     trained.load_state_dict(checkpoint["model"])
     trained.eval()
@@ -171,7 +196,7 @@ def test_bad_option_values_are_refused_and_nothing_is_written(artifact, tmp_path
 
 
 def test_bad_inputs_are_explained(artifact, tmp_path):
-    with pytest.raises(EdgeError, match="is not a compressed model"):
+    with pytest.raises(EdgeError, match="is a folder but not a compressed model"):
         finetune(tmp_path, tmp_path / "ft", _config())
     with pytest.raises(EdgeError, match="is the artifact being fine-tuned"):
         finetune(artifact, artifact, _config())
@@ -192,11 +217,15 @@ def test_cli_finetune_json_and_exit_codes(artifact, tmp_path, capsys):
     out = tmp_path / "ft"
     args = ["finetune", str(artifact), "--data", "fmnist-mini", "--train-samples", "32", "--batch-size", "16",
             "--eval-samples", "50", "--threads", "1", "--amp", "off", "--warmup-steps", "1", "--out", str(out)]
-    assert main([*args, "--json"]) == 0
+    assert main([*args, "--max-steps", "1", "--json"]) == 0  # step 1 of 2: the checkpoint stays to continue
     record = json.loads(capsys.readouterr().out)
-    assert record["steps"] == 2 and record["recipe"]["batch_size"] == 16 and record["out"] == str(out)
+    assert record["steps"] == 1 and record["recipe"]["batch_size"] == 16 and record["out"] == str(out)
+    assert (out / "checkpoint.pt").is_file()
     assert main([*args[:-2], "--lr", "1e-2", "--out", str(out)]) == 2
     assert "different recipe" in capsys.readouterr().err
+    assert main([*args, "--json"]) == 0  # continued to the end: a finished run keeps no checkpoint
+    assert json.loads(capsys.readouterr().out)["steps"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["edge-model.json", "model.safetensors"]
     assert main(["finetune", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
 
 
@@ -211,3 +240,4 @@ def test_cli_compress_then_finetune_in_one_command(teacher_weights, tmp_path, ca
     assert stage["student"]["plan"] == PLAN and "not kept" in stage["student"]["artifact"]
     assert load_artifact(out)[1]["finetune"] == manifest["finetune"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dw2-ft"]  # the training-free artifact is gone
+    assert sorted(p.name for p in out.iterdir()) == ["edge-model.json", "model.safetensors"]  # no checkpoint
