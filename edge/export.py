@@ -8,7 +8,9 @@
 * stable names: input ``input``, output ``logits`` (``features`` for a headless model);
 * ``metadata_props``: source model, plan, edge version, input size, mean/std, interpolation;
 * checked with ``onnx.checker`` (full check) and against PyTorch with ONNX Runtime before the
-  file is written (atomically); a failing export writes nothing.
+  file is written (atomically); a failing export writes nothing. The inputs compared: seeded random
+  ones, and real test images (:func:`real_inputs`: from Fashion-MNIST, an IDX folder or an image
+  folder, each read with the model's own preprocessing).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from torch import nn
 
 from edge.compare import Tolerance, ort_session
 from edge.config import MAX_BATCH, option
+from edge.data import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.models.attention import explicit_attention
 from edge.onnx_metadata import graph_metadata, with_metadata
 from edge.torch_compare import compare_with_torch, verification_inputs
 
+REAL_IMAGES = 8  # real test images compared (repeated to fill a larger static batch)
 DEFAULT_OPSET = 17
 MAX_OPSET = 20  # the highest opset of torch's TorchScript exporter (dynamo=False), torch 2.x
 INPUT_NAME = "input"
@@ -45,6 +49,15 @@ class ExportConfig:
 
 def output_name(model: nn.Module) -> str:
     return "logits" if getattr(model, "num_classes", 0) else "features"
+
+
+def real_inputs(dataset, data_config: dict, n: int = REAL_IMAGES) -> torch.Tensor:
+    """The first ``n`` images of ``dataset`` as the model takes them: arrays (Fashion-MNIST, IDX folders)
+    through :class:`ArrayPreprocess`, image files (an ImageFolder) through timm's eval transform."""
+    spec = InputSpec.from_data_config(data_config)
+    preprocess = dataset.preprocess_for(spec) if hasattr(dataset, "preprocess_for") else ArrayPreprocess(spec)
+    images, _ = next(iter(dataset.batches(n, preprocess)))
+    return images
 
 
 def export_bytes(model: nn.Module, input_size: tuple[int, int, int], config: ExportConfig) -> bytes:

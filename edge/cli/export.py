@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     add_field(parser, "--batch", ExportConfig, help="static batch size")
     parser.add_argument("--dynamic-batch", action="store_true", help="symbolic batch dimension")
     add_field(parser, "--opset", ExportConfig, help="ONNX opset")
-    add_data_option(parser, "fmnist-mini", "real images for the verification (test split)")
+    add_data_option(parser, "fmnist-mini", "real images for the verification: the first 8 of the test split "
+                    "(fmnist, fmnist-mini, an IDX folder or an image folder)")
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the ONNX Runtime comparison")
     parser.set_defaults(run=run)
 
@@ -32,8 +33,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from edge.compress.load import load_model
-    from edge.data import ArrayPreprocess, InputSpec, load_dataset
-    from edge.export import ExportConfig, export
+    from edge.data import load_dataset
+    from edge.export import ExportConfig, export, real_inputs
     from edge.models import data_config
 
     plan = None
@@ -44,11 +45,7 @@ def run(args) -> int:
             plan = read_manifest(args.model)["plan"]
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     config = data_config(model)
-    real = None
-    if args.verify:
-        data = load_dataset(args.data, "test")
-        if hasattr(data, "images"):
-            real = ArrayPreprocess(InputSpec.from_data_config(config))(data.images[:8])
+    real = real_inputs(load_dataset(args.data, "test"), config) if args.verify else None
     report = export(model, args.out, source=args.model, plan=plan, data_config=config,
                     config=ExportConfig(args.batch, args.dynamic_batch, args.opset, args.verify), real_inputs=real)
     checks = ", ".join(f"{v['inputs']}: max abs {v['max_abs']:.1e}, rel L2 {v['rel_l2']:.1e}"

@@ -65,9 +65,9 @@ class ImageFolderDataset:
         from PIL import Image
         from timm.data import create_transform
 
+        mean, std = spec.normalisation()
         transform = create_transform(input_size=(spec.channels, spec.height, spec.width), is_training=False,
-                                     mean=spec.mean, std=spec.std, interpolation=spec.interpolation,
-                                     crop_pct=spec.crop_pct)
+                                     mean=mean, std=std, interpolation=spec.interpolation, crop_pct=spec.crop_pct)
         mode = "L" if spec.channels == 1 else "RGB"
 
         def load(path: Path) -> torch.Tensor:

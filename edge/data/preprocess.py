@@ -27,6 +27,13 @@ class InputSpec:
                    tuple(float(s) for s in config["std"]), str(config.get("interpolation", "bilinear")),
                    float(config.get("crop_pct") or 1.0))
 
+    def normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Mean and std per input channel: RGB statistics on a one-channel model are averaged (a timm
+        architecture built with ``in_chans=1`` keeps ImageNet's three-channel mean and std)."""
+        if self.channels == 1 and len(self.mean) != 1:
+            return (sum(self.mean) / len(self.mean),), (sum(self.std) / len(self.std),)
+        return self.mean, self.std
+
     def as_dict(self) -> dict:
         return {"input_size": [self.channels, self.height, self.width], "mean": list(self.mean),
                 "std": list(self.std), "interpolation": self.interpolation, "crop_pct": self.crop_pct}
@@ -43,10 +50,7 @@ class ArrayPreprocess:
     def __init__(self, spec: InputSpec) -> None:
         self.spec = spec
         channels = spec.channels
-        mean = torch.tensor(spec.mean, dtype=torch.float32)
-        std = torch.tensor(spec.std, dtype=torch.float32)
-        if len(mean) != channels and channels == 1:  # RGB statistics on a one-channel model
-            mean, std = mean.mean(0, keepdim=True), std.mean(0, keepdim=True)
+        mean, std = (torch.tensor(v, dtype=torch.float32) for v in spec.normalisation())
         self.mean = mean.expand(channels).reshape(1, channels, 1, 1).clone()
         self.std = std.expand(channels).reshape(1, channels, 1, 1).clone()
 

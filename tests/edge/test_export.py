@@ -85,3 +85,33 @@ def test_export_verifies_and_writes_any_static_batch(tmp_path, weights, capsys, 
     assert all(v["passed"] for v in report["verification"])
     dims = [d.dim_value for d in onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim]
     assert dims == [batch, 1, 28, 28]
+
+
+def test_export_checks_real_images_from_an_image_folder(tmp_path, weights, capsys):
+    """An ImageFolder's images are read with the model's preprocessing and compared too (issue 19, point 10)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from edge.data import InputSpec, load_dataset
+    from edge.export import real_inputs
+    from edge.models import create_model, data_config
+
+    folder = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    for label in ("cat", "dog"):
+        (folder / label).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(folder / label / f"{i}.png")
+    out = tmp_path / "m.onnx"
+    assert main(["export", TINY, "--weights", weights, "--data", str(folder), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {v["inputs"] for v in report["verification"]} == {"random", "real"}
+    assert all(v["passed"] for v in report["verification"]) and out.is_file()
+    # the real inputs are the folder's 6 RGB PNGs as the model reads them: gray, resized to 28x28, normalised
+    data = load_dataset(str(folder), "test")
+    config = data_config(create_model(TINY))
+    x = real_inputs(data, config)
+    load = data.preprocess_for(InputSpec.from_data_config(config))
+    assert x.shape == (6, 1, 28, 28) and torch.equal(x[4], load(data.paths[4]))
+    assert x.std() > 0.1  # real pixels, not zeros
