@@ -160,6 +160,18 @@ def _random_deit_small_weights(path: Path) -> None:
     save_safetensors(create_model("timm:deit_small_patch16_224").state_dict(), path)
 
 
+def _pruned_weights(path: Path) -> None:
+    """Seeded weights of fmnist-deit-tiny narrowed to embed 144 (a peer tool's uniformly pruned model)."""
+    import torch
+
+    from edge.models import create_model
+    from edge.models.weights_io import save_safetensors
+
+    torch.manual_seed(0)
+    model = create_model("fmnist-deit-tiny,embed_dim=144", pretrained_weights=False)
+    save_safetensors({k: v.float() for k, v in model.state_dict().items()}, path)
+
+
 def _image_folder(path: Path) -> None:
     """An ImageFolder of 2 classes x 2 random RGB PNGs of 64 x 64 (the user's own images)."""
     import numpy as np
@@ -175,6 +187,7 @@ def _image_folder(path: Path) -> None:
 STAND_INS = {
     "deit_small.safetensors": _random_deit_small_weights,
     "~/my-images": _image_folder,
+    "pruned.safetensors": _pruned_weights,
 }
 
 
