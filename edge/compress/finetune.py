@@ -363,12 +363,12 @@ def check_pair(source: Student, student: nn.Module, teacher: nn.Module, referenc
                             "--teacher-weights)")
 
 
-def finetune(student: str | Path | Student, out: str | Path, config: FinetuneConfig, *,
+def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConfig, *,
              weights: str | Path | None = None, teacher: nn.Module | None = None, resume: bool = True,
              student_name: str | None = None) -> dict:
     """Distil the teacher into the student; write the result as an artifact at ``out``.
 
-    ``student``: an artifact folder (the teacher defaults to its source model), a model spec with its
+    ``source`` (the student): an artifact folder (the teacher defaults to its source model), a model spec with its
     ``weights`` (the teacher defaults to the spec's own model), or a :class:`Student` (:func:`distil`
     makes one of a Python module). ``teacher``: a teacher module (Python only; default: built from
     ``config.teacher``, else the student's default). Returns the ``finetune`` record added to the
@@ -378,8 +378,8 @@ def finetune(student: str | Path | Student, out: str | Path, config: FinetuneCon
     """
     check_config(config)
     out = Path(out)
-    check_out(out, student)
-    source = student if isinstance(student, Student) else load_student(student, weights=weights)
+    check_out(out, source)
+    source = source if isinstance(source, Student) else load_student(source, weights=weights)
     folder = source.where
 
     threads = set_threads(config.threads)

@@ -85,7 +85,7 @@ def _spec_student(text: str, weights: str | Path | None, img_size: ImgSize | Non
                             found=f"{e.found + '; ' if e.found else ''}{widths(state)}",
                             fix=narrower_fix(text, state)) from e
     reference = {"model": text, "weights": None if weights is None else str(weights), "img_size": img_size}
-    manifest = {"origin": {"kind": "model", "model": text, "weights": reference["weights"]},
+    manifest: dict = {"origin": {"kind": "model", "model": text, "weights": reference["weights"]},
                 "source": reference, "plan": None, "steps": [],
                 # unless a teacher is given, distil from the model the spec names: a bundled model as shipped
                 # (without options that change its shapes), a timm architecture with --teacher-weights
@@ -103,7 +103,7 @@ def module_student(module: nn.Module, *, name: str | None = None, data_config: d
                         fix=f"pass the model itself to {ENTRY_POINT}(model, ...)")
     cls = f"{type(module).__module__}.{type(module).__qualname__}"
     config = data_config if data_config is not None else own_data_config(module)
-    manifest = {"origin": {"kind": "module", "class": cls, "name": name or cls}, "plan": None, "steps": [],
+    manifest: dict = {"origin": {"kind": "module", "class": cls, "name": name or cls}, "plan": None, "steps": [],
                 "source": None}
     return Student(module, manifest, f"{name or cls} (a Python module)", source_state_sha256(module),
                    {"module": cls, "name": name or cls}, config)
