@@ -127,8 +127,8 @@ def _finetune_both(artifact: Path, tmp_path: Path, extra: list[str], capsys) -> 
     out, err = torchrun(["-m", "edge", "finetune", str(artifact), "--out", str(work / "two"), "--json", *FINETUNE,
                          *extra], work)
     # only the main process wrote: the folder holds what the one-process run wrote, nothing else beside it
-    assert _files(work / "two") == _files(tmp_path / "one") == ["checkpoint.pt", "edge-model.json",
-                                                                "model.safetensors"]
+    # (a finished run keeps no checkpoint)
+    assert _files(work / "two") == _files(tmp_path / "one") == ["edge-model.json", "model.safetensors"]
     assert sorted(p.name for p in work.iterdir()) == ["torchrun-logs", "two"]
     return load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(work / "two" / "model.safetensors")), \
         out, err
