@@ -127,13 +127,15 @@ def emit(result: dict, as_json: bool, human: str) -> None:
         print(human)
 
 
-def add_calibration_options(parser: argparse.ArgumentParser, config: type) -> None:
+def add_calibration_options(parser: argparse.ArgumentParser, config: type, samples_default: str | None = None) -> None:
     """--data / --samples / --seed / --threads: the calibration set every method draws.
 
-    The defaults and ranges are those of ``config``, the library config of the step (e.g. ``CompressConfig``).
+    The defaults and ranges are those of ``config``, the library config of the step (e.g. ``CompressConfig``);
+    ``samples_default`` says what a ``None`` default of ``samples`` resolves to.
     """
     add_data_option(parser, config.data, "calibration data: fmnist, fmnist-mini, or a folder")
-    add_field(parser, "--samples", config, help="calibration samples (seeded, class-balanced)")
+    add_field(parser, "--samples", config, help="calibration samples (seeded, class-balanced"
+              + (f"; default: {samples_default})" if samples_default else ")"))
     add_field(parser, "--seed", config, help="seed of the calibration sample")
     add_threads_option(parser)
 

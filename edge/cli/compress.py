@@ -27,6 +27,11 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   edge compress fmnist-deit-tiny --plan attnrm:blocks=0+1+3+4 --out runs/attnrm4
   edge compress fmnist-deit-tiny --plan "attnrm:auto=4:select=first:init=affine" --out runs/attnrm4-affine
 
+  # narrower attention heads and MLPs (WPAC: Taylor-weighted PCA per head, training-free); per part;
+  # the paper's Table 3 baselines order the dims by criterion=taylor|magnitude|random instead
+  edge compress fmnist-deit-tiny --plan wpac:keep=0.5 --out runs/w50
+  edge compress fmnist-deit-tiny --plan "wpac:qk=0.5:v=0.75:mlp=1:blocks=0+1+2+3" --out runs/w-heads
+
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
   edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"""
 
@@ -42,7 +47,7 @@ def register(subparsers) -> None:
                          EXAMPLES)
     add_model_options(parser)
     parser.add_argument("--plan", required=True, type=Text(parse_plan, keep_text=True), help=plan_grammar())
-    add_calibration_options(parser, CompressConfig)
+    add_calibration_options(parser, CompressConfig, samples_default=_samples_default())
     add_field(parser, "--holdout", CompressConfig, help="share of samples the planner scores on")
     add_out_folder(parser, "output folder (written atomically)")
     add_field(parser, "--finetune-epochs", FinetuneConfig, "epochs", default=None,
@@ -53,6 +58,16 @@ def register(subparsers) -> None:
     parser.add_argument("--no-resume", dest="resume", action="store_false",
                         help="with --finetune-epochs: ignore the fine-tune's checkpoint in --out, start over")
     parser.set_defaults(run=run)
+
+
+def _samples_default() -> str:
+    """What ``--samples`` defaults to, from the registered methods' own calibration sizes."""
+    from edge.compress.method import Method
+    from edge.compress.registry import methods
+
+    base = Method.calibration_samples
+    own = ", ".join(f"{m.keywords[0]} {m.calibration_samples}" for m in methods() if m.calibration_samples != base)
+    return f"{base}" + (f"; plans with {own}" if own else "") + ", at most the training split"
 
 
 def _table(rows: list[dict]) -> str:

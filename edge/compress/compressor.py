@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from torch import nn
 
@@ -13,7 +13,7 @@ from edge.compress.method import BuildContext, Built
 from edge.compress.plan import Plan, parse_plan
 from edge.compress.registry import method_of, methods
 from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option
-from edge.data import calibration_set
+from edge.data import calibration_set, load_dataset
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info
@@ -25,7 +25,8 @@ from edge.runtime import hardware
 class CompressConfig:
     plan: str
     data: str = "fmnist"
-    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
+    # None: the largest default of the plan's methods (500; wpac 1024), at most the training split
+    samples: int | None = option(None, minimum=1, maximum=MAX_SAMPLES)
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     holdout: float = option(0.2, above=0.0, below=1.0)  # share of the samples the planner scores on (auto plans)
     batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)
@@ -58,6 +59,9 @@ def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn
     info = model_info(model)
     plan = parse_plan(config.plan).validate(info.num_blocks)
     used = [m for m in methods() if plan.steps_of(m)]
+    if config.samples is None:   # resolved here, once: the plan's methods' largest default, at most the data
+        wanted = max(m.calibration_samples for m in used)
+        config = replace(config, samples=min(wanted, len(load_dataset(config.data, "train"))))
     spec = InputSpec.from_data_config(data_config(model))
     calibration = calibration_set(config.data, config.samples, config.seed)
     before = costs(model)

@@ -127,6 +127,7 @@ class Method:
     module_types: ClassVar[tuple[type[nn.Module], ...]] = ()  # modules it puts at timm's seams
     order: ClassVar[int]                             # place in the application order (lower first)
     grammar: ClassVar[str]                           # one paragraph of plan grammar for --help
+    calibration_samples: ClassVar[int] = 500         # default calibration size of plans using it (the largest wins)
 
     def parse(self, keyword: str, rest: str, text: str) -> Step:
         """``text`` is the whole step, ``keyword`` its lower-cased method word, ``rest`` what follows ``:``."""

@@ -4,6 +4,6 @@ A new method is one module here (its steps, modules and :class:`~edge.compress.m
 ending with ``register_method(...)``) plus one import line below, and its tests.
 """
 
-from edge.compress.methods import attnrm, block_approximation, dwconv
+from edge.compress.methods import attnrm, block_approximation, dwconv, wpac
 
-__all__ = ["attnrm", "block_approximation", "dwconv"]
+__all__ = ["attnrm", "block_approximation", "dwconv", "wpac"]

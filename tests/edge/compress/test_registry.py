@@ -30,7 +30,7 @@ def toy():
 
 
 def test_built_in_methods_are_registered_in_application_order():
-    assert [m.name for m in methods()] == ["block-approximation", "attnrm", "dwconv"]
+    assert [m.name for m in methods()] == ["block-approximation", "attnrm", "dwconv", "wpac"]
     assert "linear" in method_named("block-approximation").keywords
 
 
@@ -51,7 +51,7 @@ def test_the_registry_refuses_a_second_method_with_a_taken_name_or_keyword(toy):
 
 
 def test_an_unregistered_keyword_is_unknown_and_the_message_lists_the_registry(toy):
-    with pytest.raises(EdgeError, match="one of identity, .*dwconv, gain"):
+    with pytest.raises(EdgeError, match="one of identity, .*dwconv, wpac, gain"):
         parse_plan("gian:blocks=1")
     assert isinstance(method_named("toy-gain"), Method)
 

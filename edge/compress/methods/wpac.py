@@ -1,0 +1,126 @@
+"""Width compression (SKD's WPAC, training-free) as a plan step.
+
+``wpac:keep=0.5`` keeps half of every attention head's Q/K and V dims and half of every MLP's
+hidden units, in every block; ``wpac:qk=0.5:v=0.75:mlp=0.5`` per part; ``blocks=0+1+2``
+restricts the blocks. Widths are rounded to multiples of ``align`` (head dims, default 16) and
+``mlp_align`` (MLP width, default 64). ``criterion=wpac|taylor|magnitude|random`` (``seed=S`` for
+random) chooses how dims are ordered before truncation. The modules and grammar are in
+:mod:`edge.compress.width`, the statistics and rotations in :mod:`edge.compress.wpac`, the
+truncation in :mod:`edge.compress.wpac_apply`.
+
+In a plan the method comes after the other built-in methods (``order`` 25): a block that a span
+removes, or whose attention another step replaces, is refused (a ``wpac`` step without
+``blocks=`` names every block, so it is refused next to any such step; the message lists the
+blocks left). Several ``wpac`` steps may give different fractions to disjoint blocks. WPAC
+measures on the calibration images (default 1,024 for plans with a wpac step, the paper's
+proxy-set size).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
+from edge.compress.registry import register_method
+from edge.compress.width import CRITERIA, OPTION_TYPES, PARTS, USAGE, WPAC, NarrowAttention, WpacStep
+from edge.compress.wpac_apply import build_wpac, place_wpac, restore_wpac, step_blocks, wpac_records
+from edge.errors import EdgeError
+
+
+def _blocks(value: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(b) for b in value.split("+")}))
+    except ValueError as e:
+        raise EdgeError(f"blocks={value} in plan step {text!r} does not list blocks",
+                        expected="blocks=0+1+2 (original block indices)") from e
+
+
+def _check_options(options: dict, text: str) -> None:
+    for key in ("keep", *PARTS):
+        if key in options and not 0.0 < options[key] <= 1.0:
+            raise EdgeError(f"{key}={options[key]:g} in plan step {text!r} is outside (0, 1]",
+                            expected=f"a kept fraction 0 < {key} <= 1", fix="e.g. keep=0.5 keeps half of each width")
+    for key in ("align", "mlp_align"):
+        if key in options and options[key] < 1:
+            raise EdgeError(f"{key}={options[key]} in plan step {text!r}", expected=f"a positive {key}, e.g. 16")
+    if "criterion" in options and options["criterion"] not in CRITERIA:
+        raise EdgeError(f"criterion={options['criterion']} in plan step {text!r}",
+                        expected=" or ".join(f"criterion={c}" for c in CRITERIA))
+    if "seed" in options:
+        if options.get("criterion") != "random":
+            raise EdgeError(f"seed= in plan step {text!r} applies to criterion=random only",
+                            fix="add :criterion=random or drop seed")
+        if options["seed"] < 0:
+            raise EdgeError(f"seed={options['seed']} in plan step {text!r} is negative", expected="a seed >= 0")
+    if not any(key in options for key in ("keep", *PARTS)):
+        raise EdgeError(f"plan step {text!r} does not say how much to keep", expected=USAGE)
+
+
+class WidthCompression(Method):
+    name = WPAC
+    keywords = (WPAC,)
+    step_types = (WpacStep,)
+    module_types = (NarrowAttention,)
+    order = 25
+    calibration_samples = 1024
+    grammar = ("Width compression (WPAC, training-free): wpac:keep=F (0 < F <= 1 of the head dims and MLP width) "
+               "or wpac:qk=F:v=F:mlp=F; options align=16 (head dims), mlp_align=64 (MLP width), "
+               "criterion=wpac|taylor|magnitude|random (seed=S), blocks=0+1+2.")
+
+    def parse(self, keyword: str, rest: str, text: str) -> WpacStep:
+        parts = [p for p in rest.split(":") if p] if rest else []
+        options = parse_options(parts, text, OPTION_TYPES)
+        blocks = _blocks(options.pop("blocks"), text) if "blocks" in options else ()
+        _check_options(options, text)
+        return WpacStep(blocks=blocks, options=options)
+
+    def sort_key(self, step: WpacStep) -> tuple:
+        return (step.blocks, str(step))
+
+    def validate(self, steps: tuple, check: PlanCheck) -> None:
+        """Blocks within the model, each in one wpac step, none removed or with its attention replaced by another."""
+        n = check.num_blocks
+        mine: dict[int, WpacStep] = {}
+        for step in steps:
+            for block in step.blocks:
+                if not 0 <= block < n:
+                    raise EdgeError(f"plan step {step}: block {block} is out of range for a model with {n} blocks",
+                                    expected=f"block indices 0..{n - 1}",
+                                    fix="`edge models MODEL` lists the model's blocks")
+            for block in step_blocks(step, n):
+                if block in mine:
+                    raise EdgeError(f"plan steps {mine[block]} and {step} both narrow block {block}",
+                                    fix="give each block to one wpac step (blocks=...)")
+                mine[block] = step
+        taken = {**check.removed, **{b: s for b, s in check.attention.items() if b not in check.removed}}
+        for block, step in sorted(mine.items()):
+            other = taken.get(block)
+            if other is None or other is step:
+                continue
+            free = [b for b in range(n) if b not in taken]
+            what = "removes" if block in check.removed else "replaces the attention of"
+            raise EdgeError(f"plan step {step} narrows block {block}, which {other} {what}",
+                            expected="wpac on blocks that keep their timm attention and MLP",
+                            fix=f"name the other blocks: wpac...:blocks={'+'.join(map(str, free))}" if free
+                            else "drop the wpac step")
+        for block, step in mine.items():
+            check.attention[block] = step
+
+    def build(self, steps: tuple, context: BuildContext) -> Built:
+        modules, report = build_wpac(context.model, steps, context.calibration, context.spec,
+                                     batch_size=context.batch_size)
+        return Built(tuple(steps), modules, {WPAC: report})
+
+    def place(self, model: nn.Module, built: Built) -> None:
+        place_wpac(model, built.modules)
+
+    def record(self, model: nn.Module, step: WpacStep, prepared: dict) -> dict:
+        from edge.models.info import model_info
+
+        return {"blocks": wpac_records(model, step_blocks(step, model_info(model).num_blocks))}
+
+    def restore(self, model: nn.Module, records: list[dict]) -> None:
+        restore_wpac(model, [b for r in records for b in r["blocks"]])
+
+
+register_method(WidthCompression())
