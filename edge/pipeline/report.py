@@ -232,7 +232,8 @@ def conditions(report: dict) -> list[str]:
         *latency_conditions(report),
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} CPUs), Python {hw['python']}, torch {hw['torch']}, "
         f"edge {report['edge']}.",
-        f"Compression: {rec['calibration']['samples']} class-balanced training images, seed {rec['seed']}.",
+        f"Compression: {rec['calibration']['samples'] or 'per plan 500 (1,024 with wpac)'} class-balanced training "
+        f"images, seed {rec['seed']}.",
         f"Steps this run: {report['steps']['ran']} ran, {report['steps']['cached']} cached; "
         f"{report['seconds']:.1f} s in all. Verification "
         + ("passed for every graph." if report["passed"] else "FAILED for at least one graph (see report.json)."),
