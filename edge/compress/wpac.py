@@ -14,7 +14,7 @@ Every token takes part ([CLS], register tokens and patches alike): the paper's a
 finds all tokens with importance weights best. The sums are reduced across processes
 (:func:`edge.distributed.all_reduce_sum`) before anything is derived from them, so a run under
 torchrun measures exactly what one process measures on all the images (each process reads its
-:func:`edge.distributed.shard` of them).
+:func:`edge.distributed.shard_of` them).
 
 The covariance of a head's feature is the weighted one, centred on the weighted mean:
 ``C = sum w x x^T / sum w - m m^T`` with ``m = sum w x / sum w`` (the reference code centred each
@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from edge.data.preprocess import ArrayPreprocess, InputSpec
-from edge.distributed import all_reduce_count, all_reduce_sum, shard
+from edge.distributed import all_reduce_count, all_reduce_sum, shard_of
 from edge.errors import EdgeError
 
 
@@ -158,14 +158,14 @@ def collect_statistics(model: nn.Module, blocks: dict[int, int], images, spec: I
             captured[(b, "mlp")] = args[0]
 
         handles += [attn.qkv.register_forward_hook(keep_qkv), mlp.fc2.register_forward_pre_hook(keep_hidden)]
+    images = shard_of(images)
     preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
     dtype = next(model.parameters()).dtype
-    mine = torch.tensor(list(shard(len(images))), dtype=torch.long)
     was_training = model.training
     model.eval()
     try:
         with torch.enable_grad():
-            for x, labels in images.batches(batch_size, preprocess, indices=mine):
+            for x, labels in images.batches(batch_size, preprocess):
                 captured.clear()
                 x = x.to(dtype).requires_grad_(True)   # gradients flow to the activations whatever the parameters
                 score = model(x).gather(1, labels.unsqueeze(1)).sum()
