@@ -1,0 +1,164 @@
+"""The grid of parts a table is measured on, and each part exported once as a single-part ONNX graph.
+
+Grids (``GRIDS``):
+
+* ``model``: the parts of the given model (an uncompressed or compressed one), and the overhead;
+* ``full``: what a plan on this model's geometry can produce: the model's own parts, attention with
+  every pair of Q/K and V head widths in steps of ``align`` (16, width compression's default), MLPs
+  of every hidden width in steps of ``mlp_align`` (64) with and without the doubled residual of an
+  MLP-only block, the depthwise mixer (k = 3, every prefix mode, every number of heads kept), the
+  affine attention map, span maps (linear, affine, with an own prefix map), and the overhead.
+
+Each part is exported with edge's export (legacy exporter, opset 17, static batch, fused attention
+off), checked with ``onnx.checker`` and against PyTorch on ONNX Runtime, and written atomically;
+the graph records its part key in the metadata (``edge.latency_part``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from torch import nn
+
+from edge.compare import Tolerance, ort_session
+from edge.config import MAX_BATCH, option
+from edge.errors import EdgeError
+from edge.export import DEFAULT_OPSET, ExportConfig, export_bytes
+from edge.fileio import write_atomic
+from edge.latency.modules import input_shape, part_module
+from edge.latency.parts import Part, model_parts, model_tokens, overhead_part
+from edge.onnx_metadata import SOURCE_MODEL, VERSION, with_metadata
+from edge.torch_compare import compare_with_torch, verification_inputs
+
+GRIDS = ("model", "full")
+PART_KEY = "edge.latency_part"
+PREFIX_MODES = ("pool", "mean", "attend")
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    grid: str = "full"
+    batch: int = option(1, minimum=1, maximum=MAX_BATCH)
+    align: int = option(16, minimum=1, maximum=4096)        # attention head widths: multiples of this
+    mlp_align: int = option(64, minimum=1, maximum=65536)   # MLP hidden widths: multiples of this
+
+    def check(self) -> None:
+        if self.grid not in GRIDS:
+            raise EdgeError(f"--grid {self.grid!r}", expected=f"one of {', '.join(GRIDS)}")
+
+
+def _widths(full: int, step: int) -> list[int]:
+    widths = list(range(step, full, step)) if step < full else []
+    return sorted({*widths, full})
+
+
+def full_grid(model: nn.Module, config: GridConfig) -> list[Part]:
+    """Every part a plan on ``model``'s geometry can produce (see the module notes), the model's own first."""
+    own = model_parts(model)
+    dim, tokens = int(model.embed_dim), model_tokens(model)
+    parts: list[Part] = list(own)
+    blocks = [p for p in own if p.kind == "attention"]
+    mlps = [p for p in own if p.kind == "mlp"]
+    if blocks:
+        first = blocks[0]
+        heads, head_dim = first.size("heads"), first.size("qk")
+        flags = {k: first.size(k) for k in ("qkv_bias", "proj_bias", "ls")}
+        for qk in _widths(head_dim, config.align):
+            for v in _widths(head_dim, config.align):
+                parts.append(Part.make("attention", dim, tokens, heads=heads, qk=qk, v=v, **flags))
+        prefix_tokens = int(model.num_prefix_tokens)
+        rows, cols = (int(g) for g in model.patch_embed.grid_size)
+        modes = PREFIX_MODES if prefix_tokens else ("none",)
+        for prefix in modes:
+            for kept in range(heads):
+                if prefix == "attend" and kept:
+                    continue  # attend keeps every head's own q and k: only the blockwise form is timed
+                parts.append(Part.make("dwconv", dim, tokens, width=(heads - kept) * head_dim, k=3, dense=0, kept=kept,
+                                       head_dim=head_dim, prefix=prefix, prefix_tokens=prefix_tokens, rows=rows,
+                                       cols=cols, qkv_bias=flags["qkv_bias"], ls=flags["ls"]))
+        parts += [Part.make("attn_map", dim, tokens, bias=1, ls=flags["ls"])]
+    if mlps:
+        first = mlps[0]
+        hidden = max(p.size("hidden") for p in mlps)
+        for width in _widths(hidden, config.mlp_align):
+            for scaled in (0, 1):
+                parts.append(Part.make("mlp", dim, tokens, hidden=width, bias=first.size("bias"), scaled=scaled,
+                                       ls=first.size("ls")))
+    prefix = int(model.num_prefix_tokens)
+    for bias in (0, 1):
+        parts.append(Part.make("span", dim, tokens, bias=bias, prefix_map=0))
+        if prefix:
+            parts.append(Part.make("span", dim, tokens, bias=bias, prefix_map=prefix))
+    return _unique([*parts, overhead_part(dim, tokens)])
+
+
+def _unique(parts: list[Part]) -> list[Part]:
+    return list(dict.fromkeys(parts))
+
+
+def grid_parts(model: nn.Module, config: GridConfig) -> list[Part]:
+    config.check()
+    if config.grid == "model":
+        return _unique([*model_parts(model), overhead_part(int(model.embed_dim), model_tokens(model))])
+    return full_grid(model, config)
+
+
+def part_graph_bytes(part: Part, batch: int, source: str = "") -> bytes:
+    """The part's ONNX graph at a static ``batch``, checked and verified against PyTorch."""
+    module = part_module(part)
+    shape = input_shape(part)
+    config = ExportConfig(batch=batch, opset=DEFAULT_OPSET)
+    proto = with_metadata(export_bytes(module, shape, config),
+                          {VERSION: _version(), SOURCE_MODEL: source, PART_KEY: part.key})
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise EdgeError(f"the graph of part {part.key} fails onnx.checker", found=str(e)[:400],
+                        fix="report this part as a bug") from e
+    data = proto.SerializeToString()
+    results = compare_with_torch(module, ort_session(data), verification_inputs(shape, batch, None), Tolerance())
+    failed = [r for r in results if not r.passed]
+    if failed:
+        raise EdgeError(f"ONNX Runtime disagrees with PyTorch on the graph of part {part.key}",
+                        found=f"max abs {failed[0].max_abs:.3e}", fix="report this part as a bug")
+    return data
+
+
+def _version() -> str:
+    from edge import __version__
+
+    return __version__
+
+
+GRID_FILE = "grid.json"
+
+
+def export_grid(parts: list[Part], folder: Path, batch: int, source: str = "",
+                progress=None) -> dict[str, Path]:
+    """Each part's graph as ``folder/NNN-KIND.onnx`` (and ``grid.json``: name -> part); name -> path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    names: dict[str, dict] = {}
+    for n, part in enumerate(parts):
+        name = f"{n:03d}-{part.kind}"
+        path = folder / f"{name}.onnx"
+        write_atomic(part_graph_bytes(part, batch, source), path)
+        paths[name] = path
+        names[name] = part.to_json()
+        if progress is not None:
+            progress(f"part {n + 1}/{len(parts)}: {part.key}")
+    (folder / GRID_FILE).write_text(json.dumps({"batch": batch, "source": source, "parts": names}, indent=1) + "\n")
+    return paths
+
+
+def read_grid(path: Path) -> dict[str, Part]:
+    """name -> part, from a ``grid.json`` :func:`export_grid` wrote."""
+    try:
+        record = json.loads(path.read_text())
+        return {name: Part.from_json(part) for name, part in record["parts"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EdgeError(f"{path} does not list the grid's parts", found=f"{type(e).__name__}: {e}",
+                        fix="export the grid again") from e
