@@ -105,7 +105,8 @@ def table_from_results(results: Path, grid: dict[str, Part], precision: str, bat
                         expected="a result for every part graph", found=f"see {results}/logs/run.log",
                         fix="deploy again: the runner continues where it stopped")
     backend = BACKEND_NAMES.get(str(run.get("backend")), str(run.get("backend")))
-    mode = (device.get("power_mode") or {}).get("name")
+    # the mode the runner set for the run (--power-mode), else the one the device was in
+    mode = ((run.get("settings") or {}).get("power_mode") or device.get("power_mode") or {}).get("name")
     name = device.get("device_model") or device.get("hostname") or "unknown device"
     target = Target(backend, str(name), precision, batch, threads if backend == "onnxruntime" else None, mode)
     return LatencyTable.from_medians(target, medians, device_record=device, versions={
