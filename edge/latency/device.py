@@ -53,7 +53,7 @@ class DeviceTableConfig:
 
 
 def _to_fp16(paths: dict[str, Path]) -> None:
-    """Each part graph converted to fp16 in place (edge.fp16: LayerNorm and Softmax kept as the converter keeps them)."""
+    """Each part graph converted to fp16 in place, as edge.fp16 converts a model (its float32 islands kept)."""
     from edge.fp16 import Fp16Config, convert_to_fp16
     from edge.onnx_metadata import set_precision_metadata
 

@@ -188,7 +188,7 @@ def _dwconv_part(attn: nn.Module, ls: nn.Module | None, dim: int, tokens: int, w
     kept = 0 if qkv is None else _linear(qkv, f"{where}.qkv").out_features // (3 * head_dim)
     prefix = str(getattr(attn, "prefix", "mean"))
     prefix_tokens = int(getattr(attn, "num_prefix_tokens", 0))
-    rows, cols = (int(g) for g in getattr(attn, "grid"))
+    rows, cols = (int(g) for g in attn.grid)
     if rows * cols + prefix_tokens != tokens:
         raise _refuse(where, attn, f"a {rows}x{cols} grid with {prefix_tokens} prefix tokens in a stream of "
                                    f"{tokens} tokens")

@@ -213,5 +213,6 @@ def test_cli_writes_a_table(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     printed = json.loads(capsys.readouterr().out)
     table = LatencyTable.load(out)
-    assert printed["target"]["threads"] == 1 and len(table.entries) == len(printed["parts"]) == 5  # embed, attention, mlp, head, overhead
+    assert printed["target"]["threads"] == 1
+    assert len(table.entries) == len(printed["parts"]) == 5   # embed, attention, mlp, head, overhead
     assert main(["profile", "x.onnx", "--latency-table", str(tmp_path / "y.json")]) == 2
