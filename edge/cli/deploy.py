@@ -86,6 +86,9 @@ def register(subparsers) -> None:
                         help="--latency-table: the model's own parts, or every part a plan on it can make")
     parser.add_argument("--batch", type=config_type(GridConfig, "--batch"), default=GridConfig.batch,
                         help="--latency-table: the static batch of the part graphs")
+    parser.add_argument("--repeat", type=config_type(GridConfig, "--repeat"),
+                        help="--latency-table: copies of a sub-layer chained in its graph (default: as many as the "
+                             "model has blocks)")
     parser.add_argument("--precision", choices=LATENCY_PRECISIONS,
                         help="--latency-table: part graph precision (default: fp16 on TensorRT, fp32 on ort)")
     parser.add_argument("--threads", type=config_type(DeviceTableConfig, "--threads"),
@@ -144,7 +147,8 @@ def latency_tables(args, hosts, config) -> int:
     if not hosts:
         raise EdgeError("no device given", fix="pass --host user@address (repeatable) or --hosts FILE")
     model = load_model(args.latency_table)
-    table_config = DeviceTableConfig(grid=GridConfig(grid=args.grid, batch=args.batch), precision=args.precision,
+    table_config = DeviceTableConfig(grid=GridConfig(grid=args.grid, batch=args.batch, repeat=args.repeat),
+                                     precision=args.precision,
                                      threads=args.threads)
     out = Path(args.out) if args.out else Path(f"latency-{Path(args.latency_table).name}")
     result = deploy_table(model, hosts, config, table_config, out=out, source=args.latency_table,

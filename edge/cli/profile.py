@@ -45,6 +45,8 @@ def register(subparsers) -> None:
                         help="write the latency table of the model's parts (ONNX Runtime, this CPU) instead")
     parser.add_argument("--grid", choices=GRIDS, default=GridConfig.grid,
                         help="--latency-table: the model's own parts, or every part a plan on it can make")
+    add_field(parser, "--repeat", GridConfig, help="--latency-table: copies of a sub-layer chained in its graph "
+                                                   "(default: as many as the model has blocks)")
     add_field(parser, "--rounds", TimingConfig, help="--latency-table: interleaved rounds (the iterations are split "
                                                      "between them)")
     parser.set_defaults(run=run)
@@ -106,7 +108,7 @@ def latency_table(args) -> int:
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     timing = TimingConfig(threads=args.threads or TimingConfig.threads, warmup=args.warmup,
                           iterations=args.iterations, rounds=args.rounds)
-    table = measure_table(model, GridConfig(grid=args.grid, batch=args.batch or 1), timing, source=args.model,
+    table = measure_table(model, GridConfig(grid=args.grid, batch=args.batch or 1, repeat=args.repeat), timing, source=args.model,
                           progress=lambda message: print(message, file=sys.stderr, flush=True))
     table.save(args.latency_table)
     emit(table.to_json(), args.json, f"wrote {args.latency_table} ({table.describe()}; one call's overhead "

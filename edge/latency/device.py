@@ -52,33 +52,34 @@ class DeviceTableConfig:
         return precision
 
 
-def _to_fp16(paths: dict[str, Path]) -> None:
+def _to_fp16(paths: list[Path]) -> None:
     """Each part graph converted to fp16 in place, as edge.fp16 converts a model (its float32 islands kept)."""
     from edge.fp16 import Fp16Config, convert_to_fp16
     from edge.onnx_metadata import set_precision_metadata
 
-    for path in paths.values():
+    for path in paths:
         converted, _ = convert_to_fp16(onnx.load(str(path)), Fp16Config())
         set_precision_metadata(converted, "float16")
         write_atomic(converted.SerializeToString(), path)
 
 
-def grid_bundle(parts: list[Part], out: Path, batch: int, precision: str, protocol: Protocol, *, source: str = "",
-                progress: Callable[[str], None] | None = None) -> dict:
+def grid_bundle(parts: list[Part], out: Path, batch: int, repeat: int, precision: str, protocol: Protocol, *,
+                source: str = "", progress: Callable[[str], None] | None = None) -> dict:
     """The bundle of the grid's part graphs at ``out`` (its manifest), and beside it ``OUT.grid.json``: the
     variant names (``NNN-KIND``) and their parts."""
     with tempfile.TemporaryDirectory(prefix="edge-grid-") as tmp:
         folder = Path(tmp) / "graphs"
-        paths = export_grid(parts, folder, batch, source, progress)
+        graphs = export_grid(parts, folder, batch, repeat, source, progress)
+        paths = [g.path for g in graphs.values()]
         if precision == "fp16":
             _to_fp16(paths)
         config = BundleConfig(precisions=(precision,), protocol=protocol)
-        manifest = make_bundle(list(paths.values()), out, config, force=True, progress=progress)
+        manifest = make_bundle(list(paths), out, config, force=True, progress=progress)
         (out.parent / f"{out.name}.grid.json").write_bytes((folder / GRID_FILE).read_bytes())
     return manifest
 
 
-def table_from_results(results: Path, grid: dict[str, Part], precision: str, batch: int, *,
+def table_from_results(results: Path, grid: dict[str, tuple[Part, int]], precision: str, batch: int, *,
                        source: dict | None = None) -> LatencyTable:
     """The table from the runner's results folder (``run.json`` and one result per variant)."""
     try:
@@ -89,7 +90,7 @@ def table_from_results(results: Path, grid: dict[str, Part], precision: str, bat
     medians: dict[Part, dict] = {}
     missing = []
     threads = None
-    for name, part in grid.items():
+    for name, (part, _) in grid.items():
         entry = (run.get("variants") or {}).get(f"{name}.{precision}") or {}
         try:
             result = json.loads((results / entry.get("result", "")).read_text()) if entry.get("result") else None
@@ -109,7 +110,8 @@ def table_from_results(results: Path, grid: dict[str, Part], precision: str, bat
     mode = ((run.get("settings") or {}).get("power_mode") or device.get("power_mode") or {}).get("name")
     name = device.get("device_model") or device.get("hostname") or "unknown device"
     target = Target(backend, str(name), precision, batch, threads if backend == "onnxruntime" else None, mode)
-    return LatencyTable.from_medians(target, medians, device_record=device, versions={
+    return LatencyTable.from_medians(target, medians, {part: count for part, count in grid.values()},
+                                     device_record=device, versions={
         "tensorrt": device.get("tensorrt"), "bundle_sha256": run.get("bundle_sha256"),
         "edge_bundle": run.get("bundle_created_by")}, protocol=run.get("config") or {}, source=source or {},
         clock="device runner: time.perf_counter around synchronous calls (jetson.runner)")
@@ -123,7 +125,8 @@ def deploy_table(model: nn.Module, hosts: list[Host], deploy_config: DeployConfi
     parts = grid_parts(model, config.grid)
     out.mkdir(parents=True, exist_ok=True)
     bundle = out / "latency-grid-bundle"
-    grid_bundle(parts, bundle, config.grid.batch, precision, config.protocol, source=source, progress=progress)
+    grid_bundle(parts, bundle, config.grid.batch, config.grid.resolved_repeat(model), precision, config.protocol,
+                source=source, progress=progress)
     extra = ["--energy", "off", *(["--threads", str(config.threads)] if config.threads else [])]
     runner = replace(deploy_config.runner, extra=(*deploy_config.runner.extra, *extra))
     record = deploy(bundle, hosts, replace(deploy_config, runner=runner), out=out / "devices", progress=progress)
@@ -137,7 +140,8 @@ def deploy_table(model: nn.Module, hosts: list[Host], deploy_config: DeployConfi
             continue
         try:
             table = table_from_results(out / "devices" / label / "results", grid, precision, config.grid.batch,
-                                       source={"model": source, "grid": config.grid.grid, "host": device["host"]})
+                                       source={"model": source, "grid": config.grid.grid, "host": device["host"],
+                                               "repeat": config.grid.resolved_repeat(model)})
         except EdgeError as e:
             errors[label] = str(e)
             continue

@@ -56,9 +56,10 @@ def time_graphs(paths: dict[str, Path], timing: TimingConfig, batch: int | None 
             for name, latencies in timed["latencies"].items()}
 
 
-def time_parts(parts: list[Part], batch: int, timing: TimingConfig, *, source: str = "",
+def time_parts(parts: list[Part], batch: int, timing: TimingConfig, *, repeat: int = 1, source: str = "",
                work: Path | None = None, progress: Callable[[str], None] | None = None) -> LatencyTable:
-    """Export each part once (static ``batch``) and time them all on ONNX Runtime here: the table."""
+    """Export each part once (static ``batch``; token-stream parts as chains of ``repeat`` copies) and time
+    them all on ONNX Runtime here: the table."""
     from edge import __version__
     from edge.runtime import hardware, versions
 
@@ -66,17 +67,18 @@ def time_parts(parts: list[Part], batch: int, timing: TimingConfig, *, source: s
         raise EdgeError("the parts hold no overhead part", fix="add edge.latency.parts.overhead_part(dim, tokens)")
     progress = progress or (lambda message: None)
     with tempfile.TemporaryDirectory(prefix="edge-latency-", dir=work) as tmp:
-        paths = export_grid(parts, Path(tmp), batch, source, progress)
-        by_name = dict(zip(paths, parts, strict=True))
+        graphs = export_grid(parts, Path(tmp), batch, repeat, source, progress)
         progress(f"timing {len(parts)} part graphs side by side ({timing.rounds} rounds, "
                  f"{timing.per_round()} calls each per round, {timing.threads} threads)")
         with CpuContention() as contention:
-            stats = time_graphs(paths, timing, batch)
-    medians = {by_name[name]: s for name, s in stats.items()}
+            stats = time_graphs({name: g.path for name, g in graphs.items()}, timing, batch)
+    medians = {graphs[name].part: s for name, s in stats.items()}
     return LatencyTable.from_medians(
-        here(batch, timing.threads), medians, device_record={**hardware(), "contention": contention.result()},
+        here(batch, timing.threads), medians, {g.part: g.repeat for g in graphs.values()},
+        device_record={**hardware(), "contention": contention.result()},
         versions={**versions(), "edge": __version__},
-        protocol={**asdict(timing), "per_round": timing.per_round(), "order": "interleaved (edge.profile.sidebyside)",
+        protocol={**asdict(timing), "per_round": timing.per_round(), "repeat": repeat,
+                  "order": "interleaved (edge.profile.sidebyside)",
                   "provider": "CPUExecutionProvider", "optimization": "ORT_ENABLE_ALL", "spinning": False},
         source={"model": source, "parts": len(parts)}, clock=CLOCK)
 
@@ -85,6 +87,7 @@ def measure_table(model: nn.Module, grid: GridConfig, timing: TimingConfig, *, s
                   progress: Callable[[str], None] | None = None) -> LatencyTable:
     """The latency table of ``model``'s grid (``grid.grid``: its own parts, or every part a plan can produce)."""
     parts = grid_parts(model, grid)
-    table = time_parts(parts, grid.batch, timing, source=source, progress=progress)
+    table = time_parts(parts, grid.batch, timing, repeat=grid.resolved_repeat(model), source=source,
+                       progress=progress)
     table.source.update(grid=grid.grid, align=grid.align, mlp_align=grid.mlp_align)
     return table

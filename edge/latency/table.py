@@ -12,10 +12,11 @@ Format (``edge-latency-table``, version 1)::
      "device_record": {...how the device describes itself...}, "versions": {...}, "protocol": {...},
      "source": {"model": "fmnist-deit-tiny", "grid": "full"}, "created": "...", "clock": "...",
      "overhead_ms": 0.012,          # the identity graph's median: one call's fixed cost
-     "parts": [{"key": "attention:dim=192,...", "part": {...}, "median_ms": 0.21, "net_ms": 0.198,
-                "latency": {...min/median/p90/p95/p99/max/std/cv...}}, ...]}
+     "parts": [{"key": "attention:dim=192,...", "part": {...}, "repeat": 12, "median_ms": 2.51,
+                "net_ms": 0.208, "latency": {...min/median/p90/p95/p99/max/std/cv of the graph...}}, ...]}
 
-``net_ms`` is a part's median less the overhead: what the part adds to a model's call.
+``net_ms`` is what one copy of the part adds to a model's call: the median of its graph (``repeat``
+chained copies, edge.latency.grid) less the overhead, divided by ``repeat``.
 """
 
 from __future__ import annotations
@@ -72,12 +73,13 @@ def here(batch: int, threads: int, precision: str = "fp32") -> Target:
 @dataclass(frozen=True)
 class Entry:
     part: Part
-    median_ms: float
-    net_ms: float
+    median_ms: float          # the part graph's median (``repeat`` chained copies)
+    net_ms: float             # one copy's share, the overhead taken off
     latency: dict = field(default_factory=dict)
+    repeat: int = 1
 
     def to_json(self) -> dict:
-        return {"key": self.part.key, "part": self.part.to_json(), "median_ms": self.median_ms,
+        return {"key": self.part.key, "part": self.part.to_json(), "repeat": self.repeat, "median_ms": self.median_ms,
                 "net_ms": self.net_ms, "latency": self.latency}
 
 
@@ -94,15 +96,20 @@ class LatencyTable:
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @classmethod
-    def from_medians(cls, target: Target, medians: dict[Part, dict], **facts) -> LatencyTable:
-        """A table from each part's latency statistics (``median_ms`` and the rest); the overhead part is required."""
+    def from_medians(cls, target: Target, medians: dict[Part, dict], repeats: dict[Part, int] | None = None,
+                     **facts) -> LatencyTable:
+        """A table from each part graph's latency statistics (``median_ms`` and the rest) and the number of
+        copies it chains (``repeats``, default 1); the overhead part is required."""
         overhead = [p for p in medians if p.kind == "overhead"]
         if not overhead:
             raise EdgeError("no overhead part was timed", expected="the identity graph among the parts",
                             fix="time a grid from edge.latency.grid (it always holds the overhead)")
         base = float(medians[overhead[0]]["median_ms"])
-        entries = {p.key: Entry(p, float(s["median_ms"]), float(s["median_ms"]) - base, dict(s))
-                   for p, s in medians.items()}
+        repeats = repeats or {}
+        entries = {}
+        for p, s in medians.items():
+            count = int(repeats.get(p, 1))
+            entries[p.key] = Entry(p, float(s["median_ms"]), (float(s["median_ms"]) - base) / count, dict(s), count)
         return cls(target, base, entries, **facts)
 
     def __contains__(self, part: Part) -> bool:
@@ -154,7 +161,7 @@ class LatencyTable:
             for item in record["parts"]:
                 part = Part.from_json(item["part"])
                 entries[part.key] = Entry(part, float(item["median_ms"]), float(item["net_ms"]),
-                                          dict(item.get("latency") or {}))
+                                          dict(item.get("latency") or {}), int(item.get("repeat", 1)))
             return cls(Target.from_json(record["target"]), float(record["overhead_ms"]), entries,
                        record.get("device_record") or {}, record.get("versions") or {}, record.get("protocol") or {},
                        record.get("source") or {}, str(record.get("clock", "")), str(record.get("created", "")))

@@ -82,7 +82,7 @@ def test_cli_deploy_latency_table(server, tmp_path, capsys):
 
 def test_missing_results_are_refused(tmp_path, tiny):
     (tmp_path / "run.json").write_text(json.dumps({"backend": "ort", "device": {}, "variants": {}}))
-    grid = {"000-embed": model_parts(tiny)[0]}
+    grid = {"000-embed": (model_parts(tiny)[0], 1)}
     with pytest.raises(EdgeError, match="did not time 1 of 1 parts"):
         table_from_results(tmp_path, grid, "fp32", 1)
 

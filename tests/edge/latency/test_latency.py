@@ -202,8 +202,26 @@ def test_tiny_grid_timed_for_real_on_onnx_runtime(tiny):
     assert {p.key for p in parts} | {overhead_part(32, 17).key} == set(table.entries)
     assert table.target.backend == "onnxruntime" and table.target.batch == 2 and table.target.threads == 1
     assert table.overhead_ms > 0 and all(e.latency["iterations"] == 4 for e in table.entries.values())
+    # the token-stream parts are timed as chains of as many copies as the model has blocks (4), counted once
+    assert {p.kind: table.entry(p).repeat for p in parts} == {"embed": 1, "attention": 4, "mlp": 4, "head": 1}
+    mlp = table.entry(parts[2])
+    assert mlp.net_ms == pytest.approx((mlp.median_ms - table.overhead_ms) / 4, rel=1e-12)
     prediction = predict_model(tiny, table, table.target)
     assert prediction.total_ms == pytest.approx(table.overhead_ms + sum(ms for _, ms in prediction.parts))
+
+
+def test_chained_part_graph(tiny):
+    import onnx
+
+    from edge.latency.grid import part_graph_bytes
+
+    mlp, embed = model_parts(tiny)[2], model_parts(tiny)[0]
+    chain = onnx.load_from_string(part_graph_bytes(mlp, 1, "x", repeat=3))
+    meta = {p.key: p.value for p in chain.metadata_props}
+    assert meta["edge.latency_part"] == mlp.key and meta["edge.latency_repeat"] == "3"
+    assert sum(n.op_type == "LayerNormalization" for n in chain.graph.node) == 3
+    alone = onnx.load_from_string(part_graph_bytes(embed, 1, "x", repeat=3))
+    assert {p.key: p.value for p in alone.metadata_props}["edge.latency_repeat"] == "1"
 
 
 def test_cli_writes_a_table(tmp_path, capsys):

@@ -1,0 +1,190 @@
+"""Latency prediction: a table of parts, measured once, against whole compressed models measured side by side.
+
+    python benchmarks/latency_prediction.py                          # 22 plans, batch 1 and 32 (~15 min)
+    python benchmarks/latency_prediction.py --batches 1 --plans linear:6-9 dwconv:blocks=1+10+11 --iterations 40
+
+The bundled reference model (``fmnist-deit-tiny``) is compressed by ``edge compress`` with every plan
+(block approximation ``linear:``, depthwise convolution ``dwconv:``, attention removal ``attnrm:``
+and mixes of them; calibrated on ``fmnist-mini``: the fit does not change the graph's shape, so
+the latency does not depend on it). Per batch size:
+
+1. the latency table of the reference model's full grid (every part a plan on it can make:
+   ``edge profile fmnist-deit-tiny --latency-table``): each part exported once as its own graph,
+   all timed side by side on ONNX Runtime (edge.latency.measure);
+2. every plan's whole model exported (static batch), plus the original and a byte-identical copy
+   of it (the A/A control), all timed side by side with the same sessions' settings;
+3. each model's predicted latency (edge.latency.predict: the overhead of one call plus what each
+   of its parts adds) against its measured median: error = predicted / measured - 1.
+
+Target: median absolute error <= 10 % at batch 1 and at batch 32. Writes
+benchmarks/results/latency_prediction.json and docs/results/latency-prediction.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import provenance, write_results  # noqa: E402
+
+from edge.compress import CompressConfig, compress  # noqa: E402
+from edge.compress.load import load_model  # noqa: E402
+from edge.export import ExportConfig, export  # noqa: E402
+from edge.latency import model_parts, predict_model  # noqa: E402
+from edge.latency.grid import GridConfig  # noqa: E402
+from edge.latency.measure import TimingConfig, measure_table, time_graphs  # noqa: E402
+from edge.models import data_config  # noqa: E402
+from edge.profile.contention import CpuContention  # noqa: E402
+from edge.progress import log  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = (
+    "linear:6-7", "linear:6-9", "linear:2-5", "linear:5-9:prefix=own:ridge=1e-4",
+    "dwconv:blocks=1+10+11", "dwconv:blocks=0+1+2+3", "dwconv:blocks=5:prefix=mean", "dwconv:blocks=4+5:prefix=attend",
+    "dwconv:heads=2.0+2.1+3.0",
+    "attnrm:blocks=3+4", "attnrm:blocks=0+1+2+3+4+5", "attnrm:blocks=7:init=affine",
+    "linear:6-9,dwconv:blocks=1+10+11", "linear:5-9,dwconv:blocks=1+10+11", "linear:6-8,attnrm:blocks=1+2",
+    "dwconv:blocks=1+2,attnrm:blocks=9+10", "linear:3-5,dwconv:blocks=8+9,attnrm:blocks=11",
+    "attnrm:blocks=2+3:init=affine,dwconv:blocks=6+7", "linear:7-10,attnrm:blocks=0+1+2",
+    "linear:1-4,dwconv:blocks=6+7+8+9+10+11", "dwconv:blocks=0+1+2+3+4+5+6+7:prefix=mean",
+    "linear:8-11,dwconv:heads=1.0+1.1+2.0:prefix=mean,attnrm:blocks=4",
+)
+TARGET = 0.10
+AA = "original (A/A copy)"
+
+
+def methods(plan: str | None) -> str:
+    if not plan:
+        return "none"
+    return "+".join(sorted({step.split(":")[0] for step in plan.split(",")}))
+
+
+def build_models(args) -> dict[str, tuple[torch.nn.Module, str | None]]:
+    models: dict[str, tuple[torch.nn.Module, str | None]] = {"original": (load_model(args.model), None)}
+    for plan in args.plans:
+        started = time.perf_counter()
+        model, _ = compress(load_model(args.model), {"model": args.model},
+                            CompressConfig(plan=plan, data=args.data, samples=args.samples, seed=args.seed))
+        models[plan] = (model, plan)
+        log(f"compressed {plan} ({time.perf_counter() - started:.0f} s)")
+    return models
+
+
+def measure_batch(models: dict, batch: int, args, work: Path) -> dict:
+    timing = TimingConfig(threads=args.threads, warmup=args.warmup, iterations=args.iterations, rounds=args.rounds,
+                          sessions=args.sessions, seed=args.seed)
+    started = time.perf_counter()
+    table = measure_table(models["original"][0], GridConfig(grid="full", batch=batch), timing, source=args.model,
+                          progress=lambda message: None)
+    table_seconds = time.perf_counter() - started
+    log(f"batch {batch}: table of {len(table.entries)} parts in {table_seconds:.0f} s "
+        f"(overhead {table.overhead_ms:.4f} ms)")
+    paths = {}
+    for n, (name, (model, plan)) in enumerate(models.items()):
+        paths[name] = work / f"model{n:02d}-b{batch}.onnx"
+        export(model, paths[name], source=args.model, plan=plan, data_config=data_config(model),
+               config=ExportConfig(batch=batch))
+    paths[AA] = work / f"aa-b{batch}.onnx"
+    paths[AA].write_bytes(paths["original"].read_bytes())
+    started = time.perf_counter()
+    measured = time_graphs(paths, timing, batch)
+    models_seconds = time.perf_counter() - started
+    rows = []
+    for name, (model, plan) in models.items():
+        prediction = predict_model(model, table, table.target)
+        lat = measured[name]
+        error = prediction.total_ms / lat["median_ms"] - 1
+        rows.append({"plan": plan or "(original)", "methods": methods(plan), "parts": len(model_parts(model)),
+                     "predicted_ms": prediction.total_ms, "measured_ms": lat["median_ms"],
+                     "measured_p90_ms": lat["p90_ms"], "measured_cv": lat["cv"], "error": error,
+                     "round_medians_ms": lat["round_medians_ms"]})
+        log(f"batch {batch} {name}: predicted {prediction.total_ms:.3f} ms, measured {lat['median_ms']:.3f} ms "
+            f"({100 * error:+.1f} %)")
+    compressed = [abs(r["error"]) for r in rows if r["plan"] != "(original)"]
+    aa = measured[AA]["median_ms"] / measured["original"]["median_ms"]
+    return {"batch": batch, "rows": rows, "table": {
+        "target": table.target.describe(), "parts": len(table.entries), "overhead_ms": table.overhead_ms,
+        "seconds": round(table_seconds, 1), "contention": table.device_record.get("contention"),
+        "parts_ms": {k: e.median_ms for k, e in table.entries.items()}},
+        "models_seconds": round(models_seconds, 1), "aa_ratio": aa,
+        "median_abs_error": float(np.median(compressed)), "mean_abs_error": float(np.mean(compressed)),
+        "max_abs_error": float(np.max(compressed)), "plans": len(compressed),
+        "meets_target": float(np.median(compressed)) <= args.target}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="fmnist-deit-tiny")
+    parser.add_argument("--plans", nargs="+", default=list(PLANS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--data", default="fmnist-mini", help="calibration data")
+    parser.add_argument("--samples", type=int, default=64, help="calibration images")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (fixed, recorded)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=200, help="timed calls per graph (all rounds)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--sessions", type=int, default=2, help="session sets created afresh in rotated order")
+    parser.add_argument("--target", type=float, default=TARGET, help="median absolute error to reach")
+    parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/latency_prediction.json"))
+    parser.add_argument("--md-out", default=str(ROOT / "docs/results/latency-prediction.md"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started, load_before = time.perf_counter(), os.getloadavg()
+    models = build_models(args)
+    with tempfile.TemporaryDirectory(prefix="edge-latency-prediction-") as tmp, CpuContention() as contention:
+        batches = [measure_batch(models, b, args, Path(tmp)) for b in args.batches]
+    record = {"model": args.model, "target": args.target, "batches": batches, "contention": contention.result(),
+              "settings": {"threads": args.threads, "warmup": args.warmup, "iterations": args.iterations,
+                           "rounds": args.rounds, "sessions": args.sessions, "calibration": args.data,
+                           "samples": args.samples, "grid": "full", "spinning": False,
+                           "provider": "CPUExecutionProvider", "optimization": "ORT_ENABLE_ALL"},
+              **provenance("latency_prediction.py", args, parser, started=started, load_before=load_before,
+                           skip=("json_out", "md_out"))}
+    write_results(record, args.json_out, args.md_out, markdown)
+
+
+def markdown(r: dict) -> str:
+    s, v, hw, load = r["settings"], r["versions"], r["hardware"], r["load_average"]
+    lines = [
+        "# Latency prediction from a table of parts (ONNX Runtime, this CPU)", "",
+        f"Generated by `{r['command']}` ({r['seconds'] / 60:.1f} min). Model `{r['model']}`; every plan applied by "
+        f"`edge compress` ({s['samples']} `{s['calibration']}` images). Per batch: the latency table of the "
+        "reference model's full grid (each part exported once and timed side by side), then every plan's whole "
+        "exported model, the original and a byte-identical copy of it (A/A) timed side by side. Predicted = "
+        "overhead of one call + what each part adds; error = predicted / measured median - 1.", "",
+        f"Hardware: {hw['cpu']} ({hw['cpu_count']} logical CPUs), **shared with other work**: load average "
+        f"before/after {load['before'][0]:.2f} / {load['after'][0]:.2f}; other processes used "
+        f"{100 * (r['contention']['other_cpu_share'] or 0):.0f} % of the CPUs over the run"
+        + (" (busy: not clean figures)" if r["contention"].get("busy") else "") + f". ONNX Runtime "
+        f"{v.get('onnxruntime')} ({s['optimization']}, {s['threads']} intra-op threads, pool threads not spinning), "
+        f"fp32; {s['warmup']} warm-up calls, {s['iterations']} timed calls per graph in {s['rounds']} interleaved "
+        f"rounds, {s['sessions']} session sets.", "",
+        "| batch | plans | median abs error | mean abs error | max abs error | target | A/A copy / original | "
+        "table parts | overhead ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for b in r["batches"]:
+        lines.append(f"| {b['batch']} | {b['plans']} | **{100 * b['median_abs_error']:.1f} %** | "
+                     f"{100 * b['mean_abs_error']:.1f} % | {100 * b['max_abs_error']:.1f} % | "
+                     f"{'met' if b['meets_target'] else 'missed'} (<= {100 * r['target']:.0f} %) | "
+                     f"{b['aa_ratio']:.3f} | {b['table']['parts']} | {b['table']['overhead_ms']:.4f} |")
+    for b in r["batches"]:
+        lines += ["", f"## Batch {b['batch']}", "",
+                  "| plan | methods | parts | predicted ms | measured ms (median) | p90 ms | CV | error |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in b["rows"]:
+            lines.append(f"| `{row['plan']}` | {row['methods']} | {row['parts']} | {row['predicted_ms']:.3f} | "
+                         f"{row['measured_ms']:.3f} | {row['measured_p90_ms']:.3f} | {100 * row['measured_cv']:.0f} % | "
+                         f"{100 * row['error']:+.1f} % |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
