@@ -181,8 +181,8 @@ def markdown(r: dict) -> str:
                   "|---|---|---|---|---|---|---|---|"]
         for row in b["rows"]:
             lines.append(f"| `{row['plan']}` | {row['methods']} | {row['parts']} | {row['predicted_ms']:.3f} | "
-                         f"{row['measured_ms']:.3f} | {row['measured_p90_ms']:.3f} | {100 * row['measured_cv']:.0f} % | "
-                         f"{100 * row['error']:+.1f} % |")
+                         f"{row['measured_ms']:.3f} | {row['measured_p90_ms']:.3f} | "
+                         f"{100 * row['measured_cv']:.0f} % | {100 * row['error']:+.1f} % |")
     return "\n".join(lines) + "\n"
 
 

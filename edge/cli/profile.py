@@ -108,7 +108,8 @@ def latency_table(args) -> int:
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     timing = TimingConfig(threads=args.threads or TimingConfig.threads, warmup=args.warmup,
                           iterations=args.iterations, rounds=args.rounds)
-    table = measure_table(model, GridConfig(grid=args.grid, batch=args.batch or 1, repeat=args.repeat), timing, source=args.model,
+    grid = GridConfig(grid=args.grid, batch=args.batch or 1, repeat=args.repeat)
+    table = measure_table(model, grid, timing, source=args.model,
                           progress=lambda message: print(message, file=sys.stderr, flush=True))
     table.save(args.latency_table)
     emit(table.to_json(), args.json, f"wrote {args.latency_table} ({table.describe()}; one call's overhead "
