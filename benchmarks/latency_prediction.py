@@ -1,6 +1,6 @@
 """Latency prediction: a table of parts, measured once, against whole compressed models measured side by side.
 
-    python benchmarks/latency_prediction.py                          # 22 plans, batch 1 and 32 (~15 min)
+    python benchmarks/latency_prediction.py                          # 22 plans, batch 1 and 32, 1 and 2 threads
     python benchmarks/latency_prediction.py --batches 1 --plans linear:6-9 dwconv:blocks=1+10+11 --iterations 40
 
 The bundled reference model (``fmnist-deit-tiny``) is compressed by ``edge compress`` with every plan
@@ -8,12 +8,17 @@ The bundled reference model (``fmnist-deit-tiny``) is compressed by ``edge compr
 and mixes of them; calibrated on ``fmnist-mini``: the fit does not change the graph's shape, so
 the latency does not depend on it). Per batch size:
 
-1. the latency table of the reference model's full grid (every part a plan on it can make:
-   ``edge profile fmnist-deit-tiny --latency-table``): each part exported once as its own graph,
-   all timed side by side on ONNX Runtime (edge.latency.measure);
+1. the reference model's full grid (every part a plan on it can make, as
+   ``edge profile fmnist-deit-tiny --latency-table`` makes it): each part exported once as its own
+   graph (sub-layers as chains of 12 copies, edge.latency.grid);
 2. every plan's whole model exported (static batch), plus the original and a byte-identical copy
-   of it (the A/A control), all timed side by side with the same sessions' settings;
-3. each model's predicted latency (edge.latency.predict: the overhead of one call plus what each
+   of it (the A/A control);
+3. the part graphs and the whole models all timed in ONE side-by-side run on ONNX Runtime
+   (edge.latency.measure.time_graphs: interleaved rounds, sessions created afresh), so that the
+   load of this shared 2-core machine, which moved whole-model latency by up to 2x between
+   minutes of one afternoon, hits the table and the models alike; the table is made from the
+   part graphs' medians (edge.latency.table) exactly as ``--latency-table`` makes it;
+4. each model's predicted latency (edge.latency.predict: the overhead of one call plus what each
    of its parts adds) against its measured median: error = predicted / measured - 1.
 
 Target: median absolute error <= 10 % at batch 1 and at batch 32. Writes
@@ -38,9 +43,10 @@ from _results import provenance, write_results  # noqa: E402
 from edge.compress import CompressConfig, compress  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402
 from edge.export import ExportConfig, export  # noqa: E402
-from edge.latency import model_parts, predict_model  # noqa: E402
-from edge.latency.grid import GridConfig  # noqa: E402
-from edge.latency.measure import TimingConfig, measure_table, time_graphs  # noqa: E402
+from edge.latency import LatencyTable, model_parts, predict_model  # noqa: E402
+from edge.latency.grid import GridConfig, export_grid, grid_parts  # noqa: E402
+from edge.latency.measure import TimingConfig, time_graphs  # noqa: E402
+from edge.latency.table import here  # noqa: E402
 from edge.models import data_config  # noqa: E402
 from edge.profile.contention import CpuContention  # noqa: E402
 from edge.progress import log  # noqa: E402
@@ -78,45 +84,64 @@ def build_models(args) -> dict[str, tuple[torch.nn.Module, str | None]]:
     return models
 
 
-def measure_batch(models: dict, batch: int, args, work: Path) -> dict:
-    timing = TimingConfig(threads=args.threads, warmup=args.warmup, iterations=args.iterations, rounds=args.rounds,
+def measure_batch(models: dict, batch: int, threads: int, args, work: Path) -> dict:
+    """The table's part graphs and the whole models, all timed in one side-by-side run (see the notes)."""
+    work = work / f"t{threads}"
+    work.mkdir(exist_ok=True)
+    timing = TimingConfig(threads=threads, warmup=args.warmup, iterations=args.iterations, rounds=args.rounds,
                           sessions=args.sessions, seed=args.seed)
+    original = models["original"][0]
+    grid = GridConfig(grid="full", batch=batch)
     started = time.perf_counter()
-    table = measure_table(models["original"][0], GridConfig(grid="full", batch=batch), timing, source=args.model,
-                          progress=lambda message: None)
-    table_seconds = time.perf_counter() - started
-    log(f"batch {batch}: table of {len(table.entries)} parts in {table_seconds:.0f} s "
-        f"(overhead {table.overhead_ms:.4f} ms)")
-    paths = {}
+    graphs = export_grid(grid_parts(original, grid), work / f"grid-b{batch}", batch, grid.resolved_repeat(original),
+                         args.model)
+    paths = {f"part {name}": g.path for name, g in graphs.items()}
     for n, (name, (model, plan)) in enumerate(models.items()):
         paths[name] = work / f"model{n:02d}-b{batch}.onnx"
         export(model, paths[name], source=args.model, plan=plan, data_config=data_config(model),
                config=ExportConfig(batch=batch))
     paths[AA] = work / f"aa-b{batch}.onnx"
     paths[AA].write_bytes(paths["original"].read_bytes())
+    export_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    measured = time_graphs(paths, timing, batch)
-    models_seconds = time.perf_counter() - started
+    with CpuContention() as contention:
+        measured = time_graphs(paths, timing, batch)
+    seconds = time.perf_counter() - started
+    table = LatencyTable.from_medians(here(batch, threads),
+                                      {g.part: measured[f"part {name}"] for name, g in graphs.items()},
+                                      {g.part: g.repeat for g in graphs.values()})
+    # secondary: the same table from each graph's mean instead of its median (additive under contention:
+    # a long call is preempted more often than a short one, which moves medians apart more than means)
+    by_mean = LatencyTable.from_medians(here(batch, threads),
+                                        {g.part: {"median_ms": measured[f"part {name}"]["mean_ms"]}
+                                         for name, g in graphs.items()}, {g.part: g.repeat for g in graphs.values()})
+    log(f"batch {batch}, {threads} threads: {len(graphs)} part graphs and {len(models) + 1} models timed in "
+        f"{seconds:.0f} s (overhead {table.overhead_ms:.4f} ms)")
     rows = []
     for name, (model, plan) in models.items():
         prediction = predict_model(model, table, table.target)
         lat = measured[name]
         error = prediction.total_ms / lat["median_ms"] - 1
+        mean_error = predict_model(model, by_mean).total_ms / lat["mean_ms"] - 1
         rows.append({"plan": plan or "(original)", "methods": methods(plan), "parts": len(model_parts(model)),
                      "predicted_ms": prediction.total_ms, "measured_ms": lat["median_ms"],
                      "measured_p90_ms": lat["p90_ms"], "measured_cv": lat["cv"], "error": error,
-                     "round_medians_ms": lat["round_medians_ms"]})
-        log(f"batch {batch} {name}: predicted {prediction.total_ms:.3f} ms, measured {lat['median_ms']:.3f} ms "
-            f"({100 * error:+.1f} %)")
+                     "mean_error": mean_error, "round_medians_ms": lat["round_medians_ms"]})
+        log(f"batch {batch}, {threads} threads, {name}: predicted {prediction.total_ms:.3f} ms, measured "
+            f"{lat['median_ms']:.3f} ms ({100 * error:+.1f} %; from means {100 * mean_error:+.1f} %)")
     compressed = [abs(r["error"]) for r in rows if r["plan"] != "(original)"]
     aa = measured[AA]["median_ms"] / measured["original"]["median_ms"]
-    return {"batch": batch, "rows": rows, "table": {
+    return {"batch": batch, "threads": threads, "rows": rows, "table": {
         "target": table.target.describe(), "parts": len(table.entries), "overhead_ms": table.overhead_ms,
-        "seconds": round(table_seconds, 1), "contention": table.device_record.get("contention"),
-        "parts_ms": {k: e.median_ms for k, e in table.entries.items()}},
-        "models_seconds": round(models_seconds, 1), "aa_ratio": aa,
+        "repeat": grid.resolved_repeat(original),
+        "parts_ms": {k: {"graph_median_ms": e.median_ms, "net_ms": e.net_ms, "repeat": e.repeat}
+                     for k, e in table.entries.items()}},
+        "export_seconds": round(export_seconds, 1), "timing_seconds": round(seconds, 1),
+        "contention": contention.result(), "aa_ratio": aa,
         "median_abs_error": float(np.median(compressed)), "mean_abs_error": float(np.mean(compressed)),
         "max_abs_error": float(np.max(compressed)), "plans": len(compressed),
+        "median_abs_error_of_means": float(np.median([abs(r["mean_error"]) for r in rows
+                                                      if r["plan"] != "(original)"])),
         "meets_target": float(np.median(compressed)) <= args.target}
 
 
@@ -128,20 +153,21 @@ def main() -> None:
     parser.add_argument("--data", default="fmnist-mini", help="calibration data")
     parser.add_argument("--samples", type=int, default=64, help="calibration images")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (fixed, recorded)")
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2],
+                        help="ONNX Runtime intra-op threads: each count is a run of its own")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--iterations", type=int, default=200, help="timed calls per graph (all rounds)")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=60, help="timed calls per graph (all rounds)")
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--sessions", type=int, default=2, help="session sets created afresh in rotated order")
     parser.add_argument("--target", type=float, default=TARGET, help="median absolute error to reach")
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/latency_prediction.json"))
     parser.add_argument("--md-out", default=str(ROOT / "docs/results/latency-prediction.md"))
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)
     started, load_before = time.perf_counter(), os.getloadavg()
     models = build_models(args)
     with tempfile.TemporaryDirectory(prefix="edge-latency-prediction-") as tmp, CpuContention() as contention:
-        batches = [measure_batch(models, b, args, Path(tmp)) for b in args.batches]
+        batches = [measure_batch(models, b, t, args, Path(tmp)) for t in args.threads for b in args.batches]
     record = {"model": args.model, "target": args.target, "batches": batches, "contention": contention.result(),
               "settings": {"threads": args.threads, "warmup": args.warmup, "iterations": args.iterations,
                            "rounds": args.rounds, "sessions": args.sessions, "calibration": args.data,
@@ -159,30 +185,38 @@ def markdown(r: dict) -> str:
         f"Generated by `{r['command']}` ({r['seconds'] / 60:.1f} min). Model `{r['model']}`; every plan applied by "
         f"`edge compress` ({s['samples']} `{s['calibration']}` images). Per batch: the latency table of the "
         "reference model's full grid (each part exported once and timed side by side), then every plan's whole "
-        "exported model, the original and a byte-identical copy of it (A/A) timed side by side. Predicted = "
-        "overhead of one call + what each part adds; error = predicted / measured median - 1.", "",
+        "exported model, the original and a byte-identical copy of it (A/A), all timed in one side-by-side run "
+        "(the part graphs with the models, so that the shared machine's load hits both alike). Predicted = "
+        "overhead of one call + what each part adds (sub-layers timed as chains of "
+        f"{r['batches'][0]['table']['repeat']} copies); error = predicted / measured median - 1.", "",
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} logical CPUs), **shared with other work**: load average "
         f"before/after {load['before'][0]:.2f} / {load['after'][0]:.2f}; other processes used "
         f"{100 * (r['contention']['other_cpu_share'] or 0):.0f} % of the CPUs over the run"
         + (" (busy: not clean figures)" if r["contention"].get("busy") else "") + f". ONNX Runtime "
-        f"{v.get('onnxruntime')} ({s['optimization']}, {s['threads']} intra-op threads, pool threads not spinning), "
+        f"{v.get('onnxruntime')} ({s['optimization']}, {' and '.join(map(str, s['threads']))} intra-op threads, "
+        "one run each, pool threads not spinning), "
         f"fp32; {s['warmup']} warm-up calls, {s['iterations']} timed calls per graph in {s['rounds']} interleaved "
         f"rounds, {s['sessions']} session sets.", "",
-        "| batch | plans | median abs error | mean abs error | max abs error | target | A/A copy / original | "
-        "table parts | overhead ms |", "|---|---|---|---|---|---|---|---|---|"]
+        "| threads | batch | plans | median abs error | mean abs error | max abs error | target | median abs error, "
+        "from means | A/A copy / original | other processes' CPU share | table parts | overhead ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in r["batches"]:
-        lines.append(f"| {b['batch']} | {b['plans']} | **{100 * b['median_abs_error']:.1f} %** | "
+        lines.append(f"| {b['threads']} | {b['batch']} | {b['plans']} | **{100 * b['median_abs_error']:.1f} %** | "
                      f"{100 * b['mean_abs_error']:.1f} % | {100 * b['max_abs_error']:.1f} % | "
                      f"{'met' if b['meets_target'] else 'missed'} (<= {100 * r['target']:.0f} %) | "
-                     f"{b['aa_ratio']:.3f} | {b['table']['parts']} | {b['table']['overhead_ms']:.4f} |")
+                     f"{100 * b['median_abs_error_of_means']:.1f} % | {b['aa_ratio']:.3f} | "
+                     f"{100 * (b['contention'].get('other_cpu_share') or 0):.0f} % | {b['table']['parts']} | "
+                     f"{b['table']['overhead_ms']:.4f} |")
     for b in r["batches"]:
-        lines += ["", f"## Batch {b['batch']}", "",
-                  "| plan | methods | parts | predicted ms | measured ms (median) | p90 ms | CV | error |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"## Batch {b['batch']}, {b['threads']} thread{'s' * (b['threads'] != 1)}", "",
+                  "| plan | methods | parts | predicted ms | measured ms (median) | p90 ms | CV | error "
+                  "| error, means |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for row in b["rows"]:
             lines.append(f"| `{row['plan']}` | {row['methods']} | {row['parts']} | {row['predicted_ms']:.3f} | "
                          f"{row['measured_ms']:.3f} | {row['measured_p90_ms']:.3f} | "
-                         f"{100 * row['measured_cv']:.0f} % | {100 * row['error']:+.1f} % |")
+                         f"{100 * row['measured_cv']:.0f} % | {100 * row['error']:+.1f} % | "
+                         f"{100 * row['mean_error']:+.1f} % |")
     return "\n".join(lines) + "\n"
 
 

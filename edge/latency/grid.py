@@ -140,11 +140,14 @@ def part_graph_bytes(part: Part, batch: int, source: str = "", repeat: int = 1) 
         raise EdgeError(f"the graph of part {part.key} fails onnx.checker", found=str(e)[:400],
                         fix="report this part as a bug") from e
     data = proto.SerializeToString()
-    results = compare_with_torch(module, ort_session(data), verification_inputs(shape, batch, None), Tolerance())
+    # a chain's values grow with its copies (an MLP-only block doubles the stream): judged by relative error
+    tolerance = Tolerance() if count == 1 else Tolerance(max_abs=1e6, rel_l2=1e-4)
+    results = compare_with_torch(module, ort_session(data), verification_inputs(shape, batch, None), tolerance)
     failed = [r for r in results if not r.passed]
     if failed:
         raise EdgeError(f"ONNX Runtime disagrees with PyTorch on the graph of part {part.key}",
-                        found=f"max abs {failed[0].max_abs:.3e}", fix="report this part as a bug")
+                        found=f"max abs {failed[0].max_abs:.3e}, relative L2 {failed[0].rel_l2:.3e}",
+                        fix="report this part as a bug")
     return data
 
 
