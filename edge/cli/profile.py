@@ -10,8 +10,8 @@ from edge.config import MAX_BATCH
 EXAMPLES = """  edge profile runs/ref.onnx --threads 2 --json          # ONNX Runtime (the default for .onnx)
   edge profile fmnist-deit-tiny --backend torch --iterations 500
   edge profile runs/ref.onnx --duration 10 --warmup 50
-  edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2       # every part a plan can make
-  edge profile runs/compressed --latency-table tables/own-b32.json --grid model --batch 32"""
+  edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2 --iterations 100  # full grid
+  edge profile runs/linear-9-10 --latency-table tables/own-b32.json --grid model --batch 32  # its own parts"""
 
 
 def register(subparsers) -> None:
