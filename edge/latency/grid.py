@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import onnx
 from torch import nn
@@ -106,11 +107,11 @@ def full_grid(model: nn.Module, config: GridConfig) -> list[Part]:
             for scaled in (0, 1):
                 parts.append(Part.make("mlp", dim, tokens, hidden=width, bias=first.size("bias"), scaled=scaled,
                                        ls=first.size("ls")))
-    prefix = int(model.num_prefix_tokens)
+    prefix_count = int(model.num_prefix_tokens)
     for bias in (0, 1):
         parts.append(Part.make("span", dim, tokens, bias=bias, prefix_map=0))
-        if prefix:
-            parts.append(Part.make("span", dim, tokens, bias=bias, prefix_map=prefix))
+        if prefix_count:
+            parts.append(Part.make("span", dim, tokens, bias=bias, prefix_map=prefix_count))
     return _unique([*parts, overhead_part(dim, tokens)])
 
 
@@ -132,7 +133,8 @@ def part_graph_bytes(part: Part, batch: int, source: str = "", repeat: int = 1) 
     module = part_module(part) if count == 1 else nn.Sequential(*(part_module(part, seed=n) for n in range(count)))
     shape = input_shape(part)
     config = ExportConfig(batch=batch, opset=DEFAULT_OPSET)
-    proto = with_metadata(export_bytes(module, shape, config),
+    # export_bytes prepends the batch to any sample shape: an image, or a token stream [tokens, dim]
+    proto = with_metadata(export_bytes(module, cast("tuple[int, int, int]", shape), config),
                           {VERSION: _version(), SOURCE_MODEL: source, PART_KEY: part.key, REPEAT_KEY: str(count)})
     try:
         onnx.checker.check_model(proto, full_check=True)

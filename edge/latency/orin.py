@@ -27,6 +27,7 @@ target is never mistaken for a measured TensorRT table's (the backend differs, s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -273,28 +274,36 @@ _SUPER_NOTE = ("NVIDIA's Super announcement, as quoted in issue 20 and the proje
 _DW_PAPER = ("Scribano et al., Accelerating Vision Foundation Models with Drop-in Depthwise Convolution, Table 2 "
              "(code: https://github.com/cscribano/DWConv_VFM); TensorRT on Orin Nano, batch 1, 336x336, [CLS] "
              "removed; precision and power mode not stated")
-_VIT_B = dict(dim=768, depth=12, heads=12, hidden=3072)
-_VIT_L = dict(dim=1024, depth=24, heads=16, hidden=4096)
+
+
+def _vit_b(**options: Any) -> tuple[Part, ...]:
+    return tuple(vit_parts(dim=768, depth=12, heads=12, hidden=3072, **options))
+
+
+def _vit_l(**options: Any) -> tuple[Part, ...]:
+    return tuple(vit_parts(dim=1024, depth=24, heads=16, hidden=4096, **options))
+
+
 PUBLISHED = (
-    Published("ViT-B/16 224 (vit-base-patch16-224)", tuple(vit_parts(**_VIT_B, patch=16, size=224)),
+    Published("ViT-B/16 224 (vit-base-patch16-224)", _vit_b(patch=16, size=224),
               "MAXN_SUPER", "fp16", 1, 1000 / 158, _SUPER_BLOG, _SUPER_NOTE + "; 158 FPS", calibrate=True),
-    Published("ViT-B/16 224 (vit-base-patch16-224)", tuple(vit_parts(**_VIT_B, patch=16, size=224)),
+    Published("ViT-B/16 224 (vit-base-patch16-224)", _vit_b(patch=16, size=224),
               "original", "fp16", 1, 1000 / 98, _SUPER_BLOG, _SUPER_NOTE + "; 98 FPS", calibrate=True),
-    Published("DINOv2-B/14 224", tuple(vit_parts(**_VIT_B, patch=14, size=224, ls=1, classes=0)),
+    Published("DINOv2-B/14 224", _vit_b(patch=14, size=224, ls=1, classes=0),
               "MAXN_SUPER", "fp16", 1, 1000 / 126, _SUPER_BLOG, _SUPER_NOTE + "; 126 FPS", calibrate=True),
-    Published("DINOv2-B/14 224", tuple(vit_parts(**_VIT_B, patch=14, size=224, ls=1, classes=0)),
+    Published("DINOv2-B/14 224", _vit_b(patch=14, size=224, ls=1, classes=0),
               "original", "fp16", 1, 1000 / 75, _SUPER_BLOG, _SUPER_NOTE + "; 75 FPS (held out of the fit)"),
-    Published("DINOv2 ViT-B/14 336 (no [CLS])", tuple(vit_parts(**_VIT_B, patch=14, size=336, prefix=0, ls=1,
-                                                                classes=0, pool="avg")),
+    Published("DINOv2 ViT-B/14 336 (no [CLS])", _vit_b(patch=14, size=336, prefix=0, ls=1, classes=0,
+                                                       pool="avg"),
               None, None, 1, 49.9, _DW_PAPER, "CB1"),
-    Published("DINOv2 ViT-B/14 336, 6/12 blocks depthwise", tuple(vit_parts(
-        **_VIT_B, patch=14, size=336, prefix=0, ls=1, classes=0, pool="avg", dwconv_blocks=6)),
+    Published("DINOv2 ViT-B/14 336, 6/12 blocks depthwise", _vit_b(
+        patch=14, size=336, prefix=0, ls=1, classes=0, pool="avg", dwconv_blocks=6),
               None, None, 1, 40.8, _DW_PAPER, "CB2"),
-    Published("DINOv2 ViT-L/14 336 (no [CLS])", tuple(vit_parts(**_VIT_L, patch=14, size=336, prefix=0, ls=1,
-                                                                classes=0, pool="avg")),
+    Published("DINOv2 ViT-L/14 336 (no [CLS])", _vit_l(patch=14, size=336, prefix=0, ls=1, classes=0,
+                                                       pool="avg"),
               None, None, 1, 161.4, _DW_PAPER, "CL1"),
-    Published("DINOv2 ViT-L/14 336, 12/24 blocks depthwise", tuple(vit_parts(
-        **_VIT_L, patch=14, size=336, prefix=0, ls=1, classes=0, pool="avg", dwconv_blocks=12)),
+    Published("DINOv2 ViT-L/14 336, 12/24 blocks depthwise", _vit_l(
+        patch=14, size=336, prefix=0, ls=1, classes=0, pool="avg", dwconv_blocks=12),
               None, None, 1, 133.6, _DW_PAPER, "CL3"),
 )
 

@@ -203,10 +203,10 @@ def mlp_part(block: nn.Module, dim: int, tokens: int, where: str) -> Part:
     _check_gelu(mlp, f"{where}.mlp")
     fc1, fc2 = _linear(getattr(mlp, "fc1", None), f"{where}.mlp.fc1"), _linear(getattr(mlp, "fc2", None),
                                                                               f"{where}.mlp.fc2")
-    scale = getattr(block, "scale", None)
-    scaled = int(scale is not None and float(scale) != 1.0)
-    if scaled and float(scale) != 2.0:
-        raise _refuse(where, block, f"a residual scale of {float(scale):g} (the parts know 1 and 2)")
+    scale = float(getattr(block, "scale", 1.0))
+    if scale not in (1.0, 2.0):
+        raise _refuse(where, block, f"a residual scale of {scale:g} (the parts know 1 and 2)")
+    scaled = int(scale == 2.0)
     return Part.make("mlp", dim, tokens, hidden=fc1.out_features, bias=fc1.bias is not None and fc2.bias is not None,
                      scaled=scaled, ls=_flag(getattr(block, "ls2", None)))
 
