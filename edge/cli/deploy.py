@@ -7,6 +7,7 @@ from edge.cli.options import (
     ExistingFile,
     ExistingFolder,
     ExistingPath,
+    Model,
     Number,
     OutputFile,
     OutputFolder,
@@ -19,11 +20,15 @@ EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # Tenso
   edge deploy bundles/demo --host nvidia@jetson --power-mode 15W --lock-clocks --report runs/demo
   edge deploy bundles/demo --hosts fleet.txt --identity ~/.ssh/jetson_ed25519 --report runs/demo
   edge deploy bundles/demo --host nvidia@new-board --accept-new-host-key --backend ort
-  edge deploy bundles/demo.tar.gz --host nvidia@jetson --builder trtexec   # unpacked on the device"""
+  edge deploy bundles/demo.tar.gz --host nvidia@jetson --builder trtexec   # unpacked on the device
+  edge deploy --latency-table fmnist-deit-tiny --host nvidia@jetson --power-mode MAXN_SUPER --out tables/nano"""
 
 
 def register(subparsers) -> None:
     from edge.deploy.ssh import SshOptions, parse_host
+    from edge.latency.device import PRECISIONS as LATENCY_PRECISIONS
+    from edge.latency.device import DeviceTableConfig
+    from edge.latency.grid import GRIDS, GridConfig
 
     parser = add_command(
         subparsers, "deploy", "deploy a bundle to Jetsons over SSH: copy, build and benchmark there, fetch results",
@@ -33,8 +38,10 @@ def register(subparsers) -> None:
         "system's OpenSSH; host keys are checked (a new device needs --accept-new-host-key once), nothing\n"
         "prompts. A fleet (--host repeated, or --hosts) is deployed in parallel; a device that fails does not\n"
         "stop the others, and an engine built on one device is reused on those of the same identity.\n"
+        "--latency-table MODEL: instead of a bundle, the latency grid of MODEL's parts (edge.latency) is\n"
+        "bundled, run there, and each device's table written to OUT/devices/LABEL/latency-table.json.\n"
         "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input.", EXAMPLES)
-    parser.add_argument("bundle", type=ExistingPath(),
+    parser.add_argument("bundle", nargs="?", type=ExistingPath(),
                         help="a bundle folder written by `edge bundle`, or its .tar.gz (--tar): copied "
                              "whole and unpacked on the device, after its members are checked here")
     parser.add_argument("--host", action="append", default=[], metavar="USER@ADDR[:PORT]",
@@ -72,6 +79,20 @@ def register(subparsers) -> None:
     parser.add_argument("--report", metavar="RUN_DIR", type=ExistingFolder(),
                         help="a pipeline run folder whose report gains the device "
                                                              "results")
+    parser.add_argument("--latency-table", metavar="MODEL", type=Model(),
+                        help="time the parts of this model (name or compressed artifact) on the devices instead of "
+                             "a bundle: one latency table per device")
+    parser.add_argument("--grid", choices=GRIDS, default=GridConfig.grid,
+                        help="--latency-table: the model's own parts, or every part a plan on it can make")
+    parser.add_argument("--batch", type=config_type(GridConfig, "--batch"), default=GridConfig.batch,
+                        help="--latency-table: the static batch of the part graphs")
+    parser.add_argument("--repeat", type=config_type(GridConfig, "--repeat"),
+                        help="--latency-table: copies of a sub-layer chained in its graph (default: as many as the "
+                             "model has blocks)")
+    parser.add_argument("--precision", choices=LATENCY_PRECISIONS,
+                        help="--latency-table: part graph precision (default: fp16 on TensorRT, fp32 on ort)")
+    parser.add_argument("--threads", type=config_type(DeviceTableConfig, "--threads"),
+                        help="--latency-table with --backend ort: intra-op threads on the device (default: ORT's)")
     parser.set_defaults(run=run)
 
 
@@ -91,6 +112,13 @@ def run(args) -> int:
         runner=RunnerOptions(backend=args.backend, builder=args.builder, power_mode=args.power_mode,
                              lock_clocks=args.lock_clocks, nvpmodel_conf=args.nvpmodel_conf),
         remote_dir=args.remote_dir, remote_python=args.remote_python)
+    if args.latency_table:
+        return latency_tables(args, hosts, config)
+    if args.bundle is None:
+        from edge.errors import EdgeError
+
+        raise EdgeError("no bundle given", expected="a bundle folder or .tar.gz, or --latency-table MODEL",
+                        fix="pass the bundle written by `edge bundle --out`")
     result = deploy(args.bundle, hosts, config, out=args.out, report=args.report,
                     progress=lambda message: print(message, file=sys.stderr, flush=True))
     lines = [f"{d['host']}: {d['status']}" + (f" ({d['error'].splitlines()[0]})" if d["error"] else "")
@@ -99,5 +127,33 @@ def run(args) -> int:
     if result["failed"]:
         lines.append(f"{len(result['failed'])} of {len(result['devices'])} devices failed: "
                      + ", ".join(result["failed"]))
+    emit(result, args.json, "\n".join(lines))
+    return 1 if result["failed"] else 0
+
+
+def latency_tables(args, hosts, config) -> int:
+    import sys
+    from pathlib import Path
+
+    from edge.compress.load import load_model
+    from edge.errors import EdgeError
+    from edge.latency.device import DeviceTableConfig, deploy_table
+    from edge.latency.grid import GridConfig
+
+    if args.bundle is not None or args.report:
+        raise EdgeError(f"--latency-table with {'the bundle ' + args.bundle if args.bundle else '--report'}",
+                        expected="--latency-table alone: it makes and deploys its own bundle of part graphs",
+                        fix="deploy the bundle and time the table in two commands")
+    if not hosts:
+        raise EdgeError("no device given", fix="pass --host user@address (repeatable) or --hosts FILE")
+    model = load_model(args.latency_table)
+    table_config = DeviceTableConfig(grid=GridConfig(grid=args.grid, batch=args.batch, repeat=args.repeat),
+                                     precision=args.precision,
+                                     threads=args.threads)
+    out = Path(args.out) if args.out else Path(f"latency-{Path(args.latency_table).name}")
+    result = deploy_table(model, hosts, config, table_config, out=out, source=args.latency_table,
+                          progress=lambda message: print(message, file=sys.stderr, flush=True))
+    lines = [f"{label}: {path}" for label, path in result["tables"].items()]
+    lines += [f"{label}: failed ({error.splitlines()[0]})" for label, error in result["failed"].items()]
     emit(result, args.json, "\n".join(lines))
     return 1 if result["failed"] else 0

@@ -1,0 +1,93 @@
+"""Timing a grid of part graphs on ONNX Runtime here, interleaved, into a latency table.
+
+Every part graph gets its own ONNX Runtime session (CPU, all graph optimisations, a fixed thread
+count, pool threads sleeping between calls), and all are timed side by side
+(:func:`edge.profile.sidebyside.interleave`): ``sessions`` sets of sessions created afresh in
+rotated order, each warmed up, then rounds in which every part makes ``iterations`` timed calls in
+a seeded random order, so the machine's drift hits all parts alike. A part's latency is the
+median of all its timed calls (with p90/p95/p99 and the per-round medians in the table).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from torch import nn
+
+from edge.config import MAX_STEPS, MAX_THREADS, option
+from edge.errors import EdgeError
+from edge.latency.grid import GridConfig, export_grid, grid_parts
+from edge.latency.parts import Part
+from edge.latency.table import LatencyTable, here
+from edge.profile.backends import OrtBackend
+from edge.profile.contention import CpuContention
+from edge.profile.sidebyside import SideBySideConfig, interleave
+from edge.profile.stats import latency_stats
+
+CLOCK = "time.perf_counter (host, synchronous calls)"
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    threads: int = option(2, minimum=1, maximum=MAX_THREADS)    # ONNX Runtime intra-op threads
+    warmup: int = option(10, minimum=0, maximum=MAX_STEPS)      # untimed calls per session set
+    iterations: int = option(200, minimum=1, maximum=MAX_STEPS)  # timed calls per part, all rounds together
+    rounds: int = option(10, minimum=1, maximum=MAX_STEPS)      # interleaved rounds
+    sessions: int = option(2, minimum=1, maximum=1000)          # session sets created afresh (rotated order)
+    seed: int = 0
+
+    def per_round(self) -> int:
+        return max(1, -(-self.iterations // self.rounds))
+
+
+def time_graphs(paths: dict[str, Path], timing: TimingConfig, batch: int | None = None) -> dict[str, dict]:
+    """name -> latency statistics (ms; median, percentiles, ``round_medians_ms``) of graphs timed side by side."""
+    factories: dict[str, Callable] = {name: functools.partial(OrtBackend, path, batch=batch, threads=timing.threads,
+                                                              spinning=False) for name, path in paths.items()}
+    config = SideBySideConfig(warmup=timing.warmup, rounds=max(timing.rounds, timing.sessions, 2),
+                              sessions=timing.sessions, iterations=timing.per_round(), seed=timing.seed)
+    timed = interleave(factories, config)
+    return {name: {**latency_stats(latencies, timed["describe"][name]["batch"]),
+                   "round_medians_ms": timed["round_medians"][name]}
+            for name, latencies in timed["latencies"].items()}
+
+
+def time_parts(parts: list[Part], batch: int, timing: TimingConfig, *, repeat: int = 1, source: str = "",
+               work: Path | None = None, progress: Callable[[str], None] | None = None) -> LatencyTable:
+    """Export each part once (static ``batch``; token-stream parts as chains of ``repeat`` copies) and time
+    them all on ONNX Runtime here: the table."""
+    from edge import __version__
+    from edge.runtime import hardware, versions
+
+    if not any(p.kind == "overhead" for p in parts):
+        raise EdgeError("the parts hold no overhead part", fix="add edge.latency.parts.overhead_part(dim, tokens)")
+    progress = progress or (lambda message: None)
+    with tempfile.TemporaryDirectory(prefix="edge-latency-", dir=work) as tmp:
+        graphs = export_grid(parts, Path(tmp), batch, repeat, source, progress)
+        progress(f"timing {len(parts)} part graphs side by side ({timing.rounds} rounds, "
+                 f"{timing.per_round()} calls each per round, {timing.threads} threads)")
+        with CpuContention() as contention:
+            stats = time_graphs({name: g.path for name, g in graphs.items()}, timing, batch)
+    medians = {graphs[name].part: s for name, s in stats.items()}
+    return LatencyTable.from_medians(
+        here(batch, timing.threads), medians, {g.part: g.repeat for g in graphs.values()},
+        device_record={**hardware(), "contention": contention.result()},
+        versions={**versions(), "edge": __version__},
+        protocol={**asdict(timing), "per_round": timing.per_round(), "repeat": repeat,
+                  "order": "interleaved (edge.profile.sidebyside)",
+                  "provider": "CPUExecutionProvider", "optimization": "ORT_ENABLE_ALL", "spinning": False},
+        source={"model": source, "parts": len(parts)}, clock=CLOCK)
+
+
+def measure_table(model: nn.Module, grid: GridConfig, timing: TimingConfig, *, source: str = "",
+                  progress: Callable[[str], None] | None = None) -> LatencyTable:
+    """The latency table of ``model``'s grid (``grid.grid``: its own parts, or every part a plan can produce)."""
+    parts = grid_parts(model, grid)
+    table = time_parts(parts, grid.batch, timing, repeat=grid.resolved_repeat(model), source=source,
+                       progress=progress)
+    table.source.update(grid=grid.grid, align=grid.align, mlp_align=grid.mlp_align)
+    return table
