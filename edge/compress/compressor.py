@@ -99,4 +99,6 @@ def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn
         "hardware": hardware(),
         "steps": steps,
     }
+    for method in used:   # top-level entries a method adds (wpac:macs's sub-network order)
+        manifest.update(built[method.name].manifest)
     return model, manifest

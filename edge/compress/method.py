@@ -82,6 +82,7 @@ class Built:
     fit: dict = field(default_factory=dict)                   # merged into the manifest's ``fit``
     planner: list[dict] = field(default_factory=list)         # candidate table of an automatic choice
     removed: set[int] = field(default_factory=set)            # whole blocks these steps replace
+    manifest: dict = field(default_factory=dict)              # top-level manifest entries (wpac's ``supernet``)
 
 
 class TrainingPhase(Protocol):
@@ -94,7 +95,8 @@ class TrainingPhase(Protocol):
     ``{"M": 0.73}``); ``finish()`` once at the end, only when ``final`` is True, to leave the
     model's final structure, which is what is saved. ``state_dict``/``load_state_dict`` travel in
     the fine-tune checkpoint (after the student's weights are loaded); ``record()`` goes into the
-    manifest's ``finetune`` record.
+    manifest's ``finetune`` record; ``manifest(m)`` returns the manifest the result is saved with
+    (``m`` itself, or with what the trained structure offers: PIAD's sub-network order).
     """
 
     name: str
@@ -116,6 +118,8 @@ class TrainingPhase(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
     def record(self) -> dict: ...
+
+    def manifest(self, manifest: dict) -> dict: ...
 
 
 class Method:
@@ -165,12 +169,14 @@ class Method:
         """Step entries (``{method, step, options, record}``) from a format-1 manifest's own keys."""
         return []
 
-    def training_phase(self, student: nn.Module, teacher: nn.Module, config) -> TrainingPhase | None:
+    def training_phase(self, student: nn.Module, teacher: nn.Module, config,
+                       steps: tuple[dict, ...] = ()) -> TrainingPhase | None:
         """The phase this method's modules in ``student`` train through when ``config`` asks for one, else None.
 
-        ``config`` is the fine-tune's resolved recipe (``steps`` is the schedule length); a method
-        refuses a recipe it cannot follow with an EdgeError. Nothing in ``student`` changes before
-        the phase's ``start()``.
+        ``config`` is the fine-tune's resolved recipe (``steps`` is the schedule length); ``steps``
+        here are the artifact's step entries of this method (``{method, step, options, record}``).
+        A method refuses a recipe it cannot follow with an EdgeError. Nothing in ``student``
+        changes before the phase's ``start()``.
         """
         return None
 

@@ -6,8 +6,16 @@ units in each of its blocks, after ordering them by a criterion (:mod:`edge.comp
     wpac:keep=0.5                      half of the Q/K and V head dims and of the MLP width
     wpac:qk=0.5:v=0.75:mlp=0.5         per part (``keep`` is the default of the parts not named)
     wpac:keep=0.5:align=16:mlp_align=64:criterion=wpac:blocks=0+1+2
+    wpac:macs=0.6                      60 % of the model's MACs, the units ranked on the images
 
 ``keep=1`` truncates nothing: the rotated model computes the same function as the original.
+``macs=F`` (0 < F <= 1) ranks the aligned units of every part on the calibration images
+(:mod:`edge.compress.importance`, PIAD's importance without training) and drops the lowest until
+the MACs are at most ``F`` of the model's (attention products counted); the artifact keeps the
+rest of that order (its ``supernet`` record), so ``macs=1`` makes a super-network of WPAC alone.
+On an artifact that carries such a record (``macs=`` or ``edge finetune --piad``), ``edge
+compress ARTIFACT --plan wpac:macs=F`` cuts a sub-network from the record without data
+(:mod:`edge.compress.extract`).
 
 Widths are multiples of an alignment: ``align`` (default 16) for the head dims, ``mlp_align``
 (default 64) for the MLP width. A kept width is ``keep x width`` rounded to the nearest multiple
@@ -50,10 +58,11 @@ from edge.errors import EdgeError
 WPAC = "wpac"
 CRITERIA = ("wpac", "random", "magnitude", "taylor")
 PARTS = ("qk", "v", "mlp")
-OPTION_TYPES = {"keep": float, "qk": float, "v": float, "mlp": float, "align": int, "mlp_align": int,
+OPTION_TYPES = {"keep": float, "qk": float, "v": float, "mlp": float, "macs": float, "align": int, "mlp_align": int,
                 "criterion": str, "seed": int, "blocks": str}
 DEFAULTS = {"keep": 1.0, "align": 16, "mlp_align": 64, "criterion": "wpac", "seed": 0}
-USAGE = "wpac:keep=0.5 or wpac:qk=0.5:v=0.75:mlp=0.5 (align=16, mlp_align=64, criterion=wpac, blocks=0+1)"
+USAGE = ("wpac:keep=0.5, wpac:qk=0.5:v=0.75:mlp=0.5 or wpac:macs=0.6 (align=16, mlp_align=64, criterion=wpac, "
+         "blocks=0+1)")
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,11 @@ class WpacStep:
         if key in PARTS:
             return self.options.get(key, self.options.get("keep", DEFAULTS["keep"]))
         return self.options.get(key, DEFAULTS[key])
+
+    @property
+    def macs(self) -> float | None:
+        """The MAC fraction of a ``macs=`` step (its parts are built whole, then ranked and cut), else None."""
+        return self.options.get("macs")
 
     def keep(self) -> dict[str, float]:
         """The kept fraction of each part: ``{"qk": ..., "v": ..., "mlp": ...}``."""

@@ -186,6 +186,66 @@ def build_wpac(model: nn.Module, steps: tuple[WpacStep, ...], images, spec: Inpu
     return modules, {"blocks": report, "images": images_seen}
 
 
+def cut_by_macs(model: nn.Module, modules: dict[int, tuple[NarrowAttention, nn.Module]], fit: dict, step: WpacStep,
+                images, spec: InputSpec, batch_size: int) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
+    """Rank the units of the whole-width ``modules`` (placed in a copy of ``model``) and cut them to ``step.macs``.
+
+    Returns the cut modules and the ``supernet`` record of what is left; ``fit`` (build_wpac's report)
+    gains the widths chosen and the selection's figures.
+    """
+    from edge.compress.importance import rank_supernet
+    from edge.compress.supernet import remaining_record, select
+
+    trial = place_wpac(copy.deepcopy(model), modules)
+    record = rank_supernet(trial, images, spec, align=int(step.option("align")),
+                           mlp_align=int(step.option("mlp_align")), batch_size=batch_size)
+    chosen = select(record, float(step.macs), "this model")
+    cut = cut_widths(trial, chosen.widths)
+    out = {block: (cut.blocks[position].attn, cut.blocks[position].mlp) for block, position in positions(cut).items()
+           if block in modules}
+    fit["macs"] = {"fraction": chosen.fraction, "flops": chosen.flops, "full_flops": chosen.full_flops,
+                   "drops": chosen.drops, "smallest_flops": chosen.smallest_flops, "ranking": record.get("ranking")}
+    for block, (attn, mlp) in out.items():
+        fit["blocks"][str(block)].update(qk=attn.qk_dim, v=attn.v_dim, mlp=mlp.fc1.out_features)
+    return out, remaining_record(record, chosen, chosen.flops)
+
+
+@torch.no_grad()
+def cut_attention(attn: NarrowAttention, qk: int, v: int) -> NarrowAttention:
+    """A NarrowAttention with the leading ``qk`` / ``v`` dims of every head of ``attn`` (scale kept)."""
+    heads, dim, dq, dv = attn.num_heads, attn.qkv.in_features, attn.qk_dim, attn.v_dim
+    module = NarrowAttention(dim, heads, qk, v, attn.scale, qkv_bias=attn.qkv.bias is not None,
+                             proj_bias=attn.proj.bias is not None, index=attn.index).to(attn.qkv.weight.dtype)
+    w = attn.qkv.weight
+    module.qkv.weight.copy_(torch.cat([w[:heads * dq].view(heads, dq, dim)[:, :qk].reshape(-1, dim),
+                                       w[heads * dq:2 * heads * dq].view(heads, dq, dim)[:, :qk].reshape(-1, dim),
+                                       w[2 * heads * dq:].view(heads, dv, dim)[:, :v].reshape(-1, dim)]))
+    if attn.qkv.bias is not None:
+        b = attn.qkv.bias
+        module.qkv.bias.copy_(torch.cat([b[:heads * dq].view(heads, dq)[:, :qk].reshape(-1),
+                                         b[heads * dq:2 * heads * dq].view(heads, dq)[:, :qk].reshape(-1),
+                                         b[2 * heads * dq:].view(heads, dv)[:, :v].reshape(-1)]))
+    module.proj.weight.copy_(attn.proj.weight.view(-1, heads, dv)[:, :, :v].reshape(-1, heads * v))
+    if attn.proj.bias is not None:
+        module.proj.bias.copy_(attn.proj.bias)
+    return module
+
+
+def cut_widths(model: nn.Module, widths: dict[str, int]) -> nn.Module:
+    """``model`` (changed in place) with its wpac blocks cut to ``widths`` (``{"3.qk": 32, "3.mlp": 256, ...}``)."""
+    for block, position in positions(model).items():
+        seat = model.blocks[position]
+        if not isinstance(getattr(seat, "attn", None), NarrowAttention) or f"{block}.qk" not in widths:
+            continue
+        attn, mlp = seat.attn, seat.mlp
+        qk, v, hidden = widths[f"{block}.qk"], widths[f"{block}.v"], widths[f"{block}.mlp"]
+        if (qk, v) != (attn.qk_dim, attn.v_dim):
+            seat.attn = cut_attention(attn, qk, v)
+        if hidden != mlp.fc1.out_features:
+            seat.mlp = narrow_mlp(mlp, torch.arange(mlp.fc1.out_features), hidden)
+    return model
+
+
 def place_wpac(model: nn.Module, modules: dict[int, tuple[nn.Module, nn.Module]]) -> nn.Module:
     """Each block's NarrowAttention at ``blocks[i].attn`` and narrower Mlp at ``blocks[i].mlp``."""
     place = positions(model)

@@ -22,8 +22,8 @@ from torch import nn
 
 from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
 from edge.compress.registry import register_method
-from edge.compress.width import CRITERIA, OPTION_TYPES, PARTS, USAGE, WPAC, NarrowAttention, WpacStep
-from edge.compress.wpac_apply import build_wpac, place_wpac, restore_wpac, step_blocks, wpac_records
+from edge.compress.width import CRITERIA, DEFAULTS, OPTION_TYPES, PARTS, USAGE, WPAC, NarrowAttention, WpacStep
+from edge.compress.wpac_apply import build_wpac, cut_by_macs, place_wpac, restore_wpac, step_blocks, wpac_records
 from edge.errors import EdgeError
 
 
@@ -52,6 +52,20 @@ def _check_options(options: dict, text: str) -> None:
                             fix="add :criterion=random or drop seed")
         if options["seed"] < 0:
             raise EdgeError(f"seed={options['seed']} in plan step {text!r} is negative", expected="a seed >= 0")
+    if "macs" in options:
+        if not 0.0 < options["macs"] <= 1.0:
+            raise EdgeError(f"macs={options['macs']:g} in plan step {text!r} is outside (0, 1]",
+                            expected="a fraction of the model's MACs, 0 < macs <= 1",
+                            fix="e.g. macs=0.5 keeps half of the MACs")
+        given = [key for key in ("keep", *PARTS) if key in options]
+        if given:
+            raise EdgeError(f"plan step {text!r} gives both macs= and {', '.join(f'{k}=' for k in given)}",
+                            expected="macs=F alone (the ranking decides every width) or kept fractions alone",
+                            fix=f"drop {'/'.join(given)}, or drop macs")
+        if options.get("criterion", DEFAULTS["criterion"]) != "wpac":
+            raise EdgeError(f"plan step {text!r}: macs= ranks units in WPAC's order", expected="criterion=wpac",
+                            fix="drop criterion=, or use keep= with the other criteria")
+        return
     if not any(key in options for key in ("keep", *PARTS)):
         raise EdgeError(f"plan step {text!r} does not say how much to keep", expected=USAGE)
 
@@ -64,8 +78,9 @@ class WidthCompression(Method):
     order = 25
     calibration_samples = 1024
     grammar = ("Width compression (WPAC, training-free): wpac:keep=F (0 < F <= 1 of the head dims and MLP width) "
-               "or wpac:qk=F:v=F:mlp=F; options align=16 (head dims), mlp_align=64 (MLP width), "
-               "criterion=wpac|taylor|magnitude|random (seed=S), blocks=0+1+2.")
+               "or wpac:qk=F:v=F:mlp=F, or wpac:macs=F (F of the MACs, units ranked on the images; on a "
+               "super-network artifact: a sub-network cut without data); options align=16 (head dims), "
+               "mlp_align=64 (MLP width), criterion=wpac|taylor|magnitude|random (seed=S), blocks=0+1+2.")
 
     def parse(self, keyword: str, rest: str, text: str) -> WpacStep:
         parts = [p for p in rest.split(":") if p] if rest else []
@@ -80,6 +95,17 @@ class WidthCompression(Method):
     def validate(self, steps: tuple, check: PlanCheck) -> None:
         """Blocks within the model, each in one wpac step, none removed or with its attention replaced by another."""
         n = check.num_blocks
+        ranked = [s for s in steps if s.macs is not None]
+        if ranked and len(steps) > 1:
+            raise EdgeError(f"plan step {ranked[0]} sets a fraction of the whole model's MACs beside other wpac "
+                            f"steps ({', '.join(str(s) for s in steps if s is not ranked[0])})",
+                            expected="one wpac:macs=F step as the plan's only wpac step",
+                            fix="name the blocks in that step (blocks=...) and drop the other wpac steps")
+        others = sorted({str(s) for s in (*check.removed.values(), *check.attention.values())})
+        if ranked and others:
+            raise EdgeError(f"plan step {ranked[0]} ranks units against the whole model's MACs, which other steps "
+                            f"({', '.join(others)}) change", expected="wpac:macs=F as the plan's only step",
+                            fix="use kept fractions (wpac:keep=F:blocks=...) beside other methods")
         mine: dict[int, WpacStep] = {}
         for step in steps:
             for block in step.blocks:
@@ -109,7 +135,12 @@ class WidthCompression(Method):
     def build(self, steps: tuple, context: BuildContext) -> Built:
         modules, report = build_wpac(context.model, steps, context.calibration, context.spec,
                                      batch_size=context.batch_size)
-        return Built(tuple(steps), modules, {WPAC: report})
+        ranked = next((s for s in steps if s.macs is not None), None)
+        if ranked is None:
+            return Built(tuple(steps), modules, {WPAC: report})
+        modules, supernet = cut_by_macs(context.model, modules, report, ranked, context.calibration, context.spec,
+                                        context.batch_size)
+        return Built(tuple(steps), modules, {WPAC: report}, manifest={"supernet": supernet})
 
     def place(self, model: nn.Module, built: Built) -> None:
         place_wpac(model, built.modules)
@@ -121,6 +152,15 @@ class WidthCompression(Method):
 
     def restore(self, model: nn.Module, records: list[dict]) -> None:
         restore_wpac(model, [b for r in records for b in r["blocks"]])
+
+    def training_phase(self, student: nn.Module, teacher: nn.Module, config, steps: tuple[dict, ...] = ()):
+        """PIAD (progressive importance-aware dropout) of the wpac blocks when the fine-tune asks (``--piad``)."""
+        if not getattr(config, "piad", False):
+            return None
+        from edge.compress.piad import piad_phase
+
+        options = dict(steps[0].get("options", {})) if steps else {}
+        return piad_phase(student, config, {k: options.get(k, DEFAULTS[k]) for k in ("align", "mlp_align")})
 
 
 register_method(WidthCompression())
