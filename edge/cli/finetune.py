@@ -24,7 +24,13 @@ EXAMPLES = """  # one epoch of distillation from fmnist-deit-tiny into its 6-blo
   # (M 1 -> 0 over the first 75 % of the steps, then M = 0); the result is MLP-only blocks x = 2x + ...
   edge compress fmnist-deit-tiny --plan attnrm:auto=4 --out runs/rm4
   edge finetune runs/rm4 --dilute --epochs 2 --out runs/rm4-dilute
-  edge finetune runs/rm4 --dilute --dilution-fraction 0.5 --dilution-schedule cosine --epochs 2 --out runs/rm4-cos"""
+  edge finetune runs/rm4 --dilute --dilution-fraction 0.5 --dilution-schedule cosine --epochs 2 --out runs/rm4-cos
+
+  # PIAD: a WPAC model (full widths) trained into a super-network for 3 epochs, the dropout list grown
+  # to 75 % of the MACs over the first 2; then sub-networks cut from it without data
+  edge compress fmnist-deit-tiny --plan wpac:keep=1 --out runs/wfull
+  edge finetune runs/wfull --piad --piad-target 0.75 --epochs 3 --piad-epochs 2 --out runs/wsuper-piad
+  edge compress runs/wsuper-piad --plan wpac:macs=0.5 --out runs/piad-macs50"""
 
 
 def add_finetune_options(parser) -> None:
@@ -79,6 +85,20 @@ def add_finetune_options(parser) -> None:
                         help="part of the steps over which M decays to 0; the rest trains at M = 0")
     parser.add_argument("--dilution-schedule", choices=DILUTION_SCHEDULES, default=d.dilution_schedule,
                         help="shape of M's decay in the step index")
+    parser.add_argument("--piad", action="store_true",
+                        help="progressive importance-aware dropout of a wpac artifact (keep=1 or macs=1): each step "
+                             "trains a sampled sub-network, a dropout list of the least important aligned units "
+                             "grows to --piad-target; the result keeps full widths and the order to cut any "
+                             "sub-network from (`edge compress OUT --plan wpac:macs=F`)")
+    parser.add_argument("--piad-target", type=config_type(FinetuneConfig, "--piad-target"), default=d.piad_target,
+                        help="share of the MACs the dropout list grows to drop (sub-networks trained down to "
+                             "1 - F of the MACs)")
+    parser.add_argument("--piad-epochs", type=config_type(FinetuneConfig, "--piad-epochs"),
+                        help="epochs over which the dropout list grows, once at the start of each (default: half "
+                             "of --epochs, rounded up)")
+    parser.add_argument("--piad-samples", type=config_type(FinetuneConfig, "--piad-samples"),
+                        default=d.piad_samples, help="seeded, class-balanced training images the units are "
+                                                     "ranked on (module sensitivity, Taylor importance)")
 
 
 def finetune_config(args, **fixed):

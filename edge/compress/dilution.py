@@ -191,6 +191,10 @@ class DilutionPhase:
         for block in self.blocks():
             block.set_mask(self.value)
 
+    def manifest(self, manifest: dict) -> dict:
+        """The manifest the diluted model is saved with: unchanged."""
+        return manifest
+
     def record(self) -> dict:
         """What the manifest keeps of the dilution."""
         k = decay_steps(self.total_steps, self.fraction)

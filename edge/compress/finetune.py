@@ -133,6 +133,11 @@ class FinetuneConfig:
     # structure at M = 0 (why 0.75: edge/compress/dilution.py)
     dilution_fraction: float = option(0.75, above=0, maximum=1)
     dilution_schedule: str = "linear"     # linear | cosine (shape of M's decay in the step index)
+    piad: bool = False                    # progressive importance-aware dropout of a wpac model (edge/compress/piad.py)
+    piad_target: float = option(0.75, above=0, below=1)  # share of the MACs the dropout list grows to drop
+    # epochs over which the list grows (default: half of --epochs, rounded up; the rest trains the whole list)
+    piad_epochs: int | None = option(None, minimum=1, maximum=MAX_EPOCHS)
+    piad_samples: int = option(1024, minimum=1, maximum=MAX_SAMPLES)  # proxy images the units are ranked on
     command: list[str] = field(default_factory=list)
 
 
@@ -164,6 +169,22 @@ def check_config(config: FinetuneConfig) -> None:
             (defaults.dilution_fraction, defaults.dilution_schedule):
         raise EdgeError("--dilution-fraction and --dilution-schedule shape the mask of dilution learning, which "
                         "is off", fix="add --dilute, or drop the dilution options")
+    if not config.piad and (config.piad_target, config.piad_epochs, config.piad_samples) != \
+            (defaults.piad_target, defaults.piad_epochs, defaults.piad_samples):
+        raise EdgeError("--piad-target, --piad-epochs and --piad-samples shape progressive importance-aware dropout, "
+                        "which is off", fix="add --piad, or drop the PIAD options")
+    if not 0 < config.piad_target < 1:
+        raise EdgeError(f"--piad-target {config.piad_target} is not a valid fine-tuning option",
+                        expected="a share of the MACs in (0, 1) for the dropout list to drop",
+                        fix="pass e.g. --piad-target 0.75 (sub-networks down to a quarter of the MACs)")
+    if config.piad_epochs is not None and config.piad_epochs > config.epochs:
+        raise EdgeError(f"--piad-epochs {config.piad_epochs} is more than --epochs {config.epochs}: the dropout list "
+                        "would not reach its target within the schedule", fix="pass --piad-epochs <= --epochs")
+
+
+def piad_epochs(config: FinetuneConfig) -> int:
+    """The epochs over which PIAD's dropout list grows: ``piad_epochs``, default half of ``epochs`` rounded up."""
+    return config.piad_epochs if config.piad_epochs is not None else math.ceil(config.epochs / 2)
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -278,15 +299,23 @@ def held_out_set(config: FinetuneConfig):
 
 
 def training_phases(student: nn.Module, teacher: nn.Module, config: FinetuneConfig, where: str,
-                    used: set[str]) -> list[TrainingPhase]:
-    """The training phases of the methods in ``used`` (those the artifact's plan applied; ``config.steps``
-    resolved); none changes ``student`` yet. Only the plan's own methods are asked: two methods may put
-    modules of one type (an MLP-only block) into models, and each trains only its own."""
-    phases = [p for m in methods() if m.name in used and (p := m.training_phase(student, teacher, config)) is not None]
-    if config.dilute and not phases:
+                    steps: list[dict]) -> list[TrainingPhase]:
+    """The training phases of the methods the artifact's plan applied (``steps``: its step entries;
+    ``config.steps`` resolved); none changes ``student`` yet. Only the plan's own methods are asked: two
+    methods may put modules of one type (an MLP-only block) into models, and each trains only its own."""
+    used = {step["method"]: tuple(s for s in steps if s["method"] == step["method"]) for step in steps}
+    phases = [p for m in methods() if m.name in used
+              and (p := m.training_phase(student, teacher, config, used[m.name])) is not None]
+    names = {p.name for p in phases}
+    if config.dilute and "dilution" not in names:
         raise EdgeError(f"--dilute: nothing in {where} can be diluted", expected="an artifact whose plan removes "
                         "attention sub-layers (MLP-only blocks) and an edge with the method that removed them",
                         fix="compress with an attnrm step, or fine-tune without --dilute")
+    if config.piad and "piad" not in names:
+        raise EdgeError(f"--piad: {where} has no width-compressed (wpac) blocks to train as a super-network",
+                        expected="an artifact of `edge compress MODEL --plan wpac:keep=1` (full widths in WPAC's "
+                                 "order) or of a wpac:macs=F plan",
+                        fix="compress the model with a wpac step first, or fine-tune without --piad")
     return phases
 
 
@@ -400,8 +429,8 @@ def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConf
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     total_steps = config.steps or steps_per_epoch * config.epochs
     last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
-    phases = training_phases(student, teacher, replace(config, steps=total_steps), folder,
-                             {step["method"] for step in manifest.get("steps", [])})
+    phases = training_phases(student, teacher, replace(config, steps=total_steps, piad_epochs=piad_epochs(config)),
+                             folder, manifest.get("steps", []))
     teacher_sha = source_state_sha256(teacher)
     recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
               "student_sha256": source.sha256, "teacher_sha256": teacher_sha}
@@ -440,7 +469,8 @@ def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConf
     for phase in phases:
         log(f"{phase.name}: {phase.record()}")
     features = bool(config.feature_weight)
-    values = {k: v for phase in phases for k, v in phase.state_dict().items()}  # until the first step sets them
+    values = {k: v for phase in phases for k, v in phase.state_dict().items()   # until the first step sets them
+              if isinstance(v, int | float)}
     trainer = distributed.data_parallel(StudentOutputs(student, features), device, find_unused=bool(phases))
     student.train()
     started = time.perf_counter() - elapsed
@@ -538,6 +568,8 @@ def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConf
         # the teacher a later fine-tune of this artifact distils from by default (a module cannot be rebuilt)
         named = {"teacher": reference} if not reference["model"].startswith("Python module") else {}
         # the checkpoint stays only while resumable work remains (a --max-steps stop); a finished run drops it
+        for phase in phases:   # what the trained structure offers (PIAD: the sub-network order)
+            manifest = phase.manifest(manifest)
         save_artifact(student.cpu(), out, {**manifest, **named, "finetune": stages},
                       keep=(CHECKPOINT,) if step < total_steps else (), drop=(CHECKPOINT,))
     distributed.barrier()   # the others return once the main process has written

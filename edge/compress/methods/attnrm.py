@@ -181,7 +181,7 @@ class AttentionRemoval(Method):
     def restore(self, model: nn.Module, records: list[dict]) -> None:
         restore_attnrm(model, [b for r in records for b in r["blocks"]])
 
-    def training_phase(self, student: nn.Module, teacher: nn.Module, config):
+    def training_phase(self, student: nn.Module, teacher: nn.Module, config, steps: tuple[dict, ...] = ()):
         """Dilution learning (Eq. 9) of the MLP-only blocks when the fine-tune asks for it (``--dilute``)."""
         if not getattr(config, "dilute", False):
             return None
