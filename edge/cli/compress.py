@@ -32,6 +32,11 @@ EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's ou
   edge compress fmnist-deit-tiny --plan wpac:keep=0.5 --out runs/w50
   edge compress fmnist-deit-tiny --plan "wpac:qk=0.5:v=0.75:mlp=1:blocks=0+1+2+3" --out runs/w-heads
 
+  # a super-network: WPAC order ranked on the images (or trained by `edge finetune --piad`), then
+  # sub-networks cut from it at a share of the MACs in seconds, with no data
+  edge compress fmnist-deit-tiny --plan wpac:macs=1 --out runs/wsuper
+  edge compress runs/wsuper --plan wpac:macs=0.5 --out runs/w-macs50
+
   # compress, then one epoch of distillation from the original (see `edge finetune` for the recipe)
   edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"""
 
@@ -106,16 +111,20 @@ def _finetune(model, manifest: dict, args) -> dict:
 
 def run(args) -> int:
     from edge import distributed
-    from edge.compress import CompressConfig, compress, save_artifact
+    from edge.compress import CompressConfig, compress, is_artifact, save_artifact
+    from edge.compress.extract import extract_subnetwork, extraction_step
     from edge.compress.load import load_model
     from edge.runtime import set_threads
 
     set_threads(args.threads)
-    model = load_model(args.model, weights=args.weights, img_size=args.img_size)
-    source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}
-    config = CompressConfig(plan=args.plan, data=args.data, samples=args.samples, seed=args.seed,
-                            holdout=args.holdout)
-    model, manifest = compress(model, source, config)
+    if is_artifact(args.model) and extraction_step(args.plan) is not None:   # a sub-network of a super-network
+        model, manifest = extract_subnetwork(args.model, args.plan)
+    else:
+        model = load_model(args.model, weights=args.weights, img_size=args.img_size)
+        source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}
+        config = CompressConfig(plan=args.plan, data=args.data, samples=args.samples, seed=args.seed,
+                                holdout=args.holdout)
+        model, manifest = compress(model, source, config)
     if manifest["planner"] and distributed.is_main():
         print(_table(manifest["planner"]), file=sys.stderr)
     if args.finetune_epochs:
