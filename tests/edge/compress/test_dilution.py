@@ -71,7 +71,7 @@ class MLPOnlyMethod(Method):
             for block in record["blocks"]:
                 model.blocks[block] = MLPOnlyBlock.from_block(model.blocks[block], index=block)
 
-    def training_phase(self, student, teacher, config):
+    def training_phase(self, student, teacher, config, steps=()):
         return dilution_phase(student, teacher, config) if config.dilute else None
 
 
