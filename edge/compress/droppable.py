@@ -149,7 +149,7 @@ class Droppables:
             self.model.blocks[position].attn = attn
             self.model.blocks[position].mlp = mlp
 
-    def modules(self) -> list[nn.Module]:
+    def modules(self) -> list[DroppableAttention | DroppableMlp]:
         return [*self.attention.values(), *self.mlp.values()]
 
     def set_widths(self, widths: dict[str, int], pinned: bool = False) -> None:

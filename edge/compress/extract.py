@@ -50,7 +50,7 @@ def extract_subnetwork(folder: str | Path, plan_text: str) -> tuple[nn.Module, d
         raise EdgeError(f"{folder}'s sub-network record counts {record['flops']:,} FLOPs, its model "
                         f"{before['flops_analytic']:,}", fix="re-create the super-network (the record does not "
                         "belong to these weights)")
-    chosen = select(record, float(step.macs), str(folder))
+    chosen = select(record, float(step.options["macs"]), str(folder))
     cut_widths(model, chosen.widths)
     after = costs(model)
     if after["flops_analytic"] != chosen.flops:
@@ -60,7 +60,7 @@ def extract_subnetwork(folder: str | Path, plan_text: str) -> tuple[nn.Module, d
         if entry["method"] == "wpac":
             blocks = tuple(b["block"] for b in entry["record"]["blocks"])
             options = {**{k: v for k, v in entry["options"].items() if k in ("align", "mlp_align")}, "macs": step.macs}
-            named = parse_plan(entry["step"]).steps[0].blocks
+            named = getattr(parse_plan(entry["step"]).steps[0], "blocks", ())
             entry = {**entry, "step": str(WpacStep(blocks=named, options=options)), "options": options,
                      "record": {**entry["record"], "blocks": wpac_records(model, blocks)}}
         steps.append(entry)

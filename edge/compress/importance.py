@@ -63,11 +63,11 @@ def _taylor(modules: Droppables, widths: dict[str, int], images, spec: InputSpec
                     m.probe = []
                 logits = model(x.to(device=device, dtype=dtype))
                 loss = F.cross_entropy(logits.float(), labels.to(device), reduction="sum")
-                probes = [(block, m) for block, m in [*attention.items(), *mlp.items()]]
-                tensors = [t for _, m in probes for t in m.probe]
-                grads = iter(torch.autograd.grad(loss, tensors))
-                for block, m in probes:
-                    values = [(t.detach().double() * next(grads).double()).abs() for t in m.probe]
+                seams: list[tuple[int, DroppableAttention | DroppableMlp]] = [*attention.items(), *mlp.items()]
+                probes = [(block, m, m.probe or []) for block, m in seams]
+                grads = iter(torch.autograd.grad(loss, [t for _, _, kept in probes for t in kept]))
+                for block, m, kept in probes:
+                    values = [(t.detach().double() * next(grads).double()).abs() for t in kept]
                     if isinstance(m, DroppableAttention):
                         q, k, v = (t.sum(tuple(range(t.dim() - 1))) for t in values)
                         sums[f"{block}.qk"] += (q + k).cpu()

@@ -97,7 +97,7 @@ class PiadPhase:
         self.history: list[dict] = []
         self.macs = 1.0
         self.modules: Droppables | None = None
-        self._proxy = None
+        self._proxy: object = None
         reachable = dropped_flops(self.parts, widths_after(self.parts, self._every_unit())) / self.flops
         if reachable < self.target:
             most = math.floor(reachable * 1e4) / 1e4

@@ -160,7 +160,8 @@ def greedy_order(parts: dict[str, Part], widths: dict[str, int],
     """
     queues = {name: pooled_tail(parts[name], widths[name], scores[name]) for name in parts}
     rank = {name: i for i, name in enumerate(parts)}
-    order, values = [], []
+    order: list[str] = []
+    values: list[float] = []
     while True:
         live = [name for name, q in queues.items() if q]
         if not live:

@@ -199,7 +199,7 @@ def cut_by_macs(model: nn.Module, modules: dict[int, tuple[NarrowAttention, nn.M
     trial = place_wpac(copy.deepcopy(model), modules)
     record = rank_supernet(trial, images, spec, align=int(step.option("align")),
                            mlp_align=int(step.option("mlp_align")), batch_size=batch_size)
-    chosen = select(record, float(step.macs), "this model")
+    chosen = select(record, float(step.options["macs"]), "this model")
     cut = cut_widths(trial, chosen.widths)
     out = {block: (cut.blocks[position].attn, cut.blocks[position].mlp) for block, position in positions(cut).items()
            if block in modules}
