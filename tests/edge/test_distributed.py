@@ -107,7 +107,8 @@ def artifacts(teacher_weights, tmp_path_factory):  # noqa: F811 (the fixture imp
     source = {"model": TINY, "weights": str(teacher_weights), "img_size": None}
     folder = tmp_path_factory.mktemp("compressed")
     out = {}
-    for name, plan in (("dwconv", "dwconv:blocks=0+1:init=gaussian"), ("attnrm", "attnrm:blocks=1")):
+    for name, plan in (("dwconv", "dwconv:blocks=0+1:init=gaussian"), ("attnrm", "attnrm:blocks=1"),
+                       ("wpac", "wpac:keep=1:align=8:mlp_align=32")):
         model, manifest = compress(create_model(TINY, weights=teacher_weights), source,
                                    CompressConfig(plan=plan, data="fmnist-mini", samples=24))
         out[name] = save_artifact(model, folder / name, manifest)
@@ -157,6 +158,21 @@ def test_dilution_of_two_processes_equals_one_process(artifacts, tmp_path, capsy
     assert out[1] == ""
     assert json.loads(out[0])["phases"]["dilution"]["M"] == 0.0
     _assert_trained_weights_close(one, two, lr=1e-3, steps=5, dim=32)   # measured 1.1e-6; key bias 2.9e-5
+
+
+@pytest.mark.slow
+def test_piad_of_two_processes_equals_one_process(artifacts, tmp_path, capsys):
+    """PIAD: the units ranked on each process's share of the proxy images (sums added), the same sub-network
+    sampled on both processes each step; the same dropout list and order, weights as distillation's."""
+    extra = ["--piad", "--piad-target", "0.5", "--piad-samples", "32", "--epochs", "2", "--piad-epochs", "2"]
+    one, two, out, _ = _finetune_both(artifacts["wpac"], tmp_path, extra, capsys)
+    assert out[1] == ""
+    record = json.loads(out[0])
+    assert record["processes"] == 2 and record["phases"]["piad"]["listed_macs_saved"] >= 0.5
+    supernets = [json.loads((folder / "edge-model.json").read_text())["supernet"]
+                 for folder in (tmp_path / "one", tmp_path / "work" / "two")]
+    assert supernets[0]["order"] == supernets[1]["order"] and supernets[0]["trained"] == supernets[1]["trained"]
+    _assert_trained_weights_close(one, two, lr=1e-3, steps=6, dim=32)
 
 
 def test_global_batch_must_give_every_process_a_row(monkeypatch):
