@@ -153,7 +153,7 @@ class PiadPhase:
         widths = widths_after(self.parts, self.listed[:drops])
         self.modules.set_widths(widths)
         self.macs = 1.0 - dropped_flops(self.parts, widths) / self.flops
-        return {"macs": self.macs}
+        return {"sampled_macs": self.macs}   # the step's sub-network (evaluations score the whole)
 
     @property
     def final(self) -> bool:
@@ -167,11 +167,12 @@ class PiadPhase:
             self.modules = None
 
     def state_dict(self) -> dict:
-        return {"macs": self.macs, "listed": list(self.listed), "scores": list(self.scores), "rest": list(self.rest),
-                "rest_scores": list(self.rest_scores), "history": [dict(h) for h in self.history]}
+        return {"sampled_macs": self.macs, "listed": list(self.listed), "scores": list(self.scores),
+                "rest": list(self.rest), "rest_scores": list(self.rest_scores),
+                "history": [dict(h) for h in self.history]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.macs = float(state["macs"])
+        self.macs = float(state["sampled_macs"])
         self.listed, self.scores = list(state["listed"]), [float(s) for s in state["scores"]]
         self.rest, self.rest_scores = list(state["rest"]), [float(s) for s in state["rest_scores"]]
         self.history = [dict(h) for h in state["history"]]
