@@ -27,13 +27,14 @@ from torch.nn import functional as F
 
 from edge.compress.droppable import DroppableAttention, DroppableMlp, Droppables
 from edge.data.preprocess import ArrayPreprocess, InputSpec
-from edge.distributed import all_reduce_sum, shard
+from edge.distributed import all_reduce_sum, shard_of
 
 
 def _batches(images, spec: InputSpec, batch_size: int):
+    """This process's share of ``images`` (all of them in one process), in batches."""
     preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
-    mine = torch.tensor(list(shard(len(images))), dtype=torch.long)
-    return images.batches(batch_size, preprocess, indices=mine) if len(mine) else iter(())
+    mine = shard_of(images)
+    return mine.batches(batch_size, preprocess) if len(mine) else iter(())
 
 
 def _loss_sum(model: nn.Module, images, spec: InputSpec, batch_size: int, dtype: torch.dtype,
