@@ -109,6 +109,18 @@ def _finetune(model, manifest: dict, args) -> dict:
     return read_manifest(out)
 
 
+def _latency_predictor(step) -> dict:
+    """``predict``/``predictor`` for a ``wpac:latency-ms=X:table=FILE`` cut: the table's prediction of a model."""
+    if step.latency_ms is None:
+        return {}
+    from edge.latency import LatencyTable, predict_model
+
+    table = LatencyTable.load(step.options["table"])
+    return {"predict": lambda model: predict_model(model, table).total_ms,
+            "predictor": {"table": step.options["table"], "target": table.target.describe(),
+                          "overhead_ms": table.overhead_ms}}
+
+
 def run(args) -> int:
     from edge import distributed
     from edge.compress import CompressConfig, compress, is_artifact, save_artifact
@@ -117,8 +129,9 @@ def run(args) -> int:
     from edge.runtime import set_threads
 
     set_threads(args.threads)
-    if is_artifact(args.model) and extraction_step(args.plan) is not None:   # a sub-network of a super-network
-        model, manifest = extract_subnetwork(args.model, args.plan)
+    step = extraction_step(args.plan)
+    if is_artifact(args.model) and step is not None:   # a sub-network of a super-network
+        model, manifest = extract_subnetwork(args.model, args.plan, **_latency_predictor(step))
     else:
         model = load_model(args.model, weights=args.weights, img_size=args.img_size)
         source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}

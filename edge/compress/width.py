@@ -15,7 +15,9 @@ the MACs are at most ``F`` of the model's (attention products counted); the arti
 rest of that order (its ``supernet`` record), so ``macs=1`` makes a super-network of WPAC alone.
 On an artifact that carries such a record (``macs=`` or ``edge finetune --piad``), ``edge
 compress ARTIFACT --plan wpac:macs=F`` cuts a sub-network from the record without data
-(:mod:`edge.compress.extract`).
+(:mod:`edge.compress.extract`), and ``wpac:latency-ms=X:table=FILE`` the largest one whose latency
+predicted from a latency table (``edge profile MODEL --latency-table FILE --grid full``) is at most
+``X`` ms.
 
 Widths are multiples of an alignment: ``align`` (default 16) for the head dims, ``mlp_align``
 (default 64) for the MLP width. A kept width is ``keep x width`` rounded to the nearest multiple
@@ -58,8 +60,8 @@ from edge.errors import EdgeError
 WPAC = "wpac"
 CRITERIA = ("wpac", "random", "magnitude", "taylor")
 PARTS = ("qk", "v", "mlp")
-OPTION_TYPES = {"keep": float, "qk": float, "v": float, "mlp": float, "macs": float, "align": int, "mlp_align": int,
-                "criterion": str, "seed": int, "blocks": str}
+OPTION_TYPES = {"keep": float, "qk": float, "v": float, "mlp": float, "macs": float, "latency-ms": float, "table": str,
+                "align": int, "mlp_align": int, "criterion": str, "seed": int, "blocks": str}
 DEFAULTS = {"keep": 1.0, "align": 16, "mlp_align": 64, "criterion": "wpac", "seed": 0}
 USAGE = ("wpac:keep=0.5, wpac:qk=0.5:v=0.75:mlp=0.5 or wpac:macs=0.6 (align=16, mlp_align=64, criterion=wpac, "
          "blocks=0+1)")
@@ -85,6 +87,11 @@ class WpacStep:
     def macs(self) -> float | None:
         """The MAC fraction of a ``macs=`` step (its parts are built whole, then ranked and cut), else None."""
         return self.options.get("macs")
+
+    @property
+    def latency_ms(self) -> float | None:
+        """The latency budget of a ``latency-ms=X:table=FILE`` step (a cut from a super-network), else None."""
+        return self.options.get("latency-ms")
 
     def keep(self) -> dict[str, float]:
         """The kept fraction of each part: ``{"qk": ..., "v": ..., "mlp": ...}``."""

@@ -52,6 +52,17 @@ def _check_options(options: dict, text: str) -> None:
                             fix="add :criterion=random or drop seed")
         if options["seed"] < 0:
             raise EdgeError(f"seed={options['seed']} in plan step {text!r} is negative", expected="a seed >= 0")
+    if "latency-ms" in options or "table" in options:
+        given = [key for key in ("keep", *PARTS, "macs", "criterion", "seed") if key in options]
+        if "latency-ms" not in options or "table" not in options or given:
+            raise EdgeError(f"plan step {text!r}: latency-ms= and table= go together and alone",
+                            expected="wpac:latency-ms=X:table=FILE (a latency table of the super-network's parts, "
+                                     "e.g. `edge profile MODEL --latency-table FILE --grid full`)",
+                            fix="name both, and drop " + ("/".join(given) if given else "nothing else"))
+        if not 0.0 < options["latency-ms"] < float("inf"):
+            raise EdgeError(f"latency-ms={options['latency-ms']:g} in plan step {text!r}",
+                            expected="a positive latency budget in milliseconds")
+        return
     if "macs" in options:
         if not 0.0 < options["macs"] <= 1.0:
             raise EdgeError(f"macs={options['macs']:g} in plan step {text!r} is outside (0, 1]",
@@ -79,7 +90,8 @@ class WidthCompression(Method):
     calibration_samples = 1024
     grammar = ("Width compression (WPAC, training-free): wpac:keep=F (0 < F <= 1 of the head dims and MLP width) "
                "or wpac:qk=F:v=F:mlp=F, or wpac:macs=F (F of the MACs, units ranked on the images; on a "
-               "super-network artifact: a sub-network cut without data); options align=16 (head dims), "
+               "super-network artifact: a sub-network cut without data; there also wpac:latency-ms=X:table=FILE, "
+               "the largest within X ms by a latency table); options align=16 (head dims), "
                "mlp_align=64 (MLP width), criterion=wpac|taylor|magnitude|random (seed=S), blocks=0+1+2.")
 
     def parse(self, keyword: str, rest: str, text: str) -> WpacStep:
@@ -95,6 +107,12 @@ class WidthCompression(Method):
     def validate(self, steps: tuple, check: PlanCheck) -> None:
         """Blocks within the model, each in one wpac step, none removed or with its attention replaced by another."""
         n = check.num_blocks
+        for step in steps:
+            if step.latency_ms is not None:
+                raise EdgeError(f"plan step {step} cuts a sub-network from a super-network artifact by a latency "
+                                "table; this model is none", expected="edge compress SUPERNET --plan "
+                                "wpac:latency-ms=X:table=FILE, SUPERNET made by --plan wpac:macs=1 or edge finetune "
+                                "--piad", fix="make a super-network first, or ask for wpac:macs=F here")
         ranked = [s for s in steps if s.macs is not None]
         if ranked and len(steps) > 1:
             raise EdgeError(f"plan step {ranked[0]} sets a fraction of the whole model's MACs beside other wpac "

@@ -397,3 +397,87 @@ def test_cli_piad_then_extraction(full, tmp_path, capsys):
     assert "below the smallest sub-network" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main([*args[:-3], "--piad-target", "1", "--out", str(tmp_path / "y")]) == 2
     assert "--piad-target: 1 is out of range" in capsys.readouterr().err and not (tmp_path / "y").exists()
+
+
+# ---- a latency budget (a latency table, edge.latency) -------------------------------------------------
+
+def _synthetic_table(supernet, path):
+    """A latency table holding every part of every sub-network along the order: 1 ms of overhead, then
+    (attention) heads x (2 qk + v) / 100 ms and (MLP) hidden / 100 ms per part, 0.5 ms for embed and head."""
+    from edge.latency import LatencyTable, model_parts
+    from edge.latency.parts import overhead_part
+    from edge.latency.table import Target
+
+    model, manifest = load_artifact(supernet)
+    record = manifest["supernet"]
+    parts = {f"{p['block']}.{p['part']}": Part.from_dict(p) for p in record["parts"]}
+    medians = {}
+
+    def cost(part):
+        if part.kind == "attention":
+            return int(part.get("heads")) * (2 * int(part.get("qk")) + int(part.get("v"))) / 100
+        return int(part.get("hidden")) / 100 if part.kind == "mlp" else 0.5
+
+    widths = {name: p.width for name, p in parts.items()}
+    for k in range(len(record["order"]) + 1):
+        if k:
+            widths = widths_after(parts, [record["order"][k - 1]], widths)
+            cut_widths(model, widths)
+        for part in model_parts(model):
+            medians[part] = {"median_ms": 1.0 + cost(part)}
+    medians[overhead_part(32, 17)] = {"median_ms": 1.0}
+    table = LatencyTable.from_medians(Target("onnxruntime", "test CPU", "fp32", 1, 1), medians)
+    return table.save(path), table
+
+
+def test_a_latency_budget_keeps_the_largest_sub_network_predicted_within_it(supernet, tmp_path):
+    from edge.compress.extract import extract_subnetwork as cut
+    from edge.latency import predict_model
+
+    out, _ = supernet
+    path, table = _synthetic_table(out, tmp_path / "table.json")
+    whole = predict_model(load_artifact(out)[0], table).total_ms
+    for budget in (whole, whole - 1.0, whole - 2.5):
+        model, manifest = cut(out, f"wpac:latency-ms={budget}:table={path}",
+                              predict=lambda m: predict_model(m, table).total_ms, predictor={"table": str(path)})
+        latency = manifest["extracted"]["latency"]
+        assert predict_model(model, table).total_ms == latency["predicted_ms"] <= budget
+        assert latency["coarser_predicted_ms"] is None or latency["coarser_predicted_ms"] > budget
+        assert analytic_flops(model) == manifest["after"]["flops"]
+    assert cut(out, f"wpac:latency-ms={whole}:table={path}", predict=lambda m: 0.0)[1]["extracted"]["drops"] == 0
+    with pytest.raises(EdgeError, match="latency-ms=0.5 is below the smallest sub-network .* predicted at"):
+        cut(out, f"wpac:latency-ms=0.5:table={path}", predict=lambda m: predict_model(m, table).total_ms)
+    with pytest.raises(EdgeError, match="needs a latency predictor"):
+        cut(out, f"wpac:latency-ms=5:table={path}")
+
+
+def test_cli_latency_budget_reads_the_table(supernet, tmp_path, capsys):
+    from edge.latency import predict_model
+
+    out, _ = supernet
+    path, table = _synthetic_table(out, tmp_path / "table.json")
+    budget = predict_model(load_artifact(out)[0], table).total_ms - 2.0
+    assert main(["compress", str(out), "--plan", f"wpac:latency-ms={budget}:table={path}", "--out",
+                 str(tmp_path / "c"), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["extracted"]["latency"]["predicted_ms"] <= budget
+    assert record["extracted"]["latency"]["predictor"]["target"] == "onnxruntime on test CPU, fp32, batch 1, 1 threads"
+    assert main(["compress", str(out), "--plan", f"wpac:latency-ms=5:table={tmp_path / 'none.json'}", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "cannot read the latency table" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("plan,message", [
+    ("wpac:latency-ms=5", "latency-ms= and table= go together"),
+    ("wpac:table=t.json", "latency-ms= and table= go together"),
+    ("wpac:latency-ms=5:table=t.json:macs=0.5", "drop macs"),
+    ("wpac:latency-ms=-1:table=t.json", "a positive latency budget"),
+])
+def test_bad_latency_steps_are_refused_when_parsed(plan, message):
+    with pytest.raises(EdgeError, match=message):
+        parse_plan(plan)
+
+
+def test_a_latency_budget_on_a_plain_model_is_refused():
+    with pytest.raises(EdgeError, match="cuts a sub-network from a super-network artifact by a latency table"):
+        parse_plan("wpac:latency-ms=5:table=t.json").validate(12)
