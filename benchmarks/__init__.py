@@ -1,1 +1,4 @@
-"""Benchmarks: scripts that measure edge against its peers and write JSON (benchmarks/results/) and markdown (docs/results/)."""
+"""Benchmarks: scripts that measure edge against its peers.
+
+Each writes JSON (benchmarks/results/) and markdown (docs/results/).
+"""

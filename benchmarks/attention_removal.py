@@ -42,9 +42,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
+from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 
-from edge.compress import CompressConfig, compress, is_artifact, save_artifact
-from edge.compress.artifact import read_manifest
+from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec, calibration_set
@@ -98,18 +98,6 @@ def removed_blocks(resolved_plan: str) -> list[int] | None:
 
 def _slug(plan: str) -> str:
     return plan.replace(":", "_").replace("=", "-").replace("+", "-")
-
-
-def _compressed(model_name: str, config: CompressConfig, folder: Path) -> dict:
-    """The training-free artifact of ``config.plan`` (reused when ``folder`` holds one of the same plan and data)."""
-    if is_artifact(folder):
-        manifest = read_manifest(folder)
-        if (manifest.get("requested_plan"), manifest.get("config"), manifest["source"].get("model")) == \
-                (config.plan, asdict(config), model_name):
-            return manifest
-    model, manifest = compress(load_model(model_name), {"model": model_name}, config)
-    save_artifact(model, folder, manifest)
-    return manifest
 
 
 def _accuracy(folder: Path, held_out, spec: InputSpec, device: torch.device) -> float:
@@ -206,7 +194,7 @@ def main() -> None:
                 ":init=affine" if variant == "affine" else "")
         config = CompressConfig(plan=compress_plan, data=args.data, samples=args.samples)
         compressed = args.work / _slug(compress_plan) / "compressed"
-        manifest = _compressed(args.model, config, compressed)
+        manifest = cached_artifact(args.model, config, compressed)
         blocks = removed_blocks(manifest["plan"])
         decided = list(manifest.get("fit", {}).get("attnrm", {}).get("selection", {}).values())
         order = decided[0].get("order") if decided else None

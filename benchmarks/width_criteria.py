@@ -39,14 +39,13 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
-from edge.compress import CompressConfig, compress, is_artifact, save_artifact
-from edge.compress.artifact import read_manifest
+from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec
@@ -117,18 +116,6 @@ def mac_accounting() -> dict:
 
 def _slug(plan: str) -> str:
     return plan.replace(":", "_").replace("=", "-")
-
-
-def _compressed(model_name: str, config: CompressConfig, folder: Path) -> dict:
-    """The artifact of ``config.plan`` (reused when ``folder`` holds one of the same plan, data and samples)."""
-    if is_artifact(folder):
-        manifest = read_manifest(folder)
-        if (manifest.get("requested_plan"), manifest.get("config"), manifest["source"].get("model")) == \
-                (config.plan, asdict(config), model_name):
-            return manifest
-    model, manifest = compress(load_model(model_name), {"model": model_name}, config)
-    save_artifact(model, folder, manifest)
-    return manifest
 
 
 def summary(rows: list[dict]) -> dict:
@@ -221,7 +208,7 @@ def main() -> None:
         start = time.perf_counter()
         config = CompressConfig(plan=plan, data=args.data, samples=args.samples)
         folder = args.work / _slug(plan)
-        manifest = _compressed(args.model, config, folder)
+        manifest = cached_artifact(args.model, config, folder)
         compressed = load_model(str(folder))
         base_flops = manifest["before"]["flops"]
         result = evaluate(compressed, held_out, spec, batch_size=args.batch_size, device=device, show_progress=False)
