@@ -1,0 +1,814 @@
+"""Edge's planned models against Torch-Pruning and token merging at matched measured speed (issue 20, point 4).
+
+    bash scripts/peers-venv.sh        # once: Torch-Pruning 1.6.1 into .venv-peers-site/ (not into .venv)
+    python benchmarks/plan_peers.py --edge runs/plan/a runs/plan/b runs/plan/c --data fmnist
+    python benchmarks/plan_peers.py --plans linear:6-9,dwconv:blocks=1+10+11 --data fmnist   # compressed here
+    # smoke: one artifact, 2 distillation steps, few timing calls
+    python benchmarks/plan_peers.py --edge /tmp/peers-edge-a --data fmnist-mini --steps 2 --rounds 2 \
+        --iterations 3 --match-rounds 2 --match-iterations 3 --work /tmp/peers-work
+
+Each edge model (an artifact of ``edge compress`` / ``edge plan`` given with ``--edge``, or made here
+from ``--plans`` by :func:`_artifacts.cached_artifact`) fixes one speed. Against it:
+
+1. **Speed matching, measured.** Every candidate is exported by ``edge export`` (static batch, verified
+   against PyTorch with ONNX Runtime) at each of ``--batches`` and timed on ONNX Runtime (CPU,
+   ``--threads`` intra-op threads) side by side with the original and the edge model, interleaved, with
+   an A/A copy of the original (:func:`edge.profile.sidebyside.side_by_side`). A candidate's *relative
+   speed* is the geometric mean over the batches of its speedup over the original divided by the edge
+   model's, both from the same run (1.0 = matched). The peers:
+
+   * **Torch-Pruning 1.6.1**, its timm ViT example's configuration: ``GroupTaylorImportance`` from the
+     cross-entropy gradients of ``--taylor-batches`` seeded, class-balanced training batches of 64,
+     ``num_heads={attn.qkv: heads}``, ``prune_head_dims=True``, ``prune_num_heads=False``,
+     ``ignored_layers=[model.head]``; widths rounded to multiples of 8 (``round_to=8``; the example
+     uses 2); ``global_pruning`` False (uniform) and True (global), both. The example replaces
+     ``Attention.forward`` to allow a pruned width; timm 1.0.31's own forward already reshapes with
+     ``attn_dim``, so here nothing is patched: each attention's ``num_heads``, ``head_dim``,
+     ``attn_dim`` and ``scale`` (1/sqrt(pruned head_dim), what the example's fused attention computes)
+     and the model's ``embed_dim`` / ``num_features`` are set from the pruned weights. The ratio is
+     searched by measuring: a scan over ``--ratios``, then ``--refine`` bisection steps inside the
+     bracket that crosses 1.0 (:func:`match_speed`).
+   * **Token merging** (benchmarks/tome.py, bipartite soft matching, proportional attention, a fixed
+     merge count ``r`` in every block; static shapes): every feasible ``r`` is timed and the nearest
+     kept.
+
+   The match error (relative speed - 1) of the chosen candidate is recorded, with every point measured.
+2. **Distillation, same budget.** Every model (edge's through :func:`edge.compress.finetune.finetune`,
+   what ``edge finetune ARTIFACT`` runs; the peers through :func:`edge.compress.finetune.distil`, its
+   entry point for any module) is distilled from the same teacher (the original ``--model``) with
+   the same recipe (edge finetune's defaults), batch order (``--seed``) and step budget (``--epochs``,
+   or ``--steps`` for a smoke), and scored before and after on the full test split of ``--data``.
+3. **Final timing.** All final models, one side-by-side interleaved run per batch size with the A/A
+   control: the speedups in the tables come from this run, not from the matching.
+
+Torch-Pruning is not a dependency of edge: ``scripts/peers-venv.sh`` installs the pinned version
+(benchmarks/requirements-peers.txt) with ``pip install --target .venv-peers-site --no-deps`` (its
+runtime needs, torch and numpy, are the project's pinned ones) and only this process puts that folder
+on ``sys.path``, when it prunes. Intermediate results live in ``--work`` (matches in ``state.json``,
+pruned modules, distilled artifacts with their checkpoints): a stopped run, started again with the
+same command, resumes.
+
+Writes benchmarks/results/plan_peers.json, docs/results/plan-peers.md and docs/results/plan-peers.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
+from _results import provenance, write_results  # noqa: E402
+from tome import apply_tome, token_counts  # noqa: E402
+
+from edge.compress import CompressConfig, is_artifact  # noqa: E402
+from edge.compress.artifact import MANIFEST, read_manifest  # noqa: E402
+from edge.compress.load import load_model  # noqa: E402
+from edge.errors import EdgeError  # noqa: E402
+from edge.fileio import write_atomic  # noqa: E402
+from edge.models import data_config  # noqa: E402
+from edge.progress import log  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "fmnist-deit-tiny"
+TORCH_PRUNING = "1.6.1"
+PEERS_SITE = Path(os.environ.get("EDGE_PEERS_SITE", ROOT / ".venv-peers-site"))
+SETUP = "bash scripts/peers-venv.sh"
+ROUND_TO = 8
+TAYLOR_BATCH = 64   # the example's --train_batch_size
+FAMILIES = ("edge", "torch-pruning uniform", "torch-pruning global", "tome")
+ORIGINAL = "original"
+
+
+# ---------------------------------------------------------------- the edge models
+
+def edge_artifact(path: str | Path, model: str) -> dict:
+    """The manifest of the edge artifact at ``path``, or an EdgeError naming the path and what is wrong."""
+    path = Path(path)
+    expected = f"a folder written by `edge compress` or `edge plan` (holding {MANIFEST}) from {model}"
+    if not path.exists():
+        raise EdgeError(f"--edge {path} does not exist", expected=expected, fix="check the path")
+    if not path.is_dir() or not is_artifact(path):
+        raise EdgeError(f"--edge {path} is not an edge artifact", expected=expected,
+                        found="a file" if path.is_file() else f"a folder without {MANIFEST}",
+                        fix="pass the --out folder of `edge compress` / `edge plan`")
+    manifest = read_manifest(path)
+    source = (manifest.get("source") or {}).get("model")
+    if source != model:
+        raise EdgeError(f"--edge {path} was compressed from {source}, not from {model}", expected=expected,
+                        fix=f"pass artifacts of {model}, or --model {source}")
+    if manifest.get("finetune"):
+        raise EdgeError(f"--edge {path} is already fine-tuned", expected="an artifact before any distillation: "
+                        "every model gets the same distillation budget here",
+                        fix="pass the artifact `edge compress` / `edge plan` wrote, before `edge finetune`")
+    return manifest
+
+
+def edge_models(args) -> list[dict]:
+    """``{"key", "label", "path", "plan"}`` per edge model: the ``--edge`` artifacts, then the ``--plans``."""
+    found = []
+    for path in args.edge:
+        manifest = edge_artifact(path, args.model)
+        found.append({"path": str(Path(path)), "plan": manifest.get("plan")})
+    for plan in args.plans:
+        folder = Path(args.work) / "edge" / slug(plan)
+        config = CompressConfig(plan=plan, data=args.data, samples=args.samples, seed=args.seed)
+        manifest = cached_artifact(args.model, config, folder)
+        found.append({"path": str(folder), "plan": manifest.get("plan")})
+    if not found:
+        raise EdgeError("no edge model to compare", expected="--edge ARTIFACT ... or --plans PLAN ...",
+                        fix="pass the folders `edge plan` wrote with --edge")
+    for item in found:
+        item["key"] = f"edge-{slug(item['plan'] or 'none')}-{short_hash(str(Path(item['path']).resolve()))}"
+        item["label"] = f"edge `{item['plan']}`"
+    return found
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")[:60]
+
+
+def short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+# ---------------------------------------------------------------- Torch-Pruning
+
+def import_torch_pruning(site: Path = PEERS_SITE):
+    """``torch_pruning`` from ``site`` (or wherever it is installed), the pinned version, or an EdgeError."""
+    if site.is_dir() and str(site) not in sys.path:
+        sys.path.append(str(site))
+    from edge._compat import ensure_torchvision_importable
+
+    ensure_torchvision_importable()
+    try:
+        import torch_pruning
+    except ImportError as e:
+        raise EdgeError(f"Torch-Pruning is not installed (looked in {site} and the environment)",
+                        expected=f"torch-pruning=={TORCH_PRUNING} in {site}",
+                        fix=f"run `{SETUP}` (pip --target, nothing goes into .venv)") from e
+    from importlib import metadata
+
+    try:   # the installed distribution's version (1.6.1's own __version__ still says 1.6.0)
+        version = metadata.version("torch-pruning")
+    except metadata.PackageNotFoundError:
+        version = getattr(torch_pruning, "__version__", "unknown")
+    if version != TORCH_PRUNING:
+        raise EdgeError(f"Torch-Pruning {version} is installed", expected=f"version {TORCH_PRUNING}",
+                        fix=f"run `{SETUP}`")
+    return torch_pruning
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Torch-Pruning's timm ViT example, as this benchmark runs it (see the module docstring)."""
+
+    ratio: float
+    global_pruning: bool
+    data: str = "fmnist"
+    taylor_batches: int = 10
+    seed: int = 0
+    round_to: int = ROUND_TO
+
+
+def taylor_batches(data: str, batches: int, seed: int, spec_config: dict):
+    """``batches`` seeded, class-balanced training batches of 64, preprocessed as the model takes them."""
+    from edge.data import calibration_set
+    from edge.data.preprocess import ArrayPreprocess, InputSpec
+
+    images = calibration_set(data, batches * TAYLOR_BATCH, seed)
+    return list(images.batches(TAYLOR_BATCH, ArrayPreprocess(InputSpec.from_data_config(spec_config))))
+
+
+def prune(model: nn.Module, config: PruneConfig, batches: list | None = None) -> tuple[nn.Module, dict]:
+    """``model`` (a timm ViT) pruned in place by Torch-Pruning; returns it and a record of its widths."""
+    tp = import_torch_pruning()
+    if not 0 <= config.ratio < 1:
+        raise EdgeError(f"pruning ratio {config.ratio}", expected="a ratio in [0, 1)")
+    spec = data_config(model)
+    batches = batches if batches is not None else taylor_batches(config.data, config.taylor_batches, config.seed, spec)
+    example = torch.zeros(1, *spec["input_size"])
+    heads = {block.attn.qkv: block.attn.num_heads for block in model.blocks}
+    model.eval()
+    pruner = tp.pruner.MetaPruner(model, example, importance=tp.importance.GroupTaylorImportance(),
+                                  global_pruning=config.global_pruning, pruning_ratio=config.ratio,
+                                  ignored_layers=[model.head], num_heads=heads, prune_num_heads=False,
+                                  prune_head_dims=True, round_to=config.round_to)
+    model.zero_grad()
+    for x, y in batches:
+        nn.functional.cross_entropy(model(x), y).backward()
+    pruner.step()
+    model.zero_grad(set_to_none=True)
+    set_pruned_metadata(model, {block.attn.qkv: pruner.num_heads[block.attn.qkv] for block in model.blocks})
+    return model, {"config": asdict(config), "widths": widths(model), "params": sum(p.numel() for p in
+                                                                                  model.parameters())}
+
+
+def set_pruned_metadata(model: nn.Module, num_heads: dict) -> None:
+    """Make every attention's and the model's width attributes true to the pruned weights (and check them)."""
+    embed = model.patch_embed.proj.out_channels
+    for name in ("embed_dim", "num_features", "head_hidden_size"):
+        if hasattr(model, name):
+            setattr(model, name, embed)
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        heads = int(num_heads[attn.qkv])
+        if attn.qkv.out_features % (3 * heads):
+            raise RuntimeError(f"block {i}: qkv width {attn.qkv.out_features} is not 3 x {heads} heads")
+        attn.num_heads, attn.head_dim = heads, attn.qkv.out_features // (3 * heads)
+        attn.attn_dim = heads * attn.head_dim
+        attn.scale = attn.head_dim ** -0.5
+        assert attn.proj.in_features == attn.attn_dim and attn.qkv.in_features == embed, f"block {i}"
+
+
+def widths(model: nn.Module) -> dict:
+    """The embedding width and, per block, the attention's heads x head dim and the MLP's hidden width."""
+    return {"embed": int(model.patch_embed.proj.out_channels),
+            "blocks": [{"heads": int(b.attn.num_heads), "head_dim": int(b.attn.head_dim),
+                        "mlp": int(b.mlp.fc1.out_features)} for b in model.blocks]}
+
+
+def widths_text(w: dict) -> str:
+    heads = sorted({b["heads"] * b["head_dim"] for b in w["blocks"]})
+    mlps = sorted({b["mlp"] for b in w["blocks"]})
+    span = lambda v: str(v[0]) if len(v) == 1 else f"{v[0]}-{v[-1]}"  # noqa: E731
+    return f"embed {w['embed']}, attn {span(heads)}, MLP {span(mlps)}"
+
+
+# ---------------------------------------------------------------- token merging
+
+def tome_rs(model: nn.Module) -> list[int]:
+    """Every merge count ``r >= 1`` the model's token count allows in all of its blocks."""
+    tokens = model.patch_embed.num_patches + int(getattr(model, "num_prefix_tokens", 1))
+    feasible, r = [], 1
+    while True:
+        try:
+            token_counts(tokens, len(model.blocks), r)
+        except ValueError:
+            return feasible
+        feasible.append(r)
+        r += 1
+
+
+# ---------------------------------------------------------------- speed matching
+
+@dataclass
+class Match:
+    """The candidate whose measured relative speed (1.0 = the edge model's) is nearest 1, and every point."""
+
+    parameter: float
+    relative_speed: float
+    reachable: bool                      # some measured candidates were at least as fast as the edge model
+    history: dict[float, float] = field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        return self.relative_speed - 1.0
+
+
+def match_speed(measure: Callable[[list[float]], dict[float, float]], grid: list[float], *, refine: int = 0,
+                integer: bool = False, tolerance: float = 0.01) -> Match:
+    """Search the parameter (ratio, merge count) whose relative speed is nearest 1.0, by measuring.
+
+    ``measure(params)`` times the candidates of ``params`` side by side with the edge model and returns
+    each one's relative speed. Speed grows with the parameter: after the scan over ``grid``, ``refine``
+    bisection steps measure the midpoint of the bracket whose ends lie on either side of 1.0 (integers:
+    the middle integer; none left, the search stops) until one lies within ``tolerance`` of 1.0 (in log
+    speed). The nearest point in log speed wins.
+    """
+    history = dict(measure(sorted(set(grid))))
+    for _ in range(refine):
+        if min(abs(math.log(s)) for s in history.values()) <= tolerance:
+            break
+        points = sorted(history)
+        bracket = next(((a, b) for a, b in zip(points, points[1:], strict=False)
+                        if history[a] <= 1.0 <= history[b]), None)
+        if bracket is None:
+            break
+        mid = (bracket[0] + bracket[1]) // 2 if integer else round((bracket[0] + bracket[1]) / 2, 6)
+        if mid in history or not bracket[0] < mid < bracket[1]:
+            break
+        history.update(measure([mid]))
+    best = min(history, key=lambda p: abs(math.log(history[p])))
+    return Match(best, history[best], max(history.values()) >= 1.0, dict(sorted(history.items())))
+
+
+# ---------------------------------------------------------------- exporting and timing
+
+@dataclass(frozen=True)
+class Timing:
+    threads: int = 2
+    batches: tuple[int, ...] = (1, 32)
+    warmup: int = 10
+    rounds: int = 20
+    sessions: int = 4
+    iterations: int = 20
+    seed: int = 0
+
+
+def export_graphs(model: nn.Module, name: str, folder: Path, batches: tuple[int, ...], source: str,
+                  plan: str | None) -> tuple[dict[int, Path], dict]:
+    """``model`` exported by ``edge export`` at every batch (verified against PyTorch); paths and the check."""
+    from edge.export import ExportConfig, export
+
+    paths, checks = {}, {}
+    for batch in batches:
+        paths[batch] = folder / f"{slug(name)}-b{batch}.onnx"
+        report = export(model.eval(), paths[batch], source=source, plan=plan, data_config=data_config(model),
+                        config=ExportConfig(batch=batch))
+        checks[batch] = {"nodes": report["nodes"], "verification": report["verification"]}
+    return paths, checks
+
+
+def time_models(graphs: dict[str, dict[int, Path]], timing: Timing) -> dict[int, dict]:
+    """All graphs side by side per batch, reference :data:`ORIGINAL` and its A/A copy: batch -> summary."""
+    from edge.profile import OrtBackend
+    from edge.profile.sidebyside import SideBySideConfig, side_by_side
+
+    config = SideBySideConfig(warmup=timing.warmup, rounds=max(2, timing.rounds), sessions=timing.sessions,
+                              iterations=timing.iterations, seed=timing.seed)
+    out = {}
+    for batch in timing.batches:
+        factories = {name: functools.partial(OrtBackend, paths[batch], batch=batch, threads=timing.threads,
+                                             spinning=False) for name, paths in graphs.items()}
+        out[batch] = compact(side_by_side(factories, ORIGINAL, config))
+    return out
+
+
+def compact(summary: dict) -> dict:
+    """What the record keeps of a side-by-side summary: per model its latency and speedup; the A/A control."""
+    variants = {name: {"median_ms": v["latency"]["median_ms"], "p90_ms": v["latency"]["p90_ms"],
+                       "speedup": v["speedup"]["speedup"], "low": v["speedup"]["low"], "high": v["speedup"]["high"],
+                       "verdict": v["speedup"]["verdict"]} for name, v in summary["variants"].items()}
+    aa = summary["aa_control"]
+    return {"variants": variants, "aa_control": {"speedup": aa["speedup"], "low": aa["low"], "high": aa["high"],
+                                                 "deviation": aa["deviation"]},
+            "noisy": summary["noisy"], "contention": summary["contention"], "seconds": round(summary["seconds"], 1),
+            "iterations_per_round": summary["iterations_per_round"]}
+
+
+def relative_speed(timed: dict[int, dict], name: str, reference: str) -> float:
+    """Geometric mean over the batches of ``name``'s speedup over the original divided by ``reference``'s."""
+    logs = [math.log(t["variants"][name]["speedup"] / t["variants"][reference]["speedup"]) for t in timed.values()]
+    return math.exp(sum(logs) / len(logs))
+
+
+# ---------------------------------------------------------------- the benchmark
+
+@dataclass
+class Candidate:
+    """One peer model: its family, parameter (ratio or r) and how to build it from the original."""
+
+    family: str
+    parameter: float
+    build: Callable[[], tuple[nn.Module, dict]]
+
+    @property
+    def key(self) -> str:
+        p = int(self.parameter) if self.family == "tome" else f"{self.parameter:.4f}"
+        return f"{slug(self.family)}-{p}"
+
+    @property
+    def label(self) -> str:
+        return f"ToMe r={int(self.parameter)}" if self.family == "tome" else \
+            f"Torch-Pruning {self.family.split()[-1]} {100 * self.parameter:.1f} %"
+
+
+class Benchmark:
+    """The three stages of the module docstring over ``--work``, resuming from what it holds."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.work = Path(args.work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.timing = Timing(threads=args.threads, batches=tuple(args.batches), warmup=args.warmup,
+                             rounds=args.rounds, sessions=args.sessions, iterations=args.iterations, seed=args.seed)
+        self.match_timing = Timing(threads=args.threads, batches=tuple(args.batches), warmup=args.warmup,
+                                   rounds=args.match_rounds, sessions=args.match_sessions,
+                                   iterations=args.match_iterations, seed=args.seed)
+        self.state_path = self.work / "state.json"
+        self.settings = {"model": args.model, "data": args.data, "seed": args.seed, "batches": args.batches,
+                         "threads": args.threads, "taylor_batches": args.taylor_batches, "ratios": args.ratios,
+                         "refine": args.refine, "torch_pruning": TORCH_PRUNING, "round_to": ROUND_TO}
+        self.state = self._load_state()
+        self._taylor: list | None = None
+
+    def _load_state(self) -> dict:
+        if self.state_path.is_file():
+            state = json.loads(self.state_path.read_text())
+            if state.get("settings") == self.settings:
+                return state
+            log(f"{self.state_path}: other settings than this run's; its matches are not reused")
+        return {"settings": self.settings, "matches": {}}
+
+    def save_state(self) -> None:
+        write_atomic(json.dumps(self.state, indent=1).encode(), self.state_path)
+
+    # ---- candidates
+    def taylor(self) -> list:
+        if self._taylor is None:
+            self._taylor = taylor_batches(self.args.data, self.args.taylor_batches, self.args.seed,
+                                          data_config(load_model(self.args.model)))
+        return self._taylor
+
+    def candidate(self, family: str, parameter: float) -> Candidate:
+        if family == "tome":
+            def build() -> tuple[nn.Module, dict]:
+                return apply_tome(load_model(self.args.model).eval(), int(parameter)), {"r": int(parameter)}
+        else:
+            config = PruneConfig(ratio=parameter, global_pruning=family.endswith("global"), data=self.args.data,
+                                 taylor_batches=self.args.taylor_batches, seed=self.args.seed)
+
+            def build() -> tuple[nn.Module, dict]:
+                return prune(load_model(self.args.model), config, self.taylor())
+        return Candidate(family, parameter, build)
+
+    def pruned_module(self, candidate: Candidate) -> tuple[nn.Module, dict]:
+        """The candidate's model before distillation, saved once (Torch-Pruning) so a resumed run finds it."""
+        if candidate.family == "tome":
+            return candidate.build()
+        path = self.work / "pruned" / f"{candidate.key}.pt"
+        if path.is_file():
+            saved = torch.load(path, weights_only=False)
+            return saved["model"], saved["record"]
+        model, record = candidate.build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"model": model, "record": record}, tmp)
+        tmp.replace(path)
+        return model, record
+
+    # ---- stage 1: matching
+    def match(self, item: dict, original_graphs: dict[int, Path], tmp: Path) -> dict:
+        """The matched peers of one edge model (reused from ``state.json`` when there)."""
+        done = self.state["matches"].get(item["key"])
+        if done is not None:
+            log(f"{item['label']}: matches reused from {self.state_path}")
+            return done
+        edge_model = load_model(item["path"])
+        edge_graphs, edge_check = export_graphs(edge_model, item["key"], tmp, self.timing.batches, self.args.model,
+                                                item["plan"])
+        runs: list[dict] = []
+        checks: dict[str, dict] = {}
+
+        def measure(family: str, params: list[float]) -> dict[float, float]:
+            graphs = {ORIGINAL: original_graphs, item["key"]: edge_graphs}
+            names = {}
+            for p in params:
+                cand = self.candidate(family, p)
+                model, record = cand.build()
+                graphs[cand.key], checks[cand.key] = export_graphs(model, cand.key, tmp, self.timing.batches,
+                                                                   self.args.model, None)
+                checks[cand.key]["record"] = record
+                names[p] = cand.key
+            timed = time_models(graphs, self.match_timing)
+            runs.append({"family": family, "params": params, "timed": timed})
+            speeds = {p: relative_speed(timed, names[p], item["key"]) for p in params}
+            log(f"{item['label']} vs {family}: " + ", ".join(f"{p:g} -> {s:.3f}" for p, s in speeds.items()))
+            return speeds
+
+        matches = {}
+        for family in FAMILIES[1:]:
+            if family == "tome":
+                grid, refine, integer = tome_rs(load_model(self.args.model)), 0, True
+            else:
+                grid, refine, integer = self.args.ratios, self.args.refine, False
+            found = match_speed(functools.partial(measure, family), grid, refine=refine, integer=integer)
+            cand = self.candidate(family, found.parameter)
+            matches[family] = {"parameter": found.parameter, "relative_speed": found.relative_speed,
+                               "error": found.error, "reachable": found.reachable,
+                               "history": {str(k): v for k, v in found.history.items()},
+                               "key": cand.key, "label": cand.label, "check": checks[cand.key]}
+            log(f"{item['label']}: {cand.label} matches at relative speed {found.relative_speed:.3f}")
+        done = {"edge": {**item, "check": edge_check,
+                         "speedup": {str(b): runs[0]["timed"][b]["variants"][item["key"]]["speedup"]
+                                     for b in self.timing.batches}},
+                "peers": matches, "runs": runs}
+        self.state["matches"][item["key"]] = done
+        self.save_state()
+        return done
+
+    # ---- stage 2: distillation
+    def recipe(self, **extra):
+        from edge.compress.finetune import FinetuneConfig
+
+        return FinetuneConfig(data=self.args.data, epochs=self.args.epochs, steps=self.args.steps,
+                              seed=self.args.seed, threads=self.args.train_threads, **extra)
+
+    def finished(self, out: Path, config) -> dict | None:
+        """The fine-tune record of a finished run of this recipe at ``out``, if there is one."""
+        from edge.compress.finetune import RUN_ONLY
+
+        if not is_artifact(out):
+            return None
+        stages = read_manifest(out).get("finetune") or []
+        want = {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
+        if stages and all(stages[-1]["recipe"].get(k) == v for k, v in want.items()):
+            return stages[-1]
+        return None
+
+    def distil_edge(self, item: dict) -> dict:
+        from edge.compress.finetune import finetune
+
+        out = self.work / "distilled" / item["key"]
+        config = self.recipe()
+        record = self.finished(out, config) or finetune(item["path"], out, config)
+        return {"out": str(out), **summary_of(record)}
+
+    def distil_peer(self, candidate: Candidate) -> dict:
+        from edge.compress.finetune import distil
+
+        out = self.work / "distilled" / candidate.key
+        config = self.recipe(teacher=self.args.model)
+        record = self.finished(out, config)
+        if record is None:
+            model, _ = self.pruned_module(candidate)
+            recipe = {k: v for k, v in asdict(self.recipe()).items()
+                      if k in ("epochs", "steps", "seed", "threads")}
+            record = distil(model, out=out, teacher=self.args.model, data=self.args.data, name=candidate.label,
+                            **recipe)
+        return {"out": str(out), **summary_of(record)}
+
+    def final_model(self, family: str, key: str, parameter: float | None) -> nn.Module:
+        from edge.compress.finetune import load_distilled
+
+        out = self.work / "distilled" / key
+        if family == "edge":
+            return load_model(str(out))
+        model, _ = self.pruned_module(self.candidate(family, parameter))
+        return load_distilled(model, out)
+
+    # ---- all stages
+    def run(self, items: list[dict]) -> dict:
+        torch.set_num_threads(self.args.train_threads or 1)
+        original = load_model(self.args.model)
+        groups = []
+        with tempfile.TemporaryDirectory(prefix="edge-plan-peers-") as tmp:
+            original_graphs, original_check = export_graphs(original, ORIGINAL, Path(tmp), self.timing.batches,
+                                                            self.args.model, None)
+            for item in items:
+                groups.append(self.match(item, original_graphs, Path(tmp)))
+        teacher_accuracy = self.original_accuracy(original)
+        distilled: dict[str, dict] = {}
+        for group in groups:
+            item = group["edge"]
+            if item["key"] not in distilled:
+                log(f"distilling {item['label']}")
+                distilled[item["key"]] = self.distil_edge(item)
+            for family, peer in group["peers"].items():
+                if peer["key"] not in distilled:
+                    log(f"distilling {peer['label']}")
+                    distilled[peer["key"]] = self.distil_peer(self.candidate(family, peer["parameter"]))
+        final = self.final_timing(groups, original, distilled)
+        return {"original": {"accuracy": teacher_accuracy, "check": original_check}, "groups": groups,
+                "distilled": distilled, "final_timing": final}
+
+    def original_accuracy(self, original: nn.Module) -> dict:
+        from edge.compress.finetune import held_out_set
+        from edge.data.preprocess import InputSpec
+        from edge.train import held_out_accuracy
+
+        result = held_out_accuracy(original, held_out_set(self.recipe()), InputSpec.from_data_config(
+            data_config(original)), torch.device("cpu"))
+        return {k: result[k] for k in ("data", "samples", "accuracy", "loss")}
+
+    def final_timing(self, groups: list[dict], original: nn.Module, distilled: dict) -> dict:
+        """Every distilled model and the original, one interleaved side-by-side run per batch."""
+        with tempfile.TemporaryDirectory(prefix="edge-plan-peers-final-") as tmp:
+            folder = Path(tmp)
+            graphs = {ORIGINAL: export_graphs(original, ORIGINAL, folder, self.timing.batches, self.args.model,
+                                              None)[0]}
+            for group in groups:
+                models = [("edge", group["edge"]["key"], None, group["edge"]["plan"])]
+                models += [(f, p["key"], p["parameter"], None) for f, p in group["peers"].items()]
+                for family, key, parameter, plan in models:
+                    if key not in graphs:
+                        graphs[key] = export_graphs(self.final_model(family, key, parameter), key, folder,
+                                                    self.timing.batches, self.args.model, plan)[0]
+            log(f"final timing: {len(graphs)} models side by side at batch " +
+                " and ".join(map(str, self.timing.batches)))
+            return {str(b): t for b, t in time_models(graphs, self.timing).items()}
+
+
+def summary_of(record: dict) -> dict:
+    """What the benchmark keeps of a fine-tune record."""
+    return {"before": record["eval_before"], "after": record["eval"], "steps": record["steps"],
+            "epochs": record["epochs"], "teacher_sha256": record["teacher"]["sha256"],
+            "recipe": {k: record["recipe"].get(k) for k in ("data", "epochs", "steps", "seed", "batch_size", "lr",
+                                                            "temperature", "alpha", "augment")},
+            "wall_time_s": record["wall_time_s"]}
+
+
+# ---------------------------------------------------------------- the result
+
+def rows_of(record: dict) -> list[dict]:
+    """One row per model and matched speed, with its final speedups and accuracies (the tables and the plot)."""
+    base = record["original"]["accuracy"]["accuracy"]
+    final = record["final_timing"]
+    batches = list(final)
+    rows = []
+    for g, group in enumerate(record["groups"]):
+        edge = group["edge"]
+        entries = [("edge", edge["key"], edge["label"], None)] + \
+                  [(f, p["key"], p["label"], p) for f, p in group["peers"].items()]
+        for family, key, label, peer in entries:
+            d = record["distilled"][key]
+            rows.append({"group": g, "family": family, "key": key, "label": label,
+                         "speedup": {b: final[b]["variants"][key]["speedup"] for b in batches},
+                         "interval": {b: [final[b]["variants"][key]["low"], final[b]["variants"][key]["high"]]
+                                      for b in batches},
+                         "match_error": None if peer is None else peer["error"],
+                         "reachable": True if peer is None else peer["reachable"],
+                         "before": d["before"]["accuracy"], "after": d["after"]["accuracy"],
+                         "drop": base - d["after"]["accuracy"],
+                         "widths": None if peer is None else peer["check"]["record"].get("widths")})
+    return rows
+
+
+def verdict(rows: list[dict]) -> str:
+    """One plain sentence: who keeps the most accuracy at this speed, and by how much edge wins or loses."""
+    edge = next(r for r in rows if r["family"] == "edge")
+    peers = [r for r in rows if r["family"] != "edge"]
+    best_peer = max(peers, key=lambda r: r["after"])
+    gap = 100 * (edge["after"] - best_peer["after"])
+    if gap > 0:
+        return (f"Edge wins at this speed: {edge['label']} keeps {100 * edge['after']:.2f} %, {gap:.2f} pt more "
+                f"than the best peer ({best_peer['label']}, {100 * best_peer['after']:.2f} %).")
+    if gap == 0:
+        return f"A tie at this speed: {edge['label']} and {best_peer['label']} both keep {100 * edge['after']:.2f} %."
+    return (f"Edge loses at this speed: {best_peer['label']} keeps {100 * best_peer['after']:.2f} %, "
+            f"{-gap:.2f} pt more than {edge['label']} ({100 * edge['after']:.2f} %).")
+
+
+def markdown(r: dict) -> str:
+    s, v, hw, load = r["settings"], r["versions"], r["hardware"], r["load_average"]
+    rows = rows_of(r)
+    batches = list(r["final_timing"])
+    base = r["original"]["accuracy"]
+    budget = f"{s['steps']} steps" if s["steps"] else f"{s['epochs']} epoch{'s' * (s['epochs'] != 1)}"
+    lines = [
+        "# Edge's planned models against Torch-Pruning and token merging, at matched measured speed", "",
+        f"Generated by `{r['command']}` ({r['seconds'] / 60:.1f} min). Model `{r['model']}`, original accuracy "
+        f"**{100 * base['accuracy']:.2f} %** on {base['samples']:,} test images of `{base['data']}`. Every model "
+        f"distilled from the original with edge's recipe (`edge finetune` defaults), the same batch order (seed "
+        f"{s['seed']}) and budget ({budget}) on `{s['data']}`; accuracy before and after on the same test images.",
+        "",
+        f"Peers: Torch-Pruning {v.get('torch_pruning', TORCH_PRUNING)} with its timm ViT example's settings "
+        f"(GroupTaylorImportance on {s['taylor_batches']} seeded batches of {TAYLOR_BATCH}, head dims pruned, the "
+        f"head ignored, widths rounded to {ROUND_TO}), uniform and global; token merging (ToMe, r merges in every "
+        "block, training-free before distillation). Each peer's ratio or r was searched by measuring its speed "
+        "against the edge model's, side by side (match error = relative speed - 1, geometric mean over the "
+        "batches); the speedups below come from one final interleaved run of all models per batch.", "",
+        f"Hardware: {hw['cpu']} ({hw['cpu_count']} logical CPUs), load average before/after "
+        f"{load['before'][0]:.2f} / {load['after'][0]:.2f}. ONNX Runtime {v.get('onnxruntime')} (CPU, "
+        f"{s['threads']} intra-op threads, fp32, static batch); final timing: {s['rounds']} rounds in "
+        f"{s['sessions']} session sets, {s['iterations']} calls per model and round, {s['warmup']} warm-up calls.",
+        ""]
+    for b in batches:
+        t = r["final_timing"][b]
+        aa = t["aa_control"]
+        lines.append(f"- Batch {b}: A/A control (a second session of the original) {aa['speedup']:.3f}x "
+                     f"[{aa['low']:.3f}, {aa['high']:.3f}]; other processes used "
+                     f"{100 * (t['contention'].get('other_cpu_share') or 0):.0f} % of the CPUs"
+                     + (" (**noisy: speed differences within the A/A deviation are not resolved**)"
+                        if t["noisy"] else "") + ".")
+    for g in range(len(r["groups"])):
+        mine = [row for row in rows if row["group"] == g]
+        edge = mine[0]
+        speeds = " / ".join(f"{edge['speedup'][b]:.2f}x" for b in batches)
+        lines += ["", f"## {edge['label']}: {speeds} (batch {' / '.join(batches)})", "",
+                  "| model | method | speedup " + " | speedup ".join(f"b{b}" for b in batches)
+                  + " | match error | accuracy before | after distillation | drop vs original |",
+                  "|---|---|" + "---|" * len(batches) + "---|---|---|---|"]
+        for row in mine:
+            what = widths_text(row["widths"]) if row["widths"] else ("token merging" if row["family"] == "tome"
+                                                                     else "edge plan")
+            speed = " | ".join(f"{row['speedup'][b]:.2f}x [{row['interval'][b][0]:.2f}, {row['interval'][b][1]:.2f}]"
+                               for b in batches)
+            error = "" if row["match_error"] is None else f"{100 * row['match_error']:+.1f} %" + \
+                ("" if row["reachable"] else " (never as fast)")
+            lines.append(f"| {row['label']} | {row['family']}: {what} | {speed} | {error} | "
+                         f"{100 * row['before']:.2f} % | **{100 * row['after']:.2f} %** | "
+                         f"{100 * row['drop']:+.2f} pt |")
+        lines += ["", verdict(mine)]
+        slow = [row for row in mine if not row["reachable"]]
+        for row in slow:
+            lines.append(f"{row['label']} is the fastest of its family that was measured and is still slower than "
+                         "the edge model: it is compared at its own speed.")
+    lines += ["", "![accuracy against measured speedup](plan-peers.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(r: dict, png: str | Path) -> None:
+    """Accuracy after distillation against the final measured speedup, one panel per batch (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rows_of(r)
+    batches = list(r["final_timing"])
+    style = {"edge": ("tab:red", "o"), "torch-pruning uniform": ("tab:blue", "s"),
+             "torch-pruning global": ("tab:cyan", "D"), "tome": ("tab:green", "^")}
+    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4.2), squeeze=False)
+    for ax, b in zip(axes[0], batches, strict=True):
+        for family, (color, marker) in style.items():
+            mine = [row for row in rows if row["family"] == family]
+            if mine:
+                ax.scatter([row["speedup"][b] for row in mine], [100 * row["after"] for row in mine], c=color,
+                           marker=marker, label=f"{family}, distilled")
+                ax.scatter([row["speedup"][b] for row in mine], [100 * row["before"] for row in mine],
+                           facecolors="none", edgecolors=color, marker=marker, alpha=0.6, label=f"{family}, before")
+        ax.axhline(100 * r["original"]["accuracy"]["accuracy"], color="gray", ls="--", lw=1, label="original")
+        ax.set_xlabel(f"measured speedup over the original, batch {b} (ONNX Runtime CPU)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{r['model']}: accuracy against measured speedup")
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- command line
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--edge", nargs="+", default=[], help="edge artifacts (edge compress / edge plan --out folders)")
+    p.add_argument("--plans", nargs="+", default=[], help="plans compressed here (cached in --work)")
+    p.add_argument("--model", default=MODEL)
+    p.add_argument("--data", default="fmnist", help="distillation, Taylor batches and the test split")
+    p.add_argument("--samples", type=int, default=500, help="calibration images of --plans")
+    p.add_argument("--epochs", type=int, default=1, help="distillation budget")
+    p.add_argument("--steps", type=int, default=None, help="distillation budget in steps (a smoke)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-threads", type=int, default=None, help="torch threads of the distillation (recorded)")
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
+                   help="Torch-Pruning ratios scanned before bisection")
+    p.add_argument("--refine", type=int, default=2, help="bisection steps after the scan")
+    p.add_argument("--taylor-batches", type=int, default=10, help="batches of 64 for GroupTaylorImportance")
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=20, help="final timing: interleaved rounds")
+    p.add_argument("--sessions", type=int, default=4, help="final timing: session sets")
+    p.add_argument("--iterations", type=int, default=20, help="final timing: calls per model and round")
+    p.add_argument("--match-rounds", type=int, default=8)
+    p.add_argument("--match-sessions", type=int, default=2)
+    p.add_argument("--match-iterations", type=int, default=10)
+    p.add_argument("--work", default=str(ROOT / "runs/plan-peers"), help="intermediate results (resumable)")
+    p.add_argument("--json-out", default=str(ROOT / "benchmarks/results/plan_peers.json"))
+    p.add_argument("--md-out", default=str(ROOT / "docs/results/plan-peers.md"))
+    p.add_argument("--png-out", default=str(ROOT / "docs/results/plan-peers.png"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        run(args, p)
+    except EdgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from e
+
+
+def run(args, p: argparse.ArgumentParser) -> dict:
+    started, load_before = time.perf_counter(), os.getloadavg()
+    items = edge_models(args)           # bad input refused before any work
+    import_torch_pruning()
+    benchmark = Benchmark(args)
+    result = benchmark.run(items)
+    keys = {d["teacher_sha256"] for d in result["distilled"].values()}
+    if len(keys) != 1:
+        raise RuntimeError(f"the models were distilled from {len(keys)} different teachers")
+    record = {"model": args.model, **result,
+              "settings": {k: getattr(args, k) for k in ("data", "epochs", "steps", "seed", "threads", "batches",
+                                                         "warmup", "rounds", "sessions", "iterations", "match_rounds",
+                                                         "match_sessions", "match_iterations", "ratios", "refine",
+                                                         "taylor_batches", "train_threads")},
+              **provenance("plan_peers.py", args, p, started=started, load_before=load_before,
+                           skip=("json_out", "md_out", "png_out", "work"))}
+    record["versions"]["torch_pruning"] = TORCH_PRUNING
+    plot(record, args.png_out)
+    write_results(record, args.json_out, args.md_out, markdown)
+    return record
+
+
+if __name__ == "__main__":
+    main()

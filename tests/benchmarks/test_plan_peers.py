@@ -1,0 +1,215 @@
+"""benchmarks/plan_peers.py: the Torch-Pruning adapter, speed matching, the report writer and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from edge.compress.load import load_model
+from edge.errors import EdgeError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import plan_peers as pp  # noqa: E402
+from _results import write_results  # noqa: E402
+
+
+def torch_pruning_or_skip():
+    try:
+        return pp.import_torch_pruning()
+    except EdgeError as e:
+        pytest.skip(f"Torch-Pruning {pp.TORCH_PRUNING} is not installed ({pp.SETUP} installs it): {e.what}")
+
+
+def seeded_batches(n: int = 2, size: int = 8):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(size, 1, 28, 28, generator=g), torch.randint(0, 10, (size,), generator=g))
+            for _ in range(n)]
+
+
+# ---------------------------------------------------------------- the Torch-Pruning adapter
+
+@pytest.mark.parametrize("global_pruning", [False, True])
+def test_pruned_widths_are_multiples_of_8_and_the_metadata_is_true(global_pruning):
+    torch_pruning_or_skip()
+    model, record = pp.prune(load_model("fmnist-deit-tiny"), pp.PruneConfig(0.25, global_pruning),
+                             seeded_batches())
+    w = record["widths"]
+    assert w["embed"] % 8 == 0 and record["params"] < 0.9 * 5_353_738   # global may keep the embedding
+    for block, attn in zip(w["blocks"], (b.attn for b in model.blocks), strict=True):
+        assert block["mlp"] % 8 == 0 and (block["heads"] * block["head_dim"]) % 8 == 0
+        assert block["heads"] == 3                                   # head dims pruned, never whole heads
+        assert attn.attn_dim == attn.num_heads * attn.head_dim == attn.proj.in_features
+        assert attn.qkv.out_features == 3 * attn.attn_dim
+        assert math.isclose(attn.scale, attn.head_dim ** -0.5, rel_tol=1e-12)
+    assert model.embed_dim == model.num_features == w["embed"] == model.norm.normalized_shape[0]
+    assert model.head.out_features == 10                            # the ignored head keeps its classes
+    if not global_pruning:                                          # uniform: every block alike
+        assert len({(b["head_dim"], b["mlp"]) for b in w["blocks"]}) == 1
+        assert (w["embed"], w["blocks"][0]["head_dim"], w["blocks"][0]["mlp"]) == (144, 48, 576)
+
+
+def test_a_pruned_model_exports_and_verifies(tmp_path):
+    torch_pruning_or_skip()
+    model, _ = pp.prune(load_model("fmnist-deit-tiny"), pp.PruneConfig(0.25, False), seeded_batches())
+    paths, checks = pp.export_graphs(model, "tp", tmp_path, (1,), "fmnist-deit-tiny", None)
+    assert paths[1].is_file()
+    assert all(v["passed"] and v["max_abs"] < 1e-4 for v in checks[1]["verification"]), checks
+
+
+def test_missing_torch_pruning_names_the_set_up_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_pruning", None)       # as if not installed anywhere
+    with pytest.raises(EdgeError) as e:
+        pp.import_torch_pruning(tmp_path / "no-site")
+    assert pp.SETUP in str(e.value) and "no-site" in str(e.value)
+
+
+# ---------------------------------------------------------------- speed matching
+
+class FakeTiming:
+    """Relative speeds of a fake, monotone speed curve, with every call recorded (no model is timed)."""
+
+    def __init__(self, speed) -> None:
+        self.speed = speed
+        self.calls: list[list[float]] = []
+
+    def __call__(self, params: list[float]) -> dict[float, float]:
+        self.calls.append(list(params))
+        return {p: self.speed(p) for p in params}
+
+
+def test_the_scan_then_bisection_converges_on_the_matching_ratio():
+    fake = FakeTiming(lambda p: 0.7 + p)                            # matched at 0.3
+    found = pp.match_speed(fake, [0.1, 0.2, 0.4, 0.5], refine=3)
+    assert fake.calls[0] == [0.1, 0.2, 0.4, 0.5]                    # one side-by-side scan first
+    assert fake.calls[1:] == [[0.3]]                                # then the bracket's midpoint: exact, stop
+    assert found.parameter == pytest.approx(0.3) and abs(found.error) < 1e-9 and found.reachable
+
+
+def test_bisection_narrows_the_bracket_each_step():
+    fake = FakeTiming(lambda p: 0.8 + p)                            # matched at 0.2
+    found = pp.match_speed(fake, [0.1, 0.3], refine=2)
+    assert fake.calls[1:] == [[0.2]]
+    fake = FakeTiming(lambda p: 0.75 + p)                           # matched at 0.25
+    found = pp.match_speed(fake, [0.1, 0.3], refine=2)
+    assert fake.calls[1:] == [[0.2], [0.25]]
+    assert found.parameter == pytest.approx(0.25) and abs(found.error) < 1e-9
+
+
+def test_an_unreachable_speed_keeps_the_fastest_candidate_and_says_so():
+    fake = FakeTiming(lambda p: 0.5 + p)                            # never reaches 1.0 on the grid
+    found = pp.match_speed(fake, [0.1, 0.2, 0.3], refine=3)
+    assert len(fake.calls) == 1                                     # no bracket: no bisection
+    assert found.parameter == 0.3 and not found.reachable and found.error == pytest.approx(-0.2)
+
+
+def test_tome_matching_picks_an_r():
+    rs = pp.tome_rs(load_model("fmnist-deit-tiny"))
+    assert rs == [1, 2, 3]                                          # 50 tokens, 12 blocks: r = 4 runs out
+    fake = FakeTiming({1: 0.85, 2: 0.97, 3: 1.12}.__getitem__)
+    found = pp.match_speed(fake, rs, refine=2, integer=True)
+    assert found.parameter == 2 and found.error == pytest.approx(-0.03)
+    assert len(fake.calls) == 1                                     # 2 and 3 are neighbours: nothing between
+
+
+def test_relative_speed_is_the_geometric_mean_over_batches():
+    timed = {1: {"variants": {"a": {"speedup": 1.5}, "e": {"speedup": 1.5}}},
+             32: {"variants": {"a": {"speedup": 2.0}, "e": {"speedup": 1.0}}}}
+    assert pp.relative_speed(timed, "a", "e") == pytest.approx(math.sqrt(2.0))
+
+
+# ---------------------------------------------------------------- the report
+
+def canned_record() -> dict:
+    timing = {"variants": {}, "aa_control": {"speedup": 1.01, "low": 0.98, "high": 1.03, "deviation": 0.03},
+              "noisy": False, "contention": {"other_cpu_share": 0.1}, "seconds": 12.0, "iterations_per_round": 20}
+    final = {}
+    speeds = {"original": 1.0, "edge-a": 1.42, "tp-u": 1.43, "tp-g": 1.40, "tome-3": 1.2}
+    for b in ("1", "32"):
+        final[b] = json.loads(json.dumps(timing))
+        for key, s in speeds.items():
+            final[b]["variants"][key] = {"median_ms": 1 / s, "p90_ms": 1.1 / s, "speedup": s, "low": s - 0.02,
+                                         "high": s + 0.02, "verdict": "faster"}
+    widths = {"embed": 144, "blocks": [{"heads": 3, "head_dim": 48, "mlp": 576}] * 12}
+
+    def peer(key, label, error, reachable=True, w=None):
+        return {"parameter": 0.25, "relative_speed": 1 + error, "error": error, "reachable": reachable,
+                "history": {}, "key": key, "label": label, "check": {"record": {"widths": w} if w else {"r": 3}}}
+
+    def distilled(before, after):
+        return {"before": {"accuracy": before}, "after": {"accuracy": after}, "teacher_sha256": "t"}
+
+    return {
+        "model": "fmnist-deit-tiny", "command": "python benchmarks/plan_peers.py --edge a", "seconds": 600.0,
+        "original": {"accuracy": {"accuracy": 0.9, "samples": 10000, "data": "fmnist-test", "loss": 0.3}},
+        "groups": [{"edge": {"key": "edge-a", "label": "edge `linear:6-9`", "plan": "linear:6-9"},
+                    "peers": {"torch-pruning uniform": peer("tp-u", "Torch-Pruning uniform 25.0 %", 0.01, w=widths),
+                              "torch-pruning global": peer("tp-g", "Torch-Pruning global 25.0 %", -0.02, w=widths),
+                              "tome": peer("tome-3", "ToMe r=3", -0.15, reachable=False)}}],
+        "distilled": {"edge-a": distilled(0.7, 0.8867), "tp-u": distilled(0.5, 0.8936),
+                      "tp-g": distilled(0.4, 0.88), "tome-3": distilled(0.85, 0.87)},
+        "final_timing": final,
+        "settings": {"data": "fmnist", "epochs": 1, "steps": None, "seed": 0, "threads": 2, "taylor_batches": 10,
+                     "rounds": 20, "sessions": 4, "iterations": 20, "warmup": 10},
+        "versions": {"onnxruntime": "1.x", "torch_pruning": "1.6.1"},
+        "hardware": {"cpu": "test CPU", "cpu_count": 2}, "load_average": {"before": [1, 1, 1], "after": [2, 2, 2]},
+    }
+
+
+def test_the_writer_tables_every_model_and_says_plainly_who_wins(tmp_path):
+    record = canned_record()
+    write_results(record, tmp_path / "r.json", tmp_path / "r.md", pp.markdown)
+    assert json.loads((tmp_path / "r.json").read_text())["groups"][0]["edge"]["key"] == "edge-a"
+    text = (tmp_path / "r.md").read_text()
+    assert "| Torch-Pruning uniform 25.0 % | torch-pruning uniform: embed 144, attn 144, MLP 576 | 1.43x" in text
+    assert "**88.67 %** | +1.33 pt |" in text                       # edge: after distillation, drop vs 90 %
+    assert ("Edge loses at this speed: Torch-Pruning uniform 25.0 % keeps 89.36 %, 0.69 pt more than "
+            "edge `linear:6-9` (88.67 %).") in text
+    assert "ToMe r=3 is the fastest of its family that was measured and is still slower" in text
+    assert "| -15.0 % (never as fast) |" in text
+
+
+def test_the_verdict_when_edge_wins():
+    record = canned_record()
+    record["distilled"]["edge-a"]["after"]["accuracy"] = 0.9
+    rows = pp.rows_of(record)
+    assert pp.verdict(rows).startswith("Edge wins at this speed: edge `linear:6-9` keeps 90.00 %, 0.64 pt more")
+
+
+def test_the_plot_is_written(tmp_path):
+    pp.plot(canned_record(), tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kind", ["missing", "file", "folder"])
+def test_a_non_artifact_given_to_edge_is_refused_naming_it(tmp_path, capsys, kind):
+    path = tmp_path / "not-an-artifact"
+    if kind == "file":
+        path.write_text("x")
+    elif kind == "folder":
+        path.mkdir()
+    with pytest.raises(SystemExit) as e:
+        pp.main(["--edge", str(path), "--work", str(tmp_path / "work"), "--json-out", str(tmp_path / "r.json"),
+                 "--md-out", str(tmp_path / "r.md"), "--png-out", str(tmp_path / "r.png")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--edge {path}" in err and "edge compress" in err
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "work").exists()
+
+
+def test_an_already_fine_tuned_artifact_is_refused(tmp_path):
+    folder = tmp_path / "tuned"
+    folder.mkdir()
+    (folder / "edge-model.json").write_text(json.dumps({
+        "format": "edge-compressed-model", "format_version": 2, "source": {"model": "fmnist-deit-tiny"},
+        "plan": "linear:6-9", "steps": [], "finetune": [{"steps": 10}]}))
+    with pytest.raises(EdgeError, match="already fine-tuned"):
+        pp.edge_artifact(folder, "fmnist-deit-tiny")
+    with pytest.raises(EdgeError, match="compressed from fmnist-deit-tiny, not from other"):
+        pp.edge_artifact(folder, "other")
