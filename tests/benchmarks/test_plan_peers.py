@@ -25,6 +25,12 @@ def torch_pruning_or_skip():
         pytest.skip(f"Torch-Pruning {pp.TORCH_PRUNING} is not installed ({pp.SETUP} installs it): {e.what}")
 
 
+@pytest.fixture(scope="module")
+def tp():
+    """Torch-Pruning, imported once (the import is the slow part), or the test skipped with the reason."""
+    return torch_pruning_or_skip()
+
+
 def seeded_batches(n: int = 2, size: int = 8):
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(size, 1, 28, 28, generator=g), torch.randint(0, 10, (size,), generator=g))
@@ -34,8 +40,7 @@ def seeded_batches(n: int = 2, size: int = 8):
 # ---------------------------------------------------------------- the Torch-Pruning adapter
 
 @pytest.mark.parametrize("global_pruning", [False, True])
-def test_pruned_widths_are_multiples_of_8_and_the_metadata_is_true(global_pruning):
-    torch_pruning_or_skip()
+def test_pruned_widths_are_multiples_of_8_and_the_metadata_is_true(tp, global_pruning):
     model, record = pp.prune(load_model("fmnist-deit-tiny"), pp.PruneConfig(0.25, global_pruning),
                              seeded_batches())
     w = record["widths"]
@@ -53,8 +58,7 @@ def test_pruned_widths_are_multiples_of_8_and_the_metadata_is_true(global_prunin
         assert (w["embed"], w["blocks"][0]["head_dim"], w["blocks"][0]["mlp"]) == (144, 48, 576)
 
 
-def test_a_pruned_model_exports_and_verifies(tmp_path):
-    torch_pruning_or_skip()
+def test_a_pruned_model_exports_and_verifies(tp, tmp_path):
     model, _ = pp.prune(load_model("fmnist-deit-tiny"), pp.PruneConfig(0.25, False), seeded_batches())
     paths, checks = pp.export_graphs(model, "tp", tmp_path, (1,), "fmnist-deit-tiny", None)
     assert paths[1].is_file()
@@ -166,7 +170,8 @@ def test_the_writer_tables_every_model_and_says_plainly_who_wins(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["groups"][0]["edge"]["key"] == "edge-a"
     text = (tmp_path / "r.md").read_text()
     assert "| Torch-Pruning uniform 25.0 % | torch-pruning uniform: embed 144, attn 144, MLP 576 | 1.43x" in text
-    assert "**88.67 %** | +1.33 pt |" in text                       # edge: after distillation, drop vs 90 %
+    assert "| 1.007 | +1.0 % | 50.00 % | **89.36 %** | 0.64 pt |" in text   # speed vs edge 1.43/1.42 in both
+    assert "**88.67 %** | 1.33 pt |" in text                        # edge: after distillation, drop vs 90 %
     assert ("Edge loses at this speed: Torch-Pruning uniform 25.0 % keeps 89.36 %, 0.69 pt more than "
             "edge `linear:6-9` (88.67 %).") in text
     assert "ToMe r=3 is the fastest of its family that was measured and is still slower" in text
