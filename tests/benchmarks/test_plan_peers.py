@@ -175,6 +175,8 @@ def test_the_writer_tables_every_model_and_says_plainly_who_wins(tmp_path):
     assert ("Edge loses at this speed: Torch-Pruning uniform 25.0 % keeps 89.36 %, 0.69 pt more than "
             "edge `linear:6-9` (88.67 %).") in text
     assert "ToMe r=3 is the fastest of its family that was measured and is still slower" in text
+    assert "ToMe r=3 keeps" not in text                             # less accurate than edge: not named
+
     assert "| -15.0 % (never as fast) |" in text
 
 
@@ -183,6 +185,19 @@ def test_the_verdict_when_edge_wins():
     record["distilled"]["edge-a"]["after"]["accuracy"] = 0.9
     rows = pp.rows_of(record)
     assert pp.verdict(rows).startswith("Edge wins at this speed: edge `linear:6-9` keeps 90.00 %, 0.64 pt more")
+
+
+def test_a_slower_peer_that_keeps_more_is_named_but_does_not_win():
+    record = canned_record()
+    record["distilled"]["tome-3"]["after"]["accuracy"] = 0.95          # ToMe runs at 1.2 / 1.42 of edge's speed
+    text = pp.verdict(pp.rows_of(record), pp.speed_slack(record))
+    assert text.startswith("Edge loses at this speed: Torch-Pruning uniform 25.0 % keeps 89.36 %")
+    assert "ToMe r=3 keeps 95.00 % but runs at 0.85 of the edge model's speed (not matched)." in text
+    for key in ("tp-u", "tp-g"):                                        # no peer as fast: said so
+        record["distilled"][key]["after"]["accuracy"] = 0.5
+        for b in record["final_timing"].values():
+            b["variants"][key]["speedup"] = 1.0
+    assert pp.verdict(pp.rows_of(record), 0.03).startswith("No peer reached the edge model's speed (within 3 %).")
 
 
 def test_the_plot_is_written(tmp_path):
