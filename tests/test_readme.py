@@ -149,6 +149,13 @@ SLOW = {
         "CI time: a second finetune (the train=all one runs)",
     "edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned":
         "CI time: compress then finetune, both run on their own above",
+    "edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2 --iterations 100":
+        "CI time: 55 part graphs exported and timed (tests/edge/latency covers tables on a tiny model)",
+    "edge plan fmnist-deit-tiny --budget 0.5x --table tables/cpu-b1.json --data fmnist --out runs/plan2x":
+        "CI time: the search measures about 150 plans of the 12-block model (tests/edge/plan runs it on a "
+        "4-block model)",
+    "edge finetune runs/plan2x/model --data fmnist --epochs 3 --out runs/plan2x-ft":
+        "CI time: needs the plan above; edge finetune of an artifact runs above",
 }
 
 # Files a user would bring get small stand-ins made by the test: README token -> maker(path).

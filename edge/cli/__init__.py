@@ -18,6 +18,7 @@ from edge.cli import (
     info,
     models,
     pipeline,
+    plan,
     profile,
     quantize,
     train,
@@ -28,8 +29,8 @@ from edge.cli import finetune as finetune_cmd
 from edge.errors import PLEASE_REPORT, EdgeError, InternalError
 from jetson.errors import JetsonError
 
-COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, export, clean, verify, quantize, build,
-            profile, pipeline, bundle, deploy)
+COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, plan, export, clean, verify, quantize,
+            build, profile, pipeline, bundle, deploy)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,6 +68,13 @@ class Number(Kind):
         return value
 
 
+class Share(Number):
+    """A share of a whole written ``0.5x`` or ``0.5`` (``edge plan --budget``: of the original's latency)."""
+
+    def __call__(self, text: str):
+        return super().__call__(text[:-1] if text.lower().endswith("x") else text)
+
+
 class Text(Kind):
     """Free text that must not be empty (a device name, an op type, a plan)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -9,7 +10,7 @@ from torch import nn
 
 from edge import distributed
 from edge.compress.cost import analytic_flops, count_params, measured_flops
-from edge.compress.method import BuildContext, Built
+from edge.compress.method import BuildCache, BuildContext, Built, Method, prepared_key
 from edge.compress.plan import Plan, parse_plan
 from edge.compress.registry import method_of, methods
 from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option
@@ -38,12 +39,61 @@ def costs(model: nn.Module) -> dict:
     return {"params": count_params(model), "flops": measured, "flops_analytic": analytic}
 
 
-def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn.Module, dict]:
+def _cache_key(source: dict, config: CompressConfig) -> str:
+    return json.dumps({"source": source, "data": config.data, "samples": config.samples, "seed": config.seed,
+                       "holdout": config.holdout, "batch_size": config.batch_size}, sort_keys=True, default=str)
+
+
+def _build(method, steps: tuple, context: BuildContext, cache: BuildCache | None) -> Built:
+    """``method.build`` of ``steps``; with a cache, each separable step is built once and the pieces merged."""
+    if cache is None or not all(method.separable(s) for s in steps):
+        return method.build(steps, context)
+    prepared = prepared_key(context.prepared)
+    return method.merge([cache.built((method.name, str(step), prepared),
+                                     lambda step=step: method.build((step,), context)) for step in steps])
+
+
+def apply_plan(model: nn.Module, plan: Plan, config: CompressConfig, calibration, *,
+               cache: BuildCache | None = None) -> tuple[Plan, dict[str, Built], dict[str, dict]]:
+    """Prepare, build and place ``plan`` (parsed, validated, ``config.samples`` resolved) in ``model``.
+
+    Returns the resolved plan, what each method built and what each method's prepare did. ``cache``
+    (:class:`~edge.compress.method.BuildCache`) keeps built steps and statistics across calls on copies
+    of one model with one calibration set (``edge plan``).
+    """
+    info = model_info(model)
+    used = [m for m in methods() if plan.steps_of(m)]
+    spec = InputSpec.from_data_config(data_config(model))
+    prepared = {m.name: m.prepare(model, plan.steps_of(m), plan) for m in used}
+    context = BuildContext(model, info, spec, calibration, config.samples, config.seed, config.holdout,
+                           config.batch_size, prepared=prepared, cache=cache)
+    built: dict[str, Built] = {}
+    for method in used:
+        built[method.name] = result = _build(method, plan.steps_of(method), context, cache)
+        others = tuple(s for s in plan.steps if method_of(s) is not method)
+        plan = Plan.canonical((*others, *result.steps)).validate(info.num_blocks)
+        context.removed |= result.removed
+    for method in used:
+        method.place(model, built[method.name])
+    return plan, built, prepared
+
+
+def resolve_samples(config: CompressConfig, plan: Plan) -> CompressConfig:
+    """``config`` with ``samples`` set: the plan's methods' largest default, at most the training split."""
+    if config.samples is not None:
+        return config
+    wanted = max((m.calibration_samples for m in methods() if plan.steps_of(m)), default=Method.calibration_samples)
+    return replace(config, samples=min(wanted, len(load_dataset(config.data, "train"))))
+
+
+def compress(model: nn.Module, source: dict, config: CompressConfig, *,
+             cache: BuildCache | None = None) -> tuple[nn.Module, dict]:
     """Compress ``model`` (modified in place and returned) by ``config.plan``; returns ``(model, manifest)``.
 
     ``source`` records how to rebuild the uncompressed model (``{"model": spec, "img_size": ...}``).
     The plan is applied in the phases of :mod:`edge.compress.method`, each method in the registry's
     order: prepare, build (resolve and fit on the model before any replacement), place, record.
+    ``cache``: see :func:`apply_plan` (the same model, source and calibration settings every call).
 
     Under torchrun (``torchrun --nproc_per_node N -m edge compress ...``) every process streams its
     share of the calibration images and the statistics are summed over the processes before any fit
@@ -58,24 +108,13 @@ def compress(model: nn.Module, source: dict, config: CompressConfig) -> tuple[nn
                             "e.g. --plan linear:2-3,linear:9-10")
     info = model_info(model)
     plan = parse_plan(config.plan).validate(info.num_blocks)
-    used = [m for m in methods() if plan.steps_of(m)]
-    if config.samples is None:   # resolved here, once: the plan's methods' largest default, at most the data
-        wanted = max(m.calibration_samples for m in used)
-        config = replace(config, samples=min(wanted, len(load_dataset(config.data, "train"))))
-    spec = InputSpec.from_data_config(data_config(model))
+    config = resolve_samples(config, plan)
+    if cache is not None:
+        cache.bind(_cache_key(source, config))
     calibration = calibration_set(config.data, config.samples, config.seed)
     before = costs(model)
-    prepared = {m.name: m.prepare(model, plan.steps_of(m), plan) for m in used}
-    context = BuildContext(model, info, spec, calibration, config.samples, config.seed, config.holdout,
-                           config.batch_size, prepared=prepared)
-    built: dict[str, Built] = {}
-    for method in used:
-        built[method.name] = result = method.build(plan.steps_of(method), context)
-        others = tuple(s for s in plan.steps if method_of(s) is not method)
-        plan = Plan.canonical((*others, *result.steps)).validate(info.num_blocks)
-        context.removed |= result.removed
-    for method in used:
-        method.place(model, built[method.name])
+    plan, built, prepared = apply_plan(model, plan, config, calibration, cache=cache)
+    used = [m for m in methods() if m.name in built]
     fit = {k: v for m in used for k, v in built[m.name].fit.items()}
     table = [row for m in used for row in built[m.name].planner]
     steps = []

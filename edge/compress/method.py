@@ -27,11 +27,15 @@ the removed attention out over the fine-tune) returns a :class:`TrainingPhase` f
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from torch import nn
 
+from edge.compress.search import SearchSpace
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError, article
 from edge.models.info import ModelInfo
@@ -57,6 +61,47 @@ class PlanCheck:
     attention: dict[int, Step] = field(default_factory=dict)  # blocks whose attention a step replaces
 
 
+class BuildCache:
+    """Built steps and measured statistics kept across many plans of one model and calibration set.
+
+    The latency planner (``edge plan``) compresses one model by hundreds of candidate plans. Every
+    method builds its steps on the model *before any replacement* (phase 2 above), so a step built
+    once is the same step in any plan that holds it, and a method's statistics of the unmodified
+    model serve every plan: :meth:`built` keeps each separable step's :class:`Built` (keyed by the
+    method, the step's text and what ``prepare`` did), :meth:`memo` a method's statistics. A cache
+    belongs to one source model, calibration set, seed and batch size; :func:`edge.compress.compress`
+    refuses it with any other (``key``).
+    """
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self._built: dict[tuple, Built] = {}
+        self._memo: dict[tuple, Any] = {}
+        self.hits = self.builds = 0
+
+    def bind(self, key: str) -> None:
+        """Tie the cache to the source and calibration ``key`` of its first use; refuse another."""
+        if self.key is None:
+            self.key = key
+        elif self.key != key:
+            raise ValueError(f"a BuildCache made for {self.key} used for {key}: one cache per model and calibration")
+
+    def built(self, key: tuple, make: Callable[[], Built]) -> Built:
+        """A copy of the :class:`Built` kept under ``key``, made by ``make()`` the first time."""
+        if key not in self._built:
+            self._built[key] = make()
+            self.builds += 1
+        else:
+            self.hits += 1
+        return copy.deepcopy(self._built[key])
+
+    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """The value kept under ``key`` (shared, not copied: treat it as read-only), made once."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+
 @dataclass
 class BuildContext:
     """What a method's ``build`` sees: the unmodified model, its data and the blocks others remove."""
@@ -71,6 +116,14 @@ class BuildContext:
     batch_size: int
     removed: set[int] = field(default_factory=set)            # blocks replaced by methods built earlier
     prepared: dict[str, dict] = field(default_factory=dict)   # method name -> what its prepare did
+    cache: BuildCache | None = None                           # kept across plans of this model (edge plan)
+
+    def statistics(self, name: str, every: Callable[[], Any], some: Callable[[], Any]) -> Any:
+        """A method's statistics: ``every()`` (of every block, once per cache) when plans share a cache,
+        else ``some()`` (of the blocks this plan needs)."""
+        if self.cache is None:
+            return some()
+        return self.cache.memo((name, prepared_key(self.prepared)), every)
 
 
 @dataclass
@@ -169,6 +222,27 @@ class Method:
         """Step entries (``{method, step, options, record}``) from a format-1 manifest's own keys."""
         return []
 
+    def separable(self, step: Step) -> bool:
+        """Whether ``step`` builds the same alone as beside this method's other steps (then a
+        :class:`BuildCache` keeps it by itself and :meth:`merge` joins the pieces)."""
+        return step.is_resolved
+
+    def merge(self, built: list[Built]) -> Built:
+        """One :class:`Built` of several steps built one by one (modules and fit records are dicts)."""
+        merged = Built(())
+        for part in built:
+            merged.steps += tuple(part.steps)
+            merged.modules = {**(merged.modules or {}), **(part.modules or {})}
+            merged.fit = _merge_dicts(merged.fit, part.fit)
+            merged.planner += part.planner
+            merged.removed |= part.removed
+            merged.manifest.update(part.manifest)
+        return merged
+
+    def search_space(self, info: ModelInfo) -> SearchSpace | None:
+        """How ``edge plan`` walks this method on a model of ``info`` (None: the planner leaves it out)."""
+        return None
+
     def training_phase(self, student: nn.Module, teacher: nn.Module, config,
                        steps: tuple[dict, ...] = ()) -> TrainingPhase | None:
         """The phase this method's modules in ``student`` train through when ``config`` asks for one, else None.
@@ -182,6 +256,19 @@ class Method:
 
     def is_applied(self, model: nn.Module) -> bool:
         return any(isinstance(m, self.module_types) for m in model.modules()) if self.module_types else False
+
+
+def prepared_key(prepared: dict[str, dict]) -> str:
+    """What the methods' ``prepare`` did to the model, as a cache key (a method that did nothing returns {})."""
+    return json.dumps({name: record for name, record in prepared.items() if record}, sort_keys=True, default=str)
+
+
+def _merge_dicts(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for key, value in b.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge_dicts(out[key], value) if both else value
+    return out
 
 
 def format_options(options: dict) -> str:

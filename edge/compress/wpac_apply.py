@@ -151,8 +151,13 @@ def _kept_share(values: torch.Tensor | None, width: int) -> list[float] | None:
 
 
 def build_wpac(model: nn.Module, steps: tuple[WpacStep, ...], images, spec: InputSpec, *,
-               batch_size: int = 64) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
-    """The modules of every block the steps touch, and what was measured to decide them (for the manifest)."""
+               batch_size: int = 64, statistics: dict[int, BlockStatistics] | None = None
+               ) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
+    """The modules of every block the steps touch, and what was measured to decide them (for the manifest).
+
+    ``statistics``: every block's statistics measured before on these ``images`` (edge plan's cache),
+    else those of the blocks the steps need are measured here.
+    """
     place = positions(model)
     num_blocks = model_info(model).num_blocks
     targets: dict[int, WpacStep] = {}
@@ -165,8 +170,11 @@ def build_wpac(model: nn.Module, steps: tuple[WpacStep, ...], images, spec: Inpu
             targets[block] = step
     planned = {b: widths(s, model.blocks[place[b]].attn, model.blocks[place[b]].mlp, b) for b, s in targets.items()}
     measured = sorted(b for b, s in targets.items() if s.option("criterion") in DATA_CRITERIA)
-    stats = collect_statistics(model, {b: place[b] for b in measured}, images, spec,
-                               batch_size=batch_size) if measured else {}
+    if statistics is not None and measured:
+        stats = {b: statistics[b] for b in measured}
+    else:
+        stats = collect_statistics(model, {b: place[b] for b in measured}, images, spec,
+                                   batch_size=batch_size) if measured else {}
     modules, report = {}, {}
     for block, step in sorted(targets.items()):
         attn, mlp = model.blocks[place[block]].attn, model.blocks[place[block]].mlp

@@ -22,7 +22,7 @@ from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError
 
 __all__ = ["FMNIST_CLASSES", "FMNIST_MEAN", "FMNIST_STD", "ArrayPreprocess", "InputSpec",
-           "LabeledImages", "balanced_indices", "calibration_set", "load_dataset"]
+           "LabeledImages", "balanced_indices", "calibration_set", "holdout_set", "load_dataset"]
 
 NAMED = ("fmnist", "fmnist-mini")
 
@@ -55,3 +55,21 @@ def calibration_set(spec: str, n: int, seed: int = 0, split: str = "train") -> L
     """The seeded, class-balanced calibration samples every compression method uses."""
     data = load_dataset(spec, split)
     return data.subset(balanced_indices(data.labels, n, seed, data.num_classes), f"{data.name}:calib{n}@{seed}")
+
+
+def holdout_set(spec: str, n: int, seed: int = 0, calibration: int = 0, split: str = "train"):
+    """``n`` seeded, class-balanced samples of ``split`` that are not among ``calibration_set(spec,
+    calibration, seed)``: what a choice fitted on the calibration samples is scored on."""
+    import torch
+
+    data = load_dataset(spec, split)
+    taken = torch.zeros(len(data.labels), dtype=torch.bool)
+    if calibration:
+        taken[balanced_indices(data.labels, calibration, seed, data.num_classes)] = True
+    free = torch.nonzero(~taken).flatten()
+    if n > len(free):
+        raise EdgeError(f"{n} held-out samples asked for, but {spec} {split} holds {len(free)} beside the "
+                        f"{calibration} calibration samples", expected=f"N <= {len(free)}",
+                        fix="lower the held-out or calibration sample count, or use a larger data set")
+    picked = free[balanced_indices(data.labels[free], n, seed + 1, data.num_classes)]
+    return data.subset(picked, f"{data.name}:holdout{n}@{seed}")

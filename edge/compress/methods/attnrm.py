@@ -40,6 +40,7 @@ from edge.compress.attnrm_apply import (
 )
 from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
 from edge.compress.registry import method_of, methods, register_method
+from edge.compress.search import BlockSetSearch
 from edge.errors import EdgeError
 
 USAGE = "attnrm:blocks=0+1+3 or attnrm:auto=K (select=nose|first|random, seed=S for random)"
@@ -136,10 +137,17 @@ class AttentionRemoval(Method):
 
     def prepare(self, model: nn.Module, steps: tuple, plan) -> dict:
         """Note the blocks whose attention steps of methods after this one replace (``attnrm:auto`` skips them)."""
+        if all(s.is_resolved for s in steps):
+            return {}      # nothing to choose (and the record stays the same whatever else the plan holds)
         later = [m for m in methods() if m.order > self.order]
         claimed = sorted({b for s in plan.steps if s.is_resolved and method_of(s) in later
                           for b in getattr(s, "touched_blocks", getattr(s, "blocks", ()))})
         return {"claimed_by_later_steps": claimed}
+
+    def search_space(self, info) -> BlockSetSearch:
+        return BlockSetSearch(self.name, info.num_blocks,
+                              "attnrm:blocks={blocks}:init=affine",
+                              "attention removed (affine map in its place)")
 
     def build(self, steps: tuple, context: BuildContext) -> Built:
         model = context.model

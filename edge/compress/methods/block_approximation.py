@@ -24,6 +24,7 @@ from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_c
 from edge.compress.plan import parse_plan
 from edge.compress.planner import plan_auto
 from edge.compress.registry import register_method
+from edge.compress.search import Move
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.progress import log
@@ -96,6 +97,9 @@ class BlockApproximation(Method):
                 raise EdgeError(f"plan step {step} asks for {step.count} blocks, {budget} are left to replace",
                                 expected=f"K <= {budget}", fix=f"ask for at most {budget} blocks")
 
+    def search_space(self, info) -> SpanSearch:
+        return SpanSearch(self.name, info.num_blocks)
+
     def build(self, steps: tuple, context: BuildContext) -> Built:
         spans = tuple(s for s in steps if isinstance(s, SpanStep))
         auto = next((s for s in steps if isinstance(s, AutoStep)), None)
@@ -106,8 +110,11 @@ class BlockApproximation(Method):
         modules, fit = {}, {}
         if spans:
             # The chosen (or given) spans are fitted on all calibration samples.
-            moments = collect_block_moments(model, calibration, context.spec, batch_size=context.batch_size,
-                                            desc="fit statistics")
+            def collect():
+                return collect_block_moments(model, calibration, context.spec, batch_size=context.batch_size,
+                                             desc="fit statistics")
+
+            moments = context.statistics(self.name, every=collect, some=collect)
             modules, fit = fit_spans(model, spans, moments, calibration, context.spec, context.seed)
         return Built(spans, modules, fit, table, {b for s in spans for b in s.blocks})
 
@@ -149,6 +156,30 @@ class BlockApproximation(Method):
         steps = {s.blocks: s for s in parse_plan(manifest["plan"]).steps_of(self)}
         return [{"method": self.name, "step": str(steps[tuple(r["replaced"])]),
                  "options": dict(steps[tuple(r["replaced"])].options), "record": r} for r in manifest["spans"]]
+
+
+class SpanSearch:
+    """``edge plan``'s walk: one block more replaced at a time; each run of adjacent blocks a..c is one
+    closed-form linear map ``linear:(a-1)-c`` (the planner joins neighbours into one span)."""
+
+    def __init__(self, method: str, num_blocks: int) -> None:
+        self.method, self.num_blocks = method, num_blocks
+
+    def initial(self) -> frozenset[int]:
+        return frozenset()
+
+    def moves(self, state) -> list[Move]:
+        return [Move(f"remove:{b}", f"block {b}: replaced by a linear map", frozenset(state | {b}))
+                for b in range(self.num_blocks) if b not in state]
+
+    def steps(self, state) -> str:
+        runs: list[list[int]] = []
+        for block in sorted(state):
+            if runs and block == runs[-1][-1] + 1:
+                runs[-1].append(block)
+            else:
+                runs.append([block])
+        return ",".join(f"linear:{run[0] - 1}-{run[-1]}" for run in runs)
 
 
 register_method(BlockApproximation())

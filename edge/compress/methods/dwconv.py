@@ -28,6 +28,7 @@ from edge.compress.dwconv_apply import build_dwconv, dwconv_records, place_dwcon
 from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.registry import register_method
+from edge.compress.search import BlockSetSearch
 from edge.errors import EdgeError
 
 USAGE = "dwconv:blocks=2+5+7, dwconv:auto=K, dwconv:heads=auto=K or dwconv:heads=2.0+5.3 (block.head)"
@@ -119,12 +120,17 @@ class DepthwiseConvolution(Method):
             raise EdgeError(f"plan {plan} drops the prefix tokens in some dwconv steps only",
                             expected="prefix=drop on every dwconv step or on none (it removes [CLS] from the model)")
         if modes != {True} or not model.num_prefix_tokens:
-            return {"prefix_dropped": False}
+            return {}      # the model is unchanged
         if len(plan.steps) > len(steps):
             raise EdgeError(f"plan {plan} combines prefix=drop with block spans",
                             expected="prefix=drop only in plans of dwconv steps", fix="use prefix=mean")
         drop_prefix_tokens(model)
         return {"prefix_dropped": True}
+
+    def search_space(self, info) -> BlockSetSearch:
+        return BlockSetSearch(self.name, info.num_blocks,
+                              "dwconv:blocks={blocks}",
+                              "attention -> 3x3 depthwise convolution over V")
 
     def build(self, steps: tuple, context: BuildContext) -> Built:
         resolved, modules, stats = build_dwconv(context.model, steps, context.calibration, context.spec,

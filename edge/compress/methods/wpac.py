@@ -22,8 +22,18 @@ from torch import nn
 
 from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
 from edge.compress.registry import register_method
+from edge.compress.search import Move
 from edge.compress.width import CRITERIA, DEFAULTS, OPTION_TYPES, PARTS, USAGE, WPAC, NarrowAttention, WpacStep
-from edge.compress.wpac_apply import build_wpac, cut_by_macs, place_wpac, restore_wpac, step_blocks, wpac_records
+from edge.compress.wpac import collect_statistics
+from edge.compress.wpac_apply import (
+    build_wpac,
+    cut_by_macs,
+    place_wpac,
+    positions,
+    restore_wpac,
+    step_blocks,
+    wpac_records,
+)
 from edge.errors import EdgeError
 
 
@@ -150,9 +160,22 @@ class WidthCompression(Method):
         for block, step in mine.items():
             check.attention[block] = step
 
+    def separable(self, step) -> bool:
+        return step.macs is None and step.latency_ms is None   # a macs= cut ranks every block together
+
+    def search_space(self, info) -> WidthSearch:
+        return WidthSearch(self.name, info.num_blocks)
+
     def build(self, steps: tuple, context: BuildContext) -> Built:
-        modules, report = build_wpac(context.model, steps, context.calibration, context.spec,
-                                     batch_size=context.batch_size)
+        model = context.model
+        statistics = None
+        if context.cache is not None:   # edge plan: every block's statistics once, for every plan of the search
+            statistics = context.statistics(
+                self.name, some=lambda: None,
+                every=lambda: collect_statistics(model, positions(model), context.calibration, context.spec,
+                                                 batch_size=context.batch_size))
+        modules, report = build_wpac(model, steps, context.calibration, context.spec,
+                                     batch_size=context.batch_size, statistics=statistics)
         ranked = next((s for s in steps if s.macs is not None), None)
         if ranked is None:
             return Built(tuple(steps), modules, {WPAC: report})
@@ -179,6 +202,48 @@ class WidthCompression(Method):
 
         options = dict(steps[0].get("options", {})) if steps else {}
         return piad_phase(student, config, {k: options.get(k, DEFAULTS[k]) for k in ("align", "mlp_align")})
+
+
+class WidthSearch:
+    """``edge plan``'s walk: one block's attention (Q/K and V dims together) or MLP narrower by a level, or to the last.
+
+    The state holds each block's (attention level, MLP level), indices into :attr:`LEVELS`; blocks
+    of equal widths share one ``wpac:qk=F:v=F:mlp=F:blocks=...`` step.
+    """
+
+    LEVELS = (1.0, 0.75, 0.5, 0.25)
+
+    def __init__(self, method: str, num_blocks: int) -> None:
+        self.method, self.num_blocks = method, num_blocks
+
+    def initial(self) -> tuple[tuple[int, int], ...]:
+        return ((0, 0),) * self.num_blocks
+
+    def moves(self, state) -> list[Move]:
+        out = []
+        for block, (attn, mlp) in enumerate(state):
+            for level in self._deeper(attn):
+                after = state[:block] + ((level, mlp),) + state[block + 1:]
+                out.append(Move(f"wpac-attn:{block}:{level}", f"block {block}: head dims kept "
+                                f"{self.LEVELS[attn]:g} -> {self.LEVELS[level]:g}", after))
+            for level in self._deeper(mlp):
+                after = state[:block] + ((attn, level),) + state[block + 1:]
+                out.append(Move(f"wpac-mlp:{block}:{level}", f"block {block}: MLP width kept "
+                                f"{self.LEVELS[mlp]:g} -> {self.LEVELS[level]:g}", after))
+        return out
+
+    def _deeper(self, level: int) -> list[int]:
+        """The next level and the last (the two ends of what one move may narrow)."""
+        last = len(self.LEVELS) - 1
+        return sorted({min(level + 1, last), last} - {level})
+
+    def steps(self, state) -> str:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for block, levels in enumerate(state):
+            if levels != (0, 0):
+                groups.setdefault(levels, []).append(block)
+        return ",".join(f"wpac:qk={self.LEVELS[a]:g}:v={self.LEVELS[a]:g}:mlp={self.LEVELS[m]:g}:"
+                        f"blocks={'+'.join(map(str, blocks))}" for (a, m), blocks in sorted(groups.items()))
 
 
 register_method(WidthCompression())

@@ -103,7 +103,7 @@ def test_reference_model_meets_the_accuracy_target(full_eval):
     assert full_eval["accuracy"] >= ACCEPTANCE_TARGET
 
 
-SIZED_COMMANDS = {"models", "analyze", "compress", "eval", "export", "profile", "verify"}
+SIZED_COMMANDS = {"models", "analyze", "compress", "plan", "eval", "export", "profile", "verify"}
 
 
 def test_every_img_size_option_takes_hxw():

@@ -20,7 +20,7 @@ from edge.cli import COMMANDS, build_parser, main
 from edge.cli.common import shows_default, states_default
 from edge.cli.options import Number, PathKind
 from tests.edge.cli.test_json import tiny_idx
-from tests.edge.cli.test_options import Place, valid_value, value_actions, verb_parsers
+from tests.edge.cli.test_options import Place, group_choices, valid_value, value_actions, verb_parsers
 
 
 def expanded_help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -35,7 +35,7 @@ def parsed_defaults(verb: str, parser: argparse.ArgumentParser, place: Place) ->
             argv.append(valid_value(action, place))
         elif action.required:
             argv += [action.option_strings[0], valid_value(action, place)]
-    return parser.parse_args(argv[1:])
+    return parser.parse_args(argv[1:] + group_choices(parser, place))
 
 
 def test_every_default_is_shown_once_and_as_it_is(tmp_path):
@@ -75,7 +75,7 @@ def test_every_default_is_shown_once_and_as_it_is(tmp_path):
 
 #: The order the slow test runs the verbs' examples in: an example reads what an earlier one wrote.
 ORDER = ("info", "models", "train", "export", "compress", "finetune", "analyze", "eval", "clean", "verify",
-         "quantize", "build", "profile", "pipeline", "bundle", "deploy")
+         "quantize", "build", "profile", "plan", "pipeline", "bundle", "deploy")
 
 
 def examples() -> list[tuple[str, list[str]]]:
@@ -106,12 +106,14 @@ def test_every_help_example_parses(monkeypatch):
 #: What the slow test changes to run the examples on small data (each value of these options).
 SMALL = {"--samples": "10", "--iterations": "5", "--duration": "0.2", "--max-steps": "1"}
 #: Verbs whose examples get `--data` (a 20-image IDX folder cut from fmnist-mini) where they name none.
-DATA_VERBS = ("train", "finetune", "analyze", "compress", "eval", "export", "verify")
+DATA_VERBS = ("train", "finetune", "analyze", "compress", "eval", "export", "verify", "plan")
 #: Examples that cannot run here, and why.
 NOT_HERE = {
     "build": "needs TensorRT (only the --trtexec one runs: it prints the trtexec command)",
     "deploy": "needs a Jetson over SSH (tests/edge/deploy runs deploy against a local sshd)",
     "eval timm:deit_small_patch16_224": "needs the user's weights file and image folder",
+    "plan --budget-ms": "needs a table measured on a Jetson (tests/edge/plan checks a device "
+                        "table's target is accepted and another target's refused)",
 }
 #: Inputs examples name that no earlier example writes: made first.
 SETUP = [["compress", "fmnist-deit-tiny", "--plan", "linear:9-10", "--out", "runs/linear-9-10", "--data",
@@ -140,6 +142,9 @@ def small(verb: str, argv: list[str], data: str, recipe: str) -> list[str]:
         out += (["--max-steps", "1"] if "--max-steps" not in out else []) + ["--batch-size", "20"]
     if verb == "profile":
         out += ["--warmup", "2"]
+    if verb == "plan":
+        out += ["--samples", "10", "--holdout", "10", "--iterations", "5"] + (
+            ["--finetune-max-steps", "1"] if "--finetune" in out else [])
     return out
 
 
@@ -148,6 +153,8 @@ def reason_not_here(verb: str, argv: list[str]) -> str | None:
         return NOT_HERE["build"]
     if verb == "deploy":
         return NOT_HERE["deploy"]
+    if verb == "plan" and "--budget-ms" in argv:
+        return NOT_HERE["plan --budget-ms"]
     key = " ".join(argv[:2])
     return NOT_HERE.get(key)
 

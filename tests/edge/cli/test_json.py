@@ -18,6 +18,7 @@ import pytest
 from edge.cli import main
 
 PER_CLASS = {"train": 4, "t10k": 2}
+TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=64,num_heads=2"
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:
@@ -45,6 +46,17 @@ def work(tmp_path_factory):
     data = tiny_idx(root / "tiny")
     assert main(["export", "fmnist-deit-tiny", "--out", str(root / "ref.onnx")]) == 0
     return root, data
+
+
+def estimated_table(path: Path) -> Path:
+    """The Orin Nano estimator's table of every part a plan on TINY can make (nothing timed: fast)."""
+    from edge.latency.grid import GridConfig, grid_parts
+    from edge.latency.orin import estimate_table
+    from edge.models import create_model
+
+    if not path.exists():
+        estimate_table(grid_parts(create_model(TINY), GridConfig("full")), "MAXN_SUPER").save(path)
+    return path
 
 
 def run_json(argv: list[str], capfd, code: int = 0) -> dict:
@@ -76,13 +88,15 @@ def argv_of(case: str, root: Path, data: Path) -> list[str]:
         "build": ["build", onnx, "--out", str(root / "ref.engine"), "--trtexec"],
         "profile": ["profile", onnx, "--warmup", "1", "--iterations", "5"],
         "bundle": ["bundle", onnx, "--precision", "fp32", "--out", str(root / "bundle")],
+        "plan": ["plan", TINY, "--budget", "0.8x", "--data", d, "--samples", "10", "--holdout", "10",
+                 "--table", str(estimated_table(root / "orin.json")), "--out", str(root / "plan")],
     }[case]
 
 
 # in this order: finetune needs compress's artifact
 CASES = ["info", "models", "train", "eval", "analyze", "compress", "finetune", "export", "clean", "verify",
          "quantize-fp16", "quantize-int8-minmax", "quantize-int8-entropy", "quantize-int8-percentile", "build",
-         "profile", "bundle"]
+         "profile", "bundle", "plan"]
 
 
 # CI time: percentile prints through the same ONNX Runtime calibrator code as entropy (run by default)

@@ -160,6 +160,17 @@ def case_argv(verb: str, parser: argparse.ArgumentParser, place: Place, target: 
             argv.append(valid_value(action, place))
         elif action.required:
             argv += [action.option_strings[0], valid_value(action, place)]
+    return argv + group_choices(parser, place, skip=target)
+
+
+def group_choices(parser: argparse.ArgumentParser, place: Place, skip: argparse.Action | None = None) -> list[str]:
+    """A valid value for the first option of each required group of exclusive options (``edge plan --budget``),
+    unless ``skip`` is in the group (then the case gives it)."""
+    argv = []
+    for group in parser._mutually_exclusive_groups:
+        if group.required and skip not in group._group_actions:
+            first = group._group_actions[0]
+            argv += [first.option_strings[0], valid_value(first, place)]
     return argv
 
 

@@ -1,0 +1,111 @@
+"""``edge plan``'s record for a reader: ``plan.md`` and the Pareto plot ``pareto.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _speed(original_ms: float, ms: float) -> str:
+    return f"{original_ms / ms:.2f}x" if ms > 0 else "-"
+
+
+def markdown(record: dict) -> str:
+    result = record["result"]
+    chosen, original = result["chosen"], result["original"]
+    base = original["predicted_ms"]
+    target = record["target"]
+    lines = [
+        f"# edge plan: {record['model'].get('model')} within {record['budget_ms']:.4g} ms",
+        "",
+        f"Target: {target['backend']} on {target['device']}, {target['precision']}, batch {target['batch']}"
+        + (f", {target['threads']} threads" if target.get("threads") else "")
+        + (f", power mode {target['power_mode']}" if target.get("power_mode") else "")
+        + f"; latency table `{record['table']}`.",
+        f"Budget: {record['budget_ms']:.4g} ms"
+        + (f" ({record['budget']:g}x of the original's predicted {base:.4g} ms)" if record.get("budget") else "")
+        + ".",
+        "",
+        f"**Chosen plan**: `{chosen['plan']}`",
+        "",
+        f"- predicted {chosen['predicted_ms']:.4g} ms ({_speed(base, chosen['predicted_ms'])} of the original's "
+        f"{base:.4g} ms)",
+        f"- held-out fidelity to the original ({result['holdout']['samples']} training images not used for "
+        f"fitting): KL {chosen['kl']:.4g}, top-1 agreement {chosen['agreement']:.4f}",
+        f"- {len(result['rounds'])} rounds, {len(result['points'])} plans measured, {result['builds']} steps fitted, "
+        f"{result['seconds']:.0f} s; methods: {', '.join(result['methods'])}",
+        "",
+    ]
+    timed = record.get("timed")
+    if timed:
+        lines += [
+            "## Measured whole (ONNX Runtime here, side by side)",
+            "",
+            f"Original {timed['original_ms']:.4g} ms (median); A/A copy / original {timed['aa_ratio']:.3f}.",
+            "",
+            "| plan | predicted ms | measured ms | speedup measured | speedup predicted | prediction error | KL |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in timed["plans"]:
+            lines.append(f"| `{row['plan']}` | {row['predicted_ms']:.4g} | {row['measured_ms']:.4g} | "
+                         f"{row['speedup']:.3f}x | {row['predicted_speedup']:.3f}x | "
+                         f"{100 * row['prediction_error']:+.1f} % | {row['kl']:.4g} |")
+        lines.append("")
+    tuned = record.get("finetune")
+    if tuned:
+        lines += [
+            "## Distilled",
+            "",
+            f"{tuned['epochs']} epoch(s), {tuned['steps']} steps: accuracy on {tuned['original']['data']} "
+            f"({tuned['original']['images']} images) {tuned['before']['accuracy']:.4f} before, "
+            f"**{tuned['after']['accuracy']:.4f}** after; the original {tuned['original']['accuracy']:.4f} "
+            f"(drop {tuned['drop_pt']:.2f} pt).",
+            "",
+        ]
+    lines += ["## Rounds", "", "| round | move | method | predicted ms | KL | agreement | why |",
+              "|---|---|---|---|---|---|---|"]
+    for r in result["rounds"]:
+        lines.append(f"| {r['round']} | {r['label']} | {r['method']} | {r['predicted_ms']:.4g} | {r['kl']:.4g} | "
+                     f"{r['agreement']:.4f} | {r['why']} |")
+    lines += ["", "## Pareto front of the measured plans", "", "| plan | predicted ms | speedup | KL | agreement |",
+              "|---|---|---|---|---|"]
+    for p in result["front"]:
+        lines.append(f"| `{p['plan'] or '(original)'}` | {p['predicted_ms']:.4g} | {_speed(base, p['predicted_ms'])} | "
+                     f"{p['kl']:.4g} | {p['agreement']:.4f} |")
+    lines += ["", f"Hardware: {record['hardware'].get('cpu', '')}; versions: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(record["versions"].items())), ""]
+    return "\n".join(lines)
+
+
+def plot(record: dict, out: Path) -> None:
+    """KL against latency: every measured plan, the front, the chosen plan, the timed plans as measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = record["result"]
+    floor = 1e-6   # KL is 0 for the original: shown at the floor of the log axis
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    points = result["points"]
+    ax.scatter([p["predicted_ms"] for p in points], [max(p["kl"], floor) for p in points], s=8, c="0.75",
+               label=f"measured plans ({len(points)}), predicted latency")
+    front = result["front"]
+    ax.plot([p["predicted_ms"] for p in front], [max(p["kl"], floor) for p in front], "-o", c="tab:blue", ms=3,
+            label="Pareto front")
+    timed = record.get("timed")
+    if timed:
+        ax.scatter([r["measured_ms"] for r in timed["plans"]], [max(r["kl"], floor) for r in timed["plans"]],
+                   marker="s", facecolors="none", edgecolors="tab:green", label="timed whole (measured latency)")
+        ax.axvline(timed["original_ms"], c="tab:green", ls=":", lw=1, label="original, measured")
+    chosen = result["chosen"]
+    ax.scatter([chosen["predicted_ms"]], [max(chosen["kl"], floor)], marker="*", s=160, c="tab:red", zorder=5,
+               label="chosen")
+    ax.axvline(record["budget_ms"], c="tab:red", ls="--", lw=1, label="budget")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"latency, ms ({record['target']['backend']}, batch {record['target']['batch']})")
+    ax.set_ylabel("KL to the original (held-out)")
+    ax.set_title(f"edge plan: {record['model'].get('model')}")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
