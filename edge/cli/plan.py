@@ -59,6 +59,8 @@ def register(subparsers) -> None:
     add_field(parser, "--iterations", PlanJobConfig, help="timed calls per graph (table measured here, whole models)")
     add_field(parser, "--measure", PlanJobConfig, help="Pareto-front plans exported and timed whole beside the "
               "original (the chosen one first; 0: none)")
+    add_field(parser, "--correct", PlanJobConfig, help="times the budget is tightened when the chosen plan, timed "
+              "whole here, misses it (by how optimistic its prediction was; ONNX Runtime here only)")
     add_field(parser, "--finetune", PlanJobConfig, help="then distil the chosen plan for N epochs of --data "
               "(`edge finetune`'s recipe) and report its test accuracy (default: none)")
     add_field(parser, "--finetune-max-steps", PlanJobConfig, help="stop the distillation after N steps (a "
@@ -89,6 +91,7 @@ def run(args) -> int:
     target = TargetConfig(table=args.table, backend=args.backend, device=args.device, precision=args.precision,
                           batch=args.batch, threads=args.threads)
     config = PlanJobConfig(search=search, target=target, iterations=args.iterations, measure=args.measure,
+                           correct=args.correct,
                            finetune=args.finetune, finetune_max_steps=args.finetune_max_steps,
                            train_threads=args.train_threads)
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)

@@ -50,6 +50,15 @@ def markdown(record: dict) -> str:
                          f"{row['speedup']:.3f}x | {row['predicted_speedup']:.3f}x | "
                          f"{100 * row['prediction_error']:+.1f} % | {row['kl']:.4g} |")
         lines.append("")
+    if len(record.get("corrections") or []) > 1:
+        lines += ["## Budget corrected by whole-model timing", "",
+                  "The chosen plan, timed whole beside the original, missed the budget; the search walked on to a "
+                  "tighter predicted budget (by how optimistic the prediction was).", "",
+                  "| searched budget ms | plan | predicted | measured | A/A | met |", "|---|---|---|---|---|---|"]
+        for c in record["corrections"]:
+            lines.append(f"| {c['budget_ms']:.4g} | `{c['plan']}` | {c['predicted_speedup']:.3f}x | "
+                         f"{c['measured_speedup']:.3f}x | {c['aa_ratio']:.3f} | {'yes' if c['met'] else 'no'} |")
+        lines.append("")
     tuned = record.get("finetune")
     if tuned:
         lines += [

@@ -191,36 +191,63 @@ def _cost(now: Point, after: Point) -> float:
     return (after.kl - now.kl) / saved if saved > 0 else math.inf
 
 
-def search(model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable,
-           progress: Callable[[str], None] | None = None) -> SearchResult:
-    """The plan of ``model`` within the budget that keeps the most fidelity (module docstring)."""
-    config.check()
-    start = time.perf_counter()
-    say = progress or (lambda message: None)
-    planner = Planner(model, source, config, table, progress)
-    spaces = [s for s in (m.search_space(planner.info) for m in methods()) if s is not None]
-    states: dict[str, object] = {s.method: s.initial() for s in spaces}
-    original = planner.measure("")
-    assert original is not None
-    budget_ms = config.budget_ms if config.budget_ms is not None else config.budget * original.predicted_ms
-    say(f"budget {budget_ms:.4g} ms ({budget_ms / original.predicted_ms:.3f}x of the original's predicted "
-        f"{original.predicted_ms:.4g} ms on {table.target.describe()})")
-    fastest_text = f"linear:-1-{planner.info.num_blocks - 1}"    # every block one map: a floor no plan goes under
-    fastest = planner.measure(fastest_text)
-    if fastest is not None and fastest.predicted_ms > budget_ms:
-        raise EdgeError(f"no plan reaches {budget_ms:.4g} ms ({budget_ms / original.predicted_ms:.3f}x)",
-                        expected=f"a budget above {fastest.predicted_ms:.4g} ms "
-                                 f"({fastest.predicted_ms / original.predicted_ms:.3f}x), the prediction of the "
-                                 f"fastest plan there is ({fastest_text}: every block replaced by one map)",
-                        fix="raise the budget")
-    now, last_cost, rounds = original, {}, []
-    while now.predicted_ms > budget_ms:
-        index = len(rounds)
-        moves = [(space, move) for space in spaces for move in space.moves(states[space.method])]
-        everything = index == 0 or (config.refresh and index % config.refresh == 0)
-        rows = []
+class Search:
+    """The greedy walk of one model (module docstring); :meth:`run_to` walks on to a budget, again and again
+    (``edge plan`` tightens the budget when the chosen plan, timed whole, misses it)."""
 
-        def measure(space: SearchSpace, move: Move, now: Point = now, rows: list = rows) -> None:
+    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.start = time.perf_counter()
+        self.config, self.table = config, table
+        self.say = progress or (lambda message: None)
+        self.planner = Planner(model, source, config, table, progress)
+        self.spaces = [s for s in (m.search_space(self.planner.info) for m in methods()) if s is not None]
+        self.states: dict[str, object] = {s.method: s.initial() for s in self.spaces}
+        original = self.planner.measure("")
+        assert original is not None
+        self.original = self.now = original
+        self.last_cost: dict[str, float] = {}
+        self.rounds: list[dict] = []
+        fastest_text = f"linear:-1-{self.planner.info.num_blocks - 1}"   # every block one map: a floor
+        self.fastest = self.planner.measure(fastest_text)
+
+    def budget_ms(self) -> float:
+        c = self.config
+        return c.budget_ms if c.budget_ms is not None else c.budget * self.original.predicted_ms
+
+    def _share(self, ms: float) -> str:
+        return f"{ms / self.original.predicted_ms:.3f}x"
+
+    def run_to(self, budget_ms: float) -> Point:
+        """Walk on from the plan so far until its prediction is within ``budget_ms``; the plan reached."""
+        original, fastest = self.original, self.fastest
+        self.say(f"budget {budget_ms:.4g} ms ({self._share(budget_ms)} of the original's predicted "
+                 f"{original.predicted_ms:.4g} ms on {self.table.target.describe()})")
+        if fastest is not None and fastest.predicted_ms > budget_ms:
+            floor = fastest.predicted_ms
+            raise EdgeError(f"no plan reaches {budget_ms:.4g} ms ({self._share(budget_ms)})",
+                            expected=f"a budget above {floor:.4g} ms ({self._share(floor)}), the prediction of the "
+                                     f"fastest plan there is ({fastest.plan}: every block replaced by one map)",
+                            fix="raise the budget")
+        while self.now.predicted_ms > budget_ms:
+            if not self._round():
+                break
+        if self.now.predicted_ms > budget_ms:
+            best = min(self.planner.points.values(), key=lambda p: (p.predicted_ms, p.kl))
+            raise EdgeError(f"no plan found reaches {budget_ms:.4g} ms ({self._share(budget_ms)})",
+                            expected=f"a budget above {best.predicted_ms:.4g} ms, the fastest plan found "
+                                     f"({best.plan}, {self._share(best.predicted_ms)})", fix="raise the budget")
+        return self.now
+
+    def _round(self) -> bool:
+        """One round: measure moves, take the cheapest; False when no move saves anything."""
+        config, planner, spaces, states, last_cost = self.config, self.planner, self.spaces, self.states, self.last_cost
+        index, now = len(self.rounds), self.now
+        moves = [(space, move) for space in spaces for move in space.moves(states[space.method])]
+        everything = index == 0 or bool(config.refresh and index % config.refresh == 0)
+        rows: list = []
+
+        def measure(space: SearchSpace, move: Move) -> None:
             after = planner.measure(_plan_text(spaces, {**states, space.method: move.state}))
             cost = _cost(now, after) if after is not None else math.inf
             last_cost[move.key] = cost
@@ -236,8 +263,7 @@ def search(model: nn.Module, source: dict, config: SearchConfig, table: LatencyT
             stale = sorted((m for m in moves if m[1].key in last_cost and last_cost[m[1].key] < math.inf),
                            key=lambda m: (last_cost[m[1].key], m[1].key))
             for done, (space, move) in enumerate(stale):
-                bound = last_cost[move.key]
-                if done >= config.shortlist or (rows and min(r[0] for r in rows) <= bound):
+                if done >= config.shortlist or (rows and min(r[0] for r in rows) <= last_cost[move.key]):
                     break
                 measure(space, move)
         usable = [r for r in rows if r[0] < math.inf]
@@ -246,28 +272,37 @@ def search(model: nn.Module, source: dict, config: SearchConfig, table: LatencyT
                 measure(space, move)
             usable = [r for r in rows if r[0] < math.inf]
         if not usable:
-            break
+            return False
         cost, key, space, move, after = min(usable, key=lambda r: (r[0], r[1]))
         states[space.method] = move.state
-        rounds.append(_round_record(index, len(rows), rows, move, space, now, after, cost))
-        say(f"round {index + 1}: {move.label} ({space.method}) -> {after.predicted_ms:.4g} ms predicted, "
-            f"KL {after.kl:.4g}, agreement {after.agreement:.4f} ({len(rows)} moves measured)")
-        now = after
-    points = sorted(planner.points.values(), key=lambda p: (p.predicted_ms, p.plan))
-    reached = now.predicted_ms <= budget_ms
-    if not reached:
-        best = min(points, key=lambda p: (p.predicted_ms, p.kl))
-        raise EdgeError(f"no plan found reaches {budget_ms:.4g} ms ({budget_ms / original.predicted_ms:.3f}x)",
-                        expected=f"a budget above {best.predicted_ms:.4g} ms, the fastest plan found "
-                                 f"({best.plan}, {best.predicted_ms / original.predicted_ms:.3f}x)",
-                        fix="raise the budget")
-    return SearchResult(
-        chosen=now, original=original, budget_ms=budget_ms, points=points, front=pareto_front(points), rounds=rounds,
-        refused=dict(planner.refused), reached=reached, seconds=round(time.perf_counter() - start, 1),
-        holdout={"data": planner.holdout.name, "samples": len(planner.holdout)},
-        calibration={"data": planner.calibration.name, "samples": len(planner.calibration), "seed": config.seed},
-        builds=planner.cache.builds, spaces=[s.method for s in spaces], cache=planner.cache,
-        compress_config=planner.compress_config, calibration_set=planner.calibration)
+        self.rounds.append(_round_record(index, len(rows), rows, move, space, now, after, cost))
+        self.say(f"round {index + 1}: {move.label} ({space.method}) -> {after.predicted_ms:.4g} ms predicted, "
+                 f"KL {after.kl:.4g}, agreement {after.agreement:.4f} ({len(rows)} moves measured)")
+        self.now = after
+        return True
+
+    def result(self, budget_ms: float) -> SearchResult:
+        planner = self.planner
+        points = sorted(planner.points.values(), key=lambda p: (p.predicted_ms, p.plan))
+        return SearchResult(
+            chosen=self.now, original=self.original, budget_ms=budget_ms, points=points, front=pareto_front(points),
+            rounds=list(self.rounds), refused=dict(planner.refused), reached=self.now.predicted_ms <= budget_ms,
+            seconds=round(time.perf_counter() - self.start, 1),
+            holdout={"data": planner.holdout.name, "samples": len(planner.holdout)},
+            calibration={"data": planner.calibration.name, "samples": len(planner.calibration),
+                         "seed": self.config.seed},
+            builds=planner.cache.builds, spaces=[s.method for s in self.spaces], cache=planner.cache,
+            compress_config=planner.compress_config, calibration_set=planner.calibration)
+
+
+def search(model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
+    """The plan of ``model`` within the budget that keeps the most fidelity (module docstring)."""
+    config.check()
+    walk = Search(model, source, config, table, progress)
+    budget_ms = walk.budget_ms()
+    walk.run_to(budget_ms)
+    return walk.result(budget_ms)
 
 
 def _round_record(index: int, measured: int, rows: list, move: Move, space: SearchSpace, now: Point, after: Point,

@@ -162,3 +162,28 @@ def test_a_table_from_the_device_target_with_its_own_backend_is_used(tiny, table
     asked = TargetConfig(backend=table.target.backend, device=table.target.device, batch=1)
     assert wanted_target(asked, table) == table.target
     assert isinstance(table.target, Target)
+
+
+def test_a_plan_that_misses_the_budget_when_timed_tightens_it_by_how_optimistic_its_prediction_was():
+    from edge.plan.job import _verdict
+
+    timed = {"plans": [{"speedup": 1.6, "predicted_speedup": 2.0, "measured_ms": 5.0, "predicted_ms": 4.0}]}
+    met, factor = _verdict(SearchConfig(budget=0.5), 4.2, timed)
+    assert not met and factor == pytest.approx(1.25)          # walk on to 4.2 / 1.25 ms predicted
+    assert _verdict(SearchConfig(budget=0.625), 5.0, timed)[0]  # 1.6x is enough for 0.625x
+    met, factor = _verdict(SearchConfig(budget_ms=4.5), 4.5, timed)
+    assert not met and factor == pytest.approx(1.25)          # 5.0 ms measured against 4.5 asked
+    assert _verdict(SearchConfig(budget_ms=5.0), 5.0, timed)[0]
+
+
+def test_the_search_walks_on_from_where_it_stopped(tiny, table):
+    from edge.plan.search import Search
+
+    walk = Search(tiny, SOURCE, SearchConfig(budget=0.9, **FAST), table)
+    first = walk.run_to(0.9 * walk.original.predicted_ms)
+    rounds = len(walk.rounds)
+    second = walk.run_to(0.7 * walk.original.predicted_ms)
+    assert second.predicted_ms <= 0.7 * walk.original.predicted_ms < first.predicted_ms
+    assert len(walk.rounds) > rounds and walk.rounds[rounds - 1]["plan"] == first.plan   # the walk went on
+    whole = search(tiny, SOURCE, SearchConfig(budget=0.7, **FAST), table)
+    assert whole.chosen.plan == second.plan                   # the same as walking there at once
