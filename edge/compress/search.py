@@ -8,9 +8,11 @@ it; the methods' own ``validate`` refuses combinations that conflict (a width cu
 span removes), so the planner needs to know nothing of any method.
 
 A move is one small step further: one more block removed, one more attention replaced, one block's
-MLP a level narrower. Its ``label`` says so in words for the planner's record; its ``key`` stays the
-same while the move means the same thing (the planner re-measures moves in the order of their
-last measured cost, so the key is how it knows a move again from round to round).
+MLP a level narrower. A move names the blocks it takes; the other methods *release* them (a block
+removed loses its width cut), so a plan that narrowed every block can still remove one. Its
+``label`` says so in words for the planner's record; its ``key`` stays the same while the move means
+the same thing (the planner re-measures moves in the order of their last measured cost, so the key
+is how it knows a move again from round to round).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Move:
     key: str            # stable identity of the move across rounds, e.g. "dwconv:5"
     label: str          # what it does, in words
     state: Hashable     # the method's state after the move
+    blocks: tuple[int, ...] = ()   # the original blocks it takes (other methods release them: see release)
 
 
 class SearchSpace(Protocol):
@@ -42,6 +45,10 @@ class SearchSpace(Protocol):
         """The plan text of ``state`` (comma-separated steps; empty for the initial state)."""
         ...
 
+    def release(self, state: Hashable, blocks: tuple[int, ...]) -> Hashable:
+        """``state`` without anything on ``blocks`` (another method's move takes them)."""
+        ...
+
 
 @dataclass(frozen=True)
 class BlockSetSearch:
@@ -57,8 +64,11 @@ class BlockSetSearch:
 
     def moves(self, state: Hashable) -> list[Move]:
         chosen = _blocks(state)
-        return [Move(f"{self.method}:{b}", f"block {b}: {self.what}", frozenset(chosen | {b}))
+        return [Move(f"{self.method}:{b}", f"block {b}: {self.what}", frozenset(chosen | {b}), (b,))
                 for b in range(self.num_blocks) if b not in chosen]
+
+    def release(self, state: Hashable, blocks: tuple[int, ...]) -> frozenset[int]:
+        return _blocks(state) - set(blocks)
 
     def steps(self, state: Hashable) -> str:
         chosen = _blocks(state)

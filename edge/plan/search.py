@@ -248,7 +248,7 @@ class Search:
         rows: list = []
 
         def measure(space: SearchSpace, move: Move) -> None:
-            after = planner.measure(_plan_text(spaces, {**states, space.method: move.state}))
+            after = planner.measure(_plan_text(spaces, self._after(space, move)))
             cost = _cost(now, after) if after is not None else math.inf
             last_cost[move.key] = cost
             if after is not None:
@@ -274,12 +274,18 @@ class Search:
         if not usable:
             return False
         cost, key, space, move, after = min(usable, key=lambda r: (r[0], r[1]))
-        states[space.method] = move.state
+        self.states = states = self._after(space, move)
         self.rounds.append(_round_record(index, len(rows), rows, move, space, now, after, cost))
         self.say(f"round {index + 1}: {move.label} ({space.method}) -> {after.predicted_ms:.4g} ms predicted, "
                  f"KL {after.kl:.4g}, agreement {after.agreement:.4f} ({len(rows)} moves measured)")
         self.now = after
         return True
+
+    def _after(self, space: SearchSpace, move: Move) -> dict[str, object]:
+        """Every method's state after ``move``: its own moved, the others releasing the blocks it takes."""
+        return {s.method: move.state if s is space else (s.release(self.states[s.method], move.blocks)
+                                                         if move.blocks else self.states[s.method])
+                for s in self.spaces}
 
     def result(self, budget_ms: float) -> SearchResult:
         planner = self.planner

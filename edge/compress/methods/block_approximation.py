@@ -169,8 +169,11 @@ class SpanSearch:
         return frozenset()
 
     def moves(self, state) -> list[Move]:
-        return [Move(f"remove:{b}", f"block {b}: replaced by a linear map", frozenset(state | {b}))
+        return [Move(f"remove:{b}", f"block {b}: replaced by a linear map", frozenset(state | {b}), (b,))
                 for b in range(self.num_blocks) if b not in state]
+
+    def release(self, state, blocks: tuple[int, ...]) -> frozenset[int]:
+        return state - set(blocks)
 
     def steps(self, state) -> str:
         runs: list[list[int]] = []

@@ -225,12 +225,15 @@ class WidthSearch:
             for level in self._deeper(attn):
                 after = state[:block] + ((level, mlp),) + state[block + 1:]
                 out.append(Move(f"wpac-attn:{block}:{level}", f"block {block}: head dims kept "
-                                f"{self.LEVELS[attn]:g} -> {self.LEVELS[level]:g}", after))
+                                f"{self.LEVELS[attn]:g} -> {self.LEVELS[level]:g}", after, (block,)))
             for level in self._deeper(mlp):
                 after = state[:block] + ((attn, level),) + state[block + 1:]
                 out.append(Move(f"wpac-mlp:{block}:{level}", f"block {block}: MLP width kept "
-                                f"{self.LEVELS[mlp]:g} -> {self.LEVELS[level]:g}", after))
+                                f"{self.LEVELS[mlp]:g} -> {self.LEVELS[level]:g}", after, (block,)))
         return out
+
+    def release(self, state, blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        return tuple((0, 0) if b in blocks else levels for b, levels in enumerate(state))
 
     def _deeper(self, level: int) -> list[int]:
         """The next level and the last (the two ends of what one move may narrow)."""
