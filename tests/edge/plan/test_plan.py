@@ -187,3 +187,25 @@ def test_the_search_walks_on_from_where_it_stopped(tiny, table):
     assert len(walk.rounds) > rounds and walk.rounds[rounds - 1]["plan"] == first.plan   # the walk went on
     whole = search(tiny, SOURCE, SearchConfig(budget=0.7, **FAST), table)
     assert whole.chosen.plan == second.plan                   # the same as walking there at once
+
+
+def test_a_move_takes_its_blocks_from_the_other_methods(tiny):
+    """After every block was narrowed, removing one drops its width cut (no dead end of refused plans)."""
+    from edge.compress.plan import parse_plan
+
+    info = model_info(tiny)
+    width = method_named("wpac").search_space(info)
+    spans = method_named("block-approximation").search_space(info)
+    narrowed = ((1, 2),) * 4
+    remove = next(m for m in spans.moves(spans.initial()) if m.key == "remove:2")
+    assert remove.blocks == (2,)
+    released = width.release(narrowed, remove.blocks)
+    assert released == ((1, 2), (1, 2), (0, 0), (1, 2))
+    text = ",".join([spans.steps(remove.state), width.steps(released)])
+    assert text == "linear:1-2,wpac:qk=0.75:v=0.75:mlp=0.5:blocks=0+1+3"
+    parse_plan(text).validate(info.num_blocks)                  # the methods accept it
+    with pytest.raises(EdgeError, match="narrows block 2"):     # without the release they would not
+        parse_plan(",".join([spans.steps(remove.state), width.steps(narrowed)])).validate(info.num_blocks)
+    dw = method_named("dwconv").search_space(info)
+    assert dw.release(frozenset({1, 2}), (2,)) == frozenset({1})
+    assert spans.release(frozenset({1, 2}), (2,)) == frozenset({1})
