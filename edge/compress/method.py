@@ -118,12 +118,10 @@ class BuildContext:
     prepared: dict[str, dict] = field(default_factory=dict)   # method name -> what its prepare did
     cache: BuildCache | None = None                           # kept across plans of this model (edge plan)
 
-    def statistics(self, name: str, every: Callable[[], Any], some: Callable[[], Any]) -> Any:
-        """A method's statistics: ``every()`` (of every block, once per cache) when plans share a cache,
-        else ``some()`` (of the blocks this plan needs)."""
-        if self.cache is None:
-            return some()
-        return self.cache.memo((name, prepared_key(self.prepared)), every)
+    def memo(self, name: str, make: Callable[[], Any]) -> Any:
+        """``make()`` (a method's statistics of the unmodified model): once for every plan that shares the
+        cache (``edge plan``), else each time."""
+        return make() if self.cache is None else self.cache.memo((name, prepared_key(self.prepared)), make)
 
 
 @dataclass

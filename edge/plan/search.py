@@ -47,8 +47,8 @@ from edge.compress.registry import methods
 from edge.compress.search import Move, SearchSpace
 from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option
 from edge.data import calibration_set, holdout_set
-from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
+from edge.export import real_inputs
 from edge.latency import LatencyTable, predict_model
 from edge.models.info import model_info
 from edge.models.zoo import data_config
@@ -99,7 +99,6 @@ class SearchResult:
     front: list[Point]
     rounds: list[dict]
     refused: dict[str, str]
-    reached: bool
     seconds: float
     holdout: dict
     calibration: dict
@@ -112,7 +111,7 @@ class SearchResult:
 
     def to_json(self) -> dict:
         return {"chosen": self.chosen.to_json(), "original": self.original.to_json(), "budget_ms": self.budget_ms,
-                "reached": self.reached, "rounds": self.rounds, "front": [p.to_json() for p in self.front],
+                "rounds": self.rounds, "front": [p.to_json() for p in self.front],
                 "points": [p.to_json() for p in self.points], "refused": self.refused, "seconds": self.seconds,
                 "holdout": self.holdout, "calibration": self.calibration, "builds": self.builds,
                 "methods": self.spaces}
@@ -128,27 +127,17 @@ def pareto_front(points: list[Point]) -> list[Point]:
     return front
 
 
-def _inputs(images, spec: InputSpec) -> torch.Tensor:
-    if hasattr(images, "preprocess_for"):        # an image folder: timm's eval transform per file
-        preprocess = images.preprocess_for(spec)
-        return torch.stack([preprocess(path) for path in images.paths])
-    return ArrayPreprocess(spec)(images.images)
-
-
 class Planner:
     """Measures plans of one model: compress a copy, score it against the original, predict its latency."""
 
-    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable) -> None:
         self.model, self.source, self.config, self.table = model, source, config, table
-        self.progress = progress or (lambda message: None)
         self.info = model_info(model)
-        spec = InputSpec.from_data_config(data_config(model))
         self.compress_config = CompressConfig(plan="", data=config.data, samples=config.samples, seed=config.seed,
                                               batch_size=config.batch_size)
         self.calibration = calibration_set(config.data, config.samples, config.seed)
         self.holdout = holdout_set(config.data, config.holdout, config.seed, calibration=config.samples)
-        inputs = _inputs(self.holdout, spec)
+        inputs = real_inputs(self.holdout, data_config(model), len(self.holdout))
         model.eval()
         logits, features = outputs(model, inputs, config.batch_size)
         if logits is None:
@@ -165,10 +154,11 @@ class Planner:
             return self.points[text]
         if text in self.refused:
             return None
-        candidate = copy.deepcopy(self.model)
+        candidate = self.model
         if text:
             try:   # the methods refuse what conflicts (validate) or what they cannot build (a width below one unit)
                 plan = parse_plan(text).validate(self.info.num_blocks)
+                candidate = copy.deepcopy(self.model)
                 with torch.no_grad():
                     apply_plan(candidate, plan, self.compress_config, self.calibration, cache=self.cache)
             except EdgeError as e:
@@ -200,7 +190,7 @@ class Search:
         self.start = time.perf_counter()
         self.config, self.table = config, table
         self.say = progress or (lambda message: None)
-        self.planner = Planner(model, source, config, table, progress)
+        self.planner = Planner(model, source, config, table)
         self.spaces = [s for s in (m.search_space(self.planner.info) for m in methods()) if s is not None]
         self.states: dict[str, object] = {s.method: s.initial() for s in self.spaces}
         original = self.planner.measure("")
@@ -274,7 +264,7 @@ class Search:
         if not usable:
             return False
         cost, key, space, move, after = min(usable, key=lambda r: (r[0], r[1]))
-        self.states = states = self._after(space, move)
+        self.states = self._after(space, move)
         self.rounds.append(_round_record(index, len(rows), rows, move, space, now, after, cost))
         self.say(f"round {index + 1}: {move.label} ({space.method}) -> {after.predicted_ms:.4g} ms predicted, "
                  f"KL {after.kl:.4g}, agreement {after.agreement:.4f} ({len(rows)} moves measured)")
@@ -292,7 +282,7 @@ class Search:
         points = sorted(planner.points.values(), key=lambda p: (p.predicted_ms, p.plan))
         return SearchResult(
             chosen=self.now, original=self.original, budget_ms=budget_ms, points=points, front=pareto_front(points),
-            rounds=list(self.rounds), refused=dict(planner.refused), reached=self.now.predicted_ms <= budget_ms,
+            rounds=list(self.rounds), refused=dict(planner.refused),
             seconds=round(time.perf_counter() - self.start, 1),
             holdout={"data": planner.holdout.name, "samples": len(planner.holdout)},
             calibration={"data": planner.calibration.name, "samples": len(planner.calibration),

@@ -110,11 +110,8 @@ class BlockApproximation(Method):
         modules, fit = {}, {}
         if spans:
             # The chosen (or given) spans are fitted on all calibration samples.
-            def collect():
-                return collect_block_moments(model, calibration, context.spec, batch_size=context.batch_size,
-                                             desc="fit statistics")
-
-            moments = context.statistics(self.name, every=collect, some=collect)
+            moments = context.memo(self.name, lambda: collect_block_moments(
+                model, calibration, context.spec, batch_size=context.batch_size, desc="fit statistics"))
             modules, fit = fit_spans(model, spans, moments, calibration, context.spec, context.seed)
         return Built(spans, modules, fit, table, {b for s in spans for b in s.blocks})
 

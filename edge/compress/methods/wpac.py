@@ -170,10 +170,8 @@ class WidthCompression(Method):
         model = context.model
         statistics = None
         if context.cache is not None:   # edge plan: every block's statistics once, for every plan of the search
-            statistics = context.statistics(
-                self.name, some=lambda: None,
-                every=lambda: collect_statistics(model, positions(model), context.calibration, context.spec,
-                                                 batch_size=context.batch_size))
+            statistics = context.memo(self.name, lambda: collect_statistics(
+                model, positions(model), context.calibration, context.spec, batch_size=context.batch_size))
         modules, report = build_wpac(model, steps, context.calibration, context.spec,
                                      batch_size=context.batch_size, statistics=statistics)
         ranked = next((s for s in steps if s.macs is not None), None)
