@@ -107,3 +107,34 @@ def test_tensorrt_path_against_the_fake_device(tmp_path, tiny):
     table = LatencyTable.load(result["tables"][device.host.label])
     assert (table.target.backend, table.target.precision, table.target.threads) == ("tensorrt", "fp16", None)
     assert table.target.device.startswith("NVIDIA Jetson Orin Nano") and table.device_record["sm_count"] == 8
+
+
+def test_the_planner_plans_on_a_table_timed_over_loopback_ssh(server, tiny, tmp_path):
+    """Issue 20: the full grid timed by the device runner over real SSH is a table `edge plan --table` takes:
+    a plan within the budget, predicted from the device's timings, saved restorable; nothing timed here."""
+    from edge.compress import load_artifact
+    from edge.plan import SearchConfig
+    from edge.plan.job import PlanJobConfig, TargetConfig, plan_to_budget
+
+    device = server.devices[0]
+    config = DeployConfig(ssh=server.options(), runner=RunnerOptions(backend="ort"), remote_python=str(server.python))
+    result = deploy_table(tiny, [device.host], config, DeviceTableConfig(grid=GridConfig(grid="full"), threads=1,
+                                                                         protocol=PROTOCOL),
+                          out=tmp_path / "out", source=TINY)
+    path = result["tables"][device.host.label]
+    table = LatencyTable.load(path)
+    search = SearchConfig(budget=0.9, data="fmnist-mini", samples=40, holdout=40, shortlist=3, refresh=3)
+    asked = TargetConfig(table=str(path), backend="onnxruntime", device=table.target.device)
+    record = plan_to_budget(tiny, {"model": TINY}, tmp_path / "plan", PlanJobConfig(search, target=asked))
+    chosen = record["result"]["chosen"]
+    assert record["target"]["backend"] == "onnxruntime" and record["target"]["device"] == table.target.device
+    assert chosen["predicted_ms"] <= record["budget_ms"] == pytest.approx(0.9 * record["result"]["original"]
+                                                                          ["predicted_ms"])
+    assert record["timed"] is None                       # the device's table: its target is not this machine
+    model, manifest = load_artifact(tmp_path / "plan" / "model")
+    assert manifest["plan"] == chosen["plan"]
+    assert predict_model(model, table, table.target).total_ms == pytest.approx(chosen["predicted_ms"])
+    with pytest.raises(EdgeError, match="another target"):  # the same table asked for as another backend
+        plan_to_budget(tiny, {"model": TINY}, tmp_path / "again",
+                       PlanJobConfig(search, target=TargetConfig(table=str(path), backend="tensorrt")))
+    assert not (tmp_path / "again").exists()
