@@ -372,10 +372,8 @@ def markdown(r: dict) -> str:
                       f"has {f['fixed_ms']:.1f} ms that does not shrink with the MACs and {f['slope_ms']:.1f} ms "
                       f"that does (largest residual {f['max_abs_residual_ms']:.1f} ms). With latency linear in the "
                       f"MACs, every sub-network's realisation is the scaling share, **{bound}**, whatever its size: "
-                      f"{100 * f['fixed_share']:.0f} % of the original's time is work that narrower heads and MLPs "
-                      "leave as it was (inferred, not profiled: per-token LayerNorms over the unchanged embedding, "
-                      "softmax over the unchanged heads x tokens^2, residual adds, embedding and head). Width "
-                      "compression alone cannot realise 0.9 here unless that share falls under 10 %."]
+                      f"{100 * f['fixed_share']:.0f} % of the original's time by this fit. ONNX Runtime's profiler "
+                      "splits the time by operator: docs/results/op-shares.md (`python benchmarks/op_shares.py`)."]
     return "\n".join(lines) + "\n"
 
 
