@@ -6,7 +6,7 @@
 Realisation (benchmarks/subnetworks.py) says how much of a MAC cut shows up as time; this says why.
 Every model is exported (static batch) and cleaned as benchmarks/realisation.py does, then run
 ``--iterations`` times in one ONNX Runtime session (CPU, ``--threads`` intra-op threads, after
-``--warmup`` calls) with ONNX Runtime's own profiler on. Each node's kernel time is summed per
+``--warmup`` calls left out) with ONNX Runtime's own profiler on. Each node's kernel time is summed per
 operator type and per call; the table gives the median call's time per type. The models are run
 one after the other, not interleaved: the shares are what this measures, not the speed-ups (those
 come from the side-by-side runs of subnetworks.py). Operators whose work width compression shrinks
@@ -19,6 +19,7 @@ Writes benchmarks/results/op_shares.json and docs/results/op-shares.md.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import provenance, write_results  # noqa: E402
 from realisation import export_clean  # noqa: E402
 
+from edge.compare import ort_session, run_ort  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
 from edge.compress.extract import extract_subnetwork  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402
@@ -42,46 +44,29 @@ from edge.runtime import set_threads  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def profile(path: Path, batch: int, threads: int, warmup: int, iterations: int, seed: int) -> dict:
+def profile(path: Path, threads: int, warmup: int, iterations: int, seed: int) -> dict:
     """Median per-call kernel time (ms) of each operator type, and the median call's wall time."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: np.random.default_rng(seed).standard_normal(
-        session.get_inputs()[0].shape).astype(np.float32)}
-    for _ in range(warmup):
-        session.run(None, feed)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.enable_profiling = True
-    options.profile_file_prefix = str(path.with_suffix(""))
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    for _ in range(warmup):
-        session.run(None, feed)
+    session = ort_session(str(path), threads, profile_prefix=str(path.with_suffix("")))
+    shape = session.get_inputs()[0].shape
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     walls = []
-    for _ in range(iterations):
+    for _ in range(warmup + iterations):
         start = time.perf_counter()
-        session.run(None, feed)
+        run_ort(session, x)
         walls.append((time.perf_counter() - start) * 1e3)
     events = json.loads(Path(session.end_profiling()).read_text())
-    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    per_run: list[dict[str, float]] = [defaultdict(float) for _ in runs]
+    starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    per_run: list[dict[str, float]] = [defaultdict(float) for _ in starts]
     for e in events:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
-            continue
-        start = e["ts"]
-        index = next((i for i, r in enumerate(runs) if r["ts"] <= start <= r["ts"] + r["dur"]), None)
-        if index is not None:
-            per_run[index][e["args"]["op_name"]] += e["dur"] / 1e3
-    measured = per_run[warmup:]            # the profiled warm-up calls are left out
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            run = bisect.bisect_right(starts, e["ts"]) - 1     # the call this kernel ran in
+            if run >= 0:
+                per_run[run][e["args"]["op_name"]] += e["dur"] / 1e3
+    measured = per_run[warmup:]            # the warm-up calls are left out
     types = sorted({t for run in measured for t in run})
     return {"ops_ms": {t: float(np.median([run.get(t, 0.0) for run in measured])) for t in types},
             "kernels_ms": float(np.median([sum(run.values()) for run in measured])),
-            "wall_ms": float(np.median(walls)), "calls": len(measured)}
+            "wall_ms": float(np.median(walls[warmup:])), "calls": len(measured)}
 
 
 def main() -> None:
@@ -114,7 +99,7 @@ def main() -> None:
         for name, (model, flops) in variants.items():
             path, graph = export_clean(model, name.replace(" ", "_").replace("%", "pc"), None, args.batch, Path(tmp),
                                        args.model)
-            result = profile(path, args.batch, args.threads, args.warmup, args.iterations, args.seed)
+            result = profile(path, args.threads, args.warmup, args.iterations, args.seed)
             log(f"{name}: {result['kernels_ms']:.2f} ms in kernels, {result['wall_ms']:.2f} ms a call")
             rows.append({"variant": name, "flops": flops, "nodes": graph["nodes"], **result})
     record = {"benchmark": "op_shares", "model": args.model, "supernet": str(args.supernet), "batch": args.batch,

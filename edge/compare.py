@@ -57,8 +57,10 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, tolerance: Tole
     return Comparison(max_abs, rel, inputs, finite and max_abs <= tolerance.max_abs and rel <= tolerance.rel_l2)
 
 
-def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool = True):
-    """A CPU session with all graph optimisations; ``spinning=False``: its pool threads sleep between calls."""
+def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool = True,
+                profile_prefix: str | None = None):
+    """A CPU session with all graph optimisations; ``spinning=False``: its pool threads sleep between calls;
+    ``profile_prefix``: ONNX Runtime's profiler on, its JSON written by ``session.end_profiling()``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -66,6 +68,9 @@ def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool 
         options.intra_op_num_threads = threads
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # errors only: ORT's optimiser warns about fusions it skips ("UnsqueezeElimination cannot
     # remove node ..."), which are neither errors nor anything a user of edge can act on (sessions

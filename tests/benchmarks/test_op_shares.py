@@ -24,7 +24,7 @@ def _graph(path: Path) -> Path:
 
 
 def test_profile_sums_each_operator_type_over_the_measured_calls_only(tmp_path):
-    result = profile(_graph(tmp_path / "g.onnx"), batch=2, threads=1, warmup=2, iterations=5, seed=0)
+    result = profile(_graph(tmp_path / "g.onnx"), threads=1, warmup=2, iterations=5, seed=0)
     assert result["calls"] == 5                                   # the profiled warm-up calls are left out
     assert {"MatMul", "Softmax", "Add"} <= set(result["ops_ms"])
     assert all(ms >= 0 for ms in result["ops_ms"].values()) and result["kernels_ms"] > 0
