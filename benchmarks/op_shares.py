@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--md-out", type=Path, default=ROOT / "docs" / "results" / "op-shares.md")
     parser.add_argument("--render", action="store_true", help="only write --md-out again from --out's figures")
     args = parser.parse_args()
+    if args.render and not args.out.is_file():
+        parser.error(f"--render: {args.out} does not exist; run the benchmark first to measure its figures")
     if args.render:
         write_results(json.loads(args.out.read_text()), args.out, args.md_out, markdown)
         return

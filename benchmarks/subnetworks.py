@@ -208,6 +208,8 @@ def main() -> None:
     parser.add_argument("--render", action="store_true",
                         help="only write --md-out (and the derived fields of --out) again from --out's figures")
     args = parser.parse_args()
+    if args.render and not args.out.is_file():
+        parser.error(f"--render: {args.out} does not exist; run the benchmark first to measure its figures")
     if args.render:
         result = json.loads(args.out.read_text())
         result["target"] = target(result["rows"], result["latency"], {"epochs": result["piad_run"]["epochs"]})
