@@ -1,12 +1,12 @@
 """Latency prediction: a table of parts, measured once, against whole compressed models measured side by side.
 
-    python benchmarks/latency_prediction.py                          # 22 plans, batch 1 and 32, 1 and 2 threads
+    python benchmarks/latency_prediction.py                          # 31 plans, batch 1 and 32, 1 and 2 threads
     python benchmarks/latency_prediction.py --batches 1 --plans linear:6-9 dwconv:blocks=1+10+11 --iterations 40
 
 The bundled reference model (``fmnist-deit-tiny``) is compressed by ``edge compress`` with every plan
-(block approximation ``linear:``, depthwise convolution ``dwconv:``, attention removal ``attnrm:``
-and mixes of them; calibrated on ``fmnist-mini``: the fit does not change the graph's shape, so
-the latency does not depend on it). Per batch size:
+(block approximation ``linear:``, depthwise convolution ``dwconv:``, attention removal ``attnrm:``,
+width compression ``wpac:`` and mixes of them; calibrated on ``fmnist-mini``: the fit does not
+change the graph's shape, so the latency does not depend on it). Per batch size:
 
 1. the reference model's full grid (every part a plan on it can make, as
    ``edge profile fmnist-deit-tiny --latency-table`` makes it): each part exported once as its own
@@ -62,6 +62,16 @@ PLANS = (
     "attnrm:blocks=2+3:init=affine,dwconv:blocks=6+7", "linear:7-10,attnrm:blocks=0+1+2",
     "linear:1-4,dwconv:blocks=6+7+8+9+10+11", "dwconv:blocks=0+1+2+3+4+5+6+7:prefix=mean",
     "linear:8-11,dwconv:heads=1.0+1.1+2.0:prefix=mean,attnrm:blocks=4",
+    # width compression (WPAC), alone and mixed; the middle three are what `edge plan` chose at 0.8x, 0.7x and 0.5x
+    "wpac:keep=0.5", "wpac:qk=0.25:v=0.5:mlp=0.75", "wpac:blocks=0+1+2+3:mlp=0.5",
+    "wpac:blocks=1+2+3+4:mlp=1.0:qk=0.25:v=0.25,wpac:blocks=5+6+7+8+9+10+11:mlp=0.75:qk=0.25:v=0.25",
+    "wpac:blocks=0+1:mlp=1.0:qk=0.25:v=0.25,wpac:blocks=2+3+11:mlp=0.75:qk=0.25:v=0.25,"
+    "wpac:blocks=4+5+6+7+8+9+10:mlp=0.5:qk=0.25:v=0.25",
+    "linear:7-8,linear:9-10,wpac:blocks=0+1:mlp=1.0:qk=0.25:v=0.25,wpac:blocks=2+11:mlp=0.5:qk=0.25:v=0.25,"
+    "wpac:blocks=3+4+5+6+7+9:mlp=0.25:qk=0.25:v=0.25",
+    "linear:6-9,wpac:blocks=0+1+2+3+4+5:keep=0.5",
+    "dwconv:blocks=1+10+11,wpac:blocks=2+3+4+5+6+7+8+9:mlp=0.5:qk=0.5:v=0.5",
+    "attnrm:blocks=3+4,wpac:blocks=0+1+2+5+6+7+8+9+10+11:qk=0.5:v=0.75:mlp=0.25",
 )
 TARGET = 0.10
 AA = "original (A/A copy)"
