@@ -836,12 +836,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json-out", default=str(ROOT / "benchmarks/results/plan_peers.json"))
     p.add_argument("--md-out", default=str(ROOT / "docs/results/plan-peers.md"))
     p.add_argument("--png-out", default=str(ROOT / "docs/results/plan-peers.png"))
+    p.add_argument("--render", action="store_true", help="only write --md-out and --png-out again from --json-out")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     p = parser()
     args = p.parse_args(argv)
+    if args.render:
+        if not Path(args.json_out).is_file():
+            p.error(f"--render: {args.json_out} does not exist; run the benchmark first to measure its figures")
+        record = json.loads(Path(args.json_out).read_text())
+        plot(record, args.png_out)
+        write_results(record, args.json_out, args.md_out, markdown)
+        return
     try:
         run(args, p)
     except EdgeError as e:

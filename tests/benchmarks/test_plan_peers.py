@@ -205,6 +205,20 @@ def test_the_plot_is_written(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_render_writes_the_table_and_plot_again_from_the_results_file(tmp_path, capsys):
+    out = {"--json-out": tmp_path / "r.json", "--md-out": tmp_path / "r.md", "--png-out": tmp_path / "r.png"}
+    argv = ["--render", *(str(x) for pair in out.items() for x in pair)]
+    with pytest.raises(SystemExit) as e:                                 # nothing measured yet: said so
+        pp.main(argv)
+    assert e.value.code == 2
+    assert f"{out['--json-out']} does not exist" in capsys.readouterr().err
+    assert not out["--md-out"].exists() and not out["--png-out"].exists()
+    out["--json-out"].write_text(json.dumps(canned_record()))
+    pp.main(argv)
+    assert "Edge loses at this speed: Torch-Pruning uniform 25.0 % keeps 89.36 %" in out["--md-out"].read_text()
+    assert out["--png-out"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("kind", ["missing", "file", "folder"])
