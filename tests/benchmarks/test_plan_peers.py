@@ -180,6 +180,13 @@ def test_the_writer_tables_every_model_and_says_plainly_who_wins(tmp_path):
     assert "| -15.0 % (never as fast) |" in text
 
 
+def test_the_summary_compares_edge_with_each_family_and_names_a_slower_peer_as_slower():
+    record = canned_record()
+    lines = pp.summary(pp.rows_of(record), list(record["final_timing"]), pp.speed_slack(record))
+    assert lines[-1] == ("| 1.42x / 1.42x | 88.67 % | 89.36 % (-0.69 pt) | 88.00 % (+0.67 pt) | "
+                         "87.00 % at 0.845 of edge's speed (+1.67 pt) |")     # edge loses to uniform: a minus
+
+
 def test_the_verdict_when_edge_wins():
     record = canned_record()
     record["distilled"]["edge-a"]["after"]["accuracy"] = 0.9
