@@ -22,6 +22,21 @@ def realisation(latency_c: float, latency_o: float, flops_c: float, flops_o: flo
 RECORDED = ("onnx", "onnxruntime", "onnx_graphsurgeon", "onnxslim", "onnxsim", "torch", "timm")
 
 
+def in_fresh_process(function: Callable, *args, **kwargs):
+    """``function(*args, **kwargs)`` in a newly spawned interpreter, its result returned here.
+
+    For timing after training: a process that has just trained for an hour (torch's thread pools,
+    a grown heap) timed the same ONNX graphs slower, and the smaller ones more so (issue 16: side by
+    side realisation 0.87-0.91 there, 0.93-0.98 in fresh processes). ``function`` and its arguments
+    must pickle (a module-level function, plain data and paths).
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args, **kwargs).result()
+
+
 def versions() -> dict:
     """Versions of edge and of the packages a result depends on that are installed (absent ones are left out)."""
     from importlib import metadata

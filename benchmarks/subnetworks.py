@@ -23,7 +23,8 @@ Fashion-MNIST test split unless ``--eval-samples``) by :func:`edge.evaluate.eval
 half of :mod:`edge.compress.cost`'s FLOPs, attention products included. Latency: every
 sub-network and the original exported (static batch) and cleaned as benchmarks/realisation.py
 does, all timed side by side with ONNX Runtime (interleaved rounds, rotating order, session sets
-created afresh) with an A/A control (a byte-identical copy of the original), at ``--batches``:
+created afresh) in a newly spawned process (not the one that trained), with an A/A control (a
+byte-identical copy of the original), at ``--batches``:
 
     realisation = (1 - latency_c / latency_o) / (1 - MACs_c / MACs_o)     (medians; target >= 0.9 at batch 32)
 
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import provenance, realisation, write_results  # noqa: E402
+from _results import in_fresh_process, provenance, realisation, write_results  # noqa: E402
 from peers import measure_interleaved  # noqa: E402
 from realisation import AA, export_clean  # noqa: E402
 
@@ -150,8 +151,8 @@ def latency(variants: dict[str, tuple[torch.nn.Module, int]], args, work: Path) 
                                                      work, args.model)
         paths[AA] = paths["original"].with_name(f"aa-{paths['original'].name}")
         paths[AA].write_bytes(paths["original"].read_bytes())
-        timed = measure_interleaved(paths, threads=args.threads, warmup=args.warmup, rounds=args.rounds,
-                                    sessions=args.sessions, iterations=args.iterations)
+        timed = in_fresh_process(measure_interleaved, paths, threads=args.threads, warmup=args.warmup,
+                                 rounds=args.rounds, sessions=args.sessions, iterations=args.iterations)
         flops_o, lat_o = variants["original"][1], timed["original"]
         rows = []
         for name, (_, flops) in variants.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -31,3 +32,10 @@ def test_latency_linear_in_the_macs_gives_one_realisation_at_every_size():
 def test_points_off_the_line_show_in_the_residual():
     fit = fixed_cost(_batch([("original", 4.0, 10.0), ("b", 2.0, 5.0), ("c", 1.0, 4.0)]))
     assert fit["max_abs_residual_ms"] > 0.5 and fit["points"] == 3
+
+
+def test_timing_runs_in_a_fresh_process_and_its_result_comes_back():
+    from _results import in_fresh_process
+
+    assert in_fresh_process(os.getpid) != os.getpid()
+    assert in_fresh_process(sorted, [3, 1, 2], reverse=True) == [3, 2, 1]
