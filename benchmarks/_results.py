@@ -79,6 +79,14 @@ def provenance(script: str, args: argparse.Namespace, parser: argparse.ArgumentP
             "command": command_line(script, args, parser, skip)}
 
 
+def read_results(parser: argparse.ArgumentParser, path: str | Path) -> dict:
+    """For ``--render``: the record a benchmark wrote to ``path``; a missing file exits 2, naming it."""
+    path = Path(path)
+    if not path.is_file():
+        parser.error(f"--render: {path} does not exist; run the benchmark first to measure its figures")
+    return json.loads(path.read_text())
+
+
 def write_results(record: dict, json_out: str | Path, md_out: str | Path, markdown: Callable[[dict], str]) -> None:
     for path, text in ((Path(json_out), json.dumps(record, indent=1) + "\n"), (Path(md_out), markdown(record))):
         path.parent.mkdir(parents=True, exist_ok=True)

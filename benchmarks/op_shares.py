@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import provenance, write_results  # noqa: E402
+from _results import provenance, read_results, write_results  # noqa: E402
 from realisation import export_clean  # noqa: E402
 
 from edge.compare import ort_session, run_ort  # noqa: E402
@@ -84,10 +84,8 @@ def main() -> None:
     parser.add_argument("--md-out", type=Path, default=ROOT / "docs" / "results" / "op-shares.md")
     parser.add_argument("--render", action="store_true", help="only write --md-out again from --out's figures")
     args = parser.parse_args()
-    if args.render and not args.out.is_file():
-        parser.error(f"--render: {args.out} does not exist; run the benchmark first to measure its figures")
     if args.render:
-        write_results(json.loads(args.out.read_text()), args.out, args.md_out, markdown)
+        write_results(read_results(parser, args.out), args.out, args.md_out, markdown)
         return
     set_threads(args.threads)
     started, load_before = time.perf_counter(), os.getloadavg()

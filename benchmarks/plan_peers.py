@@ -73,7 +73,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
-from _results import provenance, write_results  # noqa: E402
+from _results import provenance, read_results, write_results  # noqa: E402
 from tome import apply_tome, token_counts  # noqa: E402
 
 from edge.compress import CompressConfig, is_artifact  # noqa: E402
@@ -887,11 +887,7 @@ def main(argv: list[str] | None = None) -> None:
     p = parser()
     args = p.parse_args(argv)
     if args.render:
-        if not Path(args.json_out).is_file():
-            p.error(f"--render: {args.json_out} does not exist; run the benchmark first to measure its figures")
-        record = json.loads(Path(args.json_out).read_text())
-        plot(record, args.png_out)
-        write_results(record, args.json_out, args.md_out, markdown)
+        publish(read_results(p, args.json_out), args)
         return
     try:
         run(args, p)
@@ -917,9 +913,14 @@ def run(args, p: argparse.ArgumentParser) -> dict:
               **provenance("plan_peers.py", args, p, started=started, load_before=load_before,
                            skip=("json_out", "md_out", "png_out", "work"))}
     record["versions"]["torch_pruning"] = TORCH_PRUNING
+    publish(record, args)
+    return record
+
+
+def publish(record: dict, args) -> None:
+    """The plot, the JSON record and its table, at ``--png-out``, ``--json-out`` and ``--md-out``."""
     plot(record, args.png_out)
     write_results(record, args.json_out, args.md_out, markdown)
-    return record
 
 
 if __name__ == "__main__":

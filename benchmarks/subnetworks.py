@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import in_fresh_process, provenance, realisation, write_results  # noqa: E402
+from _results import in_fresh_process, provenance, read_results, realisation, write_results  # noqa: E402
 from peers import measure_interleaved  # noqa: E402
 from realisation import AA, export_clean  # noqa: E402
 
@@ -209,10 +209,8 @@ def main() -> None:
     parser.add_argument("--render", action="store_true",
                         help="only write --md-out (and the derived fields of --out) again from --out's figures")
     args = parser.parse_args()
-    if args.render and not args.out.is_file():
-        parser.error(f"--render: {args.out} does not exist; run the benchmark first to measure its figures")
     if args.render:
-        result = json.loads(args.out.read_text())
+        result = read_results(parser, args.out)
         result["target"] = target(result["rows"], result["latency"], {"epochs": result["piad_run"]["epochs"]})
         write_results(result, args.out, args.md_out, markdown)
         return

@@ -39,3 +39,18 @@ def test_timing_runs_in_a_fresh_process_and_its_result_comes_back():
 
     assert in_fresh_process(os.getpid) != os.getpid()
     assert in_fresh_process(sorted, [3, 1, 2], reverse=True) == [3, 2, 1]
+
+
+def test_render_reads_the_results_file_and_refuses_a_missing_one_naming_it(tmp_path, capsys):
+    import argparse
+    import json
+
+    from _results import read_results
+
+    parser = argparse.ArgumentParser(prog="subnetworks.py")
+    (tmp_path / "r.json").write_text(json.dumps({"rows": []}))
+    assert read_results(parser, tmp_path / "r.json") == {"rows": []}
+    with pytest.raises(SystemExit) as e:
+        read_results(parser, tmp_path / "missing.json")
+    assert e.value.code == 2
+    assert f"--render: {tmp_path / 'missing.json'} does not exist; run the benchmark first" in capsys.readouterr().err
