@@ -15,7 +15,10 @@ deviations exactly (Chan, Golub and LeVeque's pairwise formula, from all-reduced
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -62,10 +65,40 @@ def local_device(device: torch.device) -> torch.device:
     return device
 
 
-def shutdown() -> None:
-    """Leave the process group this process joined (a no-op otherwise); the verbs end with a barrier."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(synchronise: bool = True) -> bool:
+    """Leave the process group this process joined; whether it was one of several (False: a no-op).
+
+    ``synchronise`` (after a run that ended well on every process): wait at a barrier first, so that
+    no process leaves while another still works (the main process writing its result). After an
+    error the barrier is skipped: the other processes may never reach it. A process that returns
+    True should then end with :func:`end_process`.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    several = active()
+    if synchronise and several:
+        dist.barrier()
+    dist.destroy_process_group()
+    return several
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process now with ``status``, its output flushed, without the interpreter's finalisation.
+
+    Why: a gloo worker thread releases the last collective's tensors a moment after the collective has
+    completed, and releasing a tensor created in Python takes the GIL. If that moment falls in the
+    interpreter's finalisation, taking the GIL ends the thread inside a C++ destructor and the process
+    aborts ("terminate called without an active exception", SIGABRT), so torchrun reports a run that
+    succeeded as failed. Measured with torch 2.13 and Python 3.11 under ``torchrun --nproc_per_node 2``:
+    2 launches in 60 after :func:`shutdown` with its barrier, 1 in 6 without it; the core dump shows
+    ``ProcessGroupGloo::runLoop`` destroying an ``AsyncBarrierWork`` in ``take_gil`` during
+    ``Py_FinalizeEx``. Ending with ``os._exit`` leaves nothing to race: every file edge writes is closed
+    by then and its temporary folders are removed by their context managers.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

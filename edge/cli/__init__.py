@@ -69,30 +69,35 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(build_parser(), argv)
     except SystemExit as e:  # --help, --version (0) and bad usage (2, the message printed): its status
         return e.code if isinstance(e.code, int) else 2
+    finished = False   # the verb returned on this process: every process can meet at the final barrier
     try:
-        return int(args.run(args) or 0)
+        status = int(args.run(args) or 0)
+        finished = True
     except EdgeError as e:
         print(f"edge {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        status = e.exit_code
     except JetsonError as e:  # the device-side code edge shares (jetson/) reports bad input its own way
         print(f"edge {args.command}: error: {e}", file=sys.stderr)
-        return EdgeError.exit_code
+        status = EdgeError.exit_code
     except KeyboardInterrupt:
         print(f"edge {args.command}: interrupted", file=sys.stderr)
-        return 130
+        status = 130
     except InternalError as e:
         _report_bug(args.command, str(e))
-        return e.exit_code
+        status = e.exit_code
     except Exception as e:  # noqa: BLE001 - not swallowed: printed with its traceback, exit 3
         traceback.print_exc()
         _report_bug(args.command, f"{type(e).__name__}: {e}")
-        return InternalError.exit_code
+        status = InternalError.exit_code
     finally:
         from edge import distributed
         from edge.compare import log_ort_messages
 
         log_ort_messages(f"edge {args.command}")  # ONNX Runtime's notes: to a log file, with their count
-        distributed.shutdown()  # under torchrun: leave the process group, so that every process stops cleanly
+        several = distributed.shutdown(synchronise=finished)  # under torchrun: all leave the group together
+    if several:   # one of torchrun's processes: end it without a finalisation that can abort it
+        distributed.end_process(status)
+    return status
 
 
 def _report_bug(command: str, message: str) -> None:

@@ -75,7 +75,8 @@ def main(weights: str, path: str) -> None:
     result["world_size"] = distributed.world_size()
     if distributed.is_main():
         torch.save(result, path)
-    distributed.shutdown()
+    if distributed.shutdown():
+        distributed.end_process(0)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(args: list[str], cwd: Path) -> tuple[list[str], list[str]]:
-    """Run ``torchrun --nproc_per_node 2 ARGS`` in ``cwd``; the stdout and stderr of rank 0 and rank 1."""
+def torchrun(args: list[str], cwd: Path, status: int = 0) -> tuple[list[str], list[str]]:
+    """Run ``torchrun --nproc_per_node 2 ARGS`` in ``cwd``, which must exit ``status`` (torchrun's: 1 when a
+    process failed); the stdout and stderr of rank 0 and rank 1."""
     logs = cwd / "torchrun-logs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EDGE_NO_PROGRESS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
@@ -64,7 +65,7 @@ def torchrun(args: list[str], cwd: Path) -> tuple[list[str], list[str]]:
     ranks = [next(logs.glob(f"*/attempt_0/{rank}")) for rank in (0, 1)]
     out = [(r / "stdout.log").read_text() for r in ranks]
     err = [(r / "stderr.log").read_text() for r in ranks]
-    assert result.returncode == 0, f"{' '.join(command)}\nexit {result.returncode}\n{result.stderr[-3000:]}\n" \
+    assert result.returncode == status, f"{' '.join(command)}\nexit {result.returncode}\n{result.stderr[-3000:]}\n" \
                                    f"rank 0: {err[0][-3000:]}\nrank 1: {err[1][-3000:]}"
     return out, err
 
@@ -173,6 +174,19 @@ def test_piad_of_two_processes_equals_one_process(artifacts, tmp_path, capsys):
                  for folder in (tmp_path / "one", tmp_path / "work" / "two")]
     assert supernets[0]["order"] == supernets[1]["order"] and supernets[0]["trained"] == supernets[1]["trained"]
     _assert_trained_weights_close(one, two, lr=1e-3, steps=6, dim=32)
+
+
+def test_a_verb_failing_on_every_process_exits_with_its_status_not_an_abort(artifacts, tmp_path):
+    """Both processes join the group, then refuse a global batch of 1 (one row for two processes): each
+    prints the error and exits 2 (bad input); no barrier is awaited after an error, and no process aborts
+    at exit (edge ends a torchrun process with os._exit, see distributed.end_process)."""
+    _, err = torchrun(["-m", "edge", "finetune", str(artifacts["dwconv"]), "--out", str(tmp_path / "two"),
+                       *FINETUNE, "--batch-size", "1"], tmp_path, status=1)
+    failed = [rank for rank in (0, 1) if "edge finetune: error:" in err[rank]]
+    assert failed, f"no process printed the error: {err}"
+    for rank in failed:
+        assert "batch of 1 image" in err[rank] and "terminate called" not in err[rank]
+    assert not (tmp_path / "two").exists()
 
 
 def test_global_batch_must_give_every_process_a_row(monkeypatch):
