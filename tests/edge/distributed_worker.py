@@ -1,4 +1,6 @@
-"""Run by tests/edge/test_distributed.py under ``torchrun``: every calibration statistic edge collects.
+"""Run by tests/edge/test_distributed.py under ``torchrun``: every calibration statistic edge collects
+(block moments, attention maps, entropies and NOSE, attention-removal moments, kernel fits, WPAC's
+token-weighted covariances and Taylor sums).
 
 ``python -m torch.distributed.run --nproc_per_node N -m tests.edge.distributed_worker WEIGHTS OUT``
 collects them with N processes (each streams its share; the sums are reduced) and the main process
@@ -18,6 +20,7 @@ from edge.analysis.collect import collect_block_moments
 from edge.analysis.entropy import collect_entropy, nose_search, transfer_entropy
 from edge.compress.attnrm_apply import collect_attention_moments
 from edge.compress.dwconv_apply import fit_kernels
+from edge.compress.wpac import collect_statistics
 from edge.data import InputSpec, calibration_set
 from edge.models import create_model, data_config
 from edge.models.info import model_info
@@ -31,6 +34,10 @@ SAMPLES, BATCH = 37, 8
 def _pair(moments) -> dict:
     return {"count": moments.count, "sample_count": moments.sample_count, "sums": moments.sums,
             "grams": moments.grams, "cosine_sums": moments.cosine_sums}
+
+
+def _weighted(moments) -> dict:
+    return {"rows": moments.rows, "weight": moments.weight, "first": moments.first, "second": moments.second}
 
 
 def _welford(w) -> dict:
@@ -65,6 +72,10 @@ def statistics(weights: str) -> dict:
     out["dwconv_kernel_fit"] = {str(b): {"count": f.count, "gram": f.gram, "cross": f.cross,
                                          "target_sq": f.target_sq, "target_sum": f.target_sum}
                                 for b, f in fits.items()}
+    wpac = collect_statistics(model, {0: 0, 3: 3}, images, spec, batch_size=BATCH)
+    out["wpac"] = {str(b): {"images": w.images, "taylor_qkv": w.taylor_qkv, "taylor_mlp": w.taylor_mlp,
+                            **{part: _weighted(getattr(w, part)) for part in ("q", "k", "v")}}
+                   for b, w in wpac.items()}
     return out
 
 

@@ -1,7 +1,8 @@
 """edge under ``torchrun --nproc_per_node 2`` on the CPU (gloo) against edge in one process.
 
 * Statistics: every process streams its share of the calibration set in float64 and the sums are
-  all-reduced, so the result equals one process's to rounding (measured: at most 6e-15 relative).
+  all-reduced, so the result equals one process's to rounding (measured: at most 6e-15 relative;
+  WPAC's token-weighted covariances and Taylor sums 1.1e-16).
   Asserted: within 1e-10 of the one-process value, relative where the value is above 1 in size.
 * Training: both runs draw the same global batch of 16 each step; two processes train on 8 rows
   each and DistributedDataParallel averages their gradients. The only difference is the order of
@@ -12,6 +13,8 @@
   weight follows its gradient. Measured (lr 1e-3, 5-6 steps): distillation of a dwconv artifact
   1.6e-7 max abs; dilution of an attnrm artifact 1.1e-6 max abs, key bias 2.9e-5.
 * Writing: only the main process writes (the output folder is the one-process run's) and prints.
+* Ending: every process meets at a barrier after a run that ended well and then leaves with os._exit
+  (distributed.end_process); before that, 1 launch in 6 of the statistics worker aborted at exit.
 
 Each launch starts two Python processes that import torch and timm (about 10 s on 2 idle cores).
 """
@@ -99,6 +102,7 @@ def test_statistics_of_two_processes_equal_one_process(tmp_path):
     assert two.pop("world_size") == 2 and out == ["", ""]
     one = statistics(str(weights))
     assert one["block_moments"]["samples"] == 37 and one["attention"]["samples"] == 37
+    assert one["wpac"]["3"]["images"] == 37 and one["wpac"]["3"]["v"]["rows"] == 37 * 17
     assert_same(one, two)
 
 
