@@ -90,10 +90,10 @@ def end_process(status: int) -> NoReturn:
     interpreter's finalisation, taking the GIL ends the thread inside a C++ destructor and the process
     aborts ("terminate called without an active exception", SIGABRT), so torchrun reports a run that
     succeeded as failed. Measured with torch 2.13 and Python 3.11 under ``torchrun --nproc_per_node 2``:
-    2 launches in 60 after :func:`shutdown` with its barrier, 1 in 6 without it; the core dump shows
-    ``ProcessGroupGloo::runLoop`` destroying an ``AsyncBarrierWork`` in ``take_gil`` during
-    ``Py_FinalizeEx``. Ending with ``os._exit`` leaves nothing to race: every file edge writes is closed
-    by then and its temporary folders are removed by their context managers.
+    2 launches in 60 after :func:`shutdown` with its barrier, 1 in 6 without it, 0 in 120 ending here;
+    the core dump shows ``ProcessGroupGloo::runLoop`` destroying an ``AsyncBarrierWork`` in ``take_gil``
+    during ``Py_FinalizeEx``. Ending with ``os._exit`` leaves nothing to race: every file edge writes is
+    closed by then and its temporary folders are removed by their context managers.
     """
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -56,9 +57,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(args: list[str], cwd: Path, status: int = 0) -> tuple[list[str], list[str]]:
-    """Run ``torchrun --nproc_per_node 2 ARGS`` in ``cwd``, which must exit ``status`` (torchrun's: 1 when a
-    process failed); the stdout and stderr of rank 0 and rank 1."""
+def torchrun(args: list[str], cwd: Path, failed_with: int | None = None) -> tuple[list[str], list[str]]:
+    """Run ``torchrun --nproc_per_node 2 ARGS`` in ``cwd``; the stdout and stderr of rank 0 and rank 1.
+
+    Every process must succeed; with ``failed_with``, torchrun must instead report a process that exited
+    with that status (its failure summary's first ``exitcode``) and none that aborted."""
     logs = cwd / "torchrun-logs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EDGE_NO_PROGRESS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
@@ -68,8 +71,14 @@ def torchrun(args: list[str], cwd: Path, status: int = 0) -> tuple[list[str], li
     ranks = [next(logs.glob(f"*/attempt_0/{rank}")) for rank in (0, 1)]
     out = [(r / "stdout.log").read_text() for r in ranks]
     err = [(r / "stderr.log").read_text() for r in ranks]
-    assert result.returncode == status, f"{' '.join(command)}\nexit {result.returncode}\n{result.stderr[-3000:]}\n" \
-                                   f"rank 0: {err[0][-3000:]}\nrank 1: {err[1][-3000:]}"
+    report = f"{' '.join(command)}\nexit {result.returncode}\n{result.stderr[-3000:]}\n" \
+             f"rank 0: {err[0][-3000:]}\nrank 1: {err[1][-3000:]}"
+    if failed_with is None:
+        assert result.returncode == 0, report
+    else:
+        codes = re.findall(r"exitcode\s*:\s*(-?\d+)", result.stderr)
+        assert result.returncode == 1 and codes and int(codes[0]) == failed_with, report
+        assert "SIGABRT" not in result.stderr, report
     return out, err
 
 
@@ -185,7 +194,7 @@ def test_a_verb_failing_on_every_process_exits_with_its_status_not_an_abort(arti
     prints the error and exits 2 (bad input); no barrier is awaited after an error, and no process aborts
     at exit (edge ends a torchrun process with os._exit, see distributed.end_process)."""
     _, err = torchrun(["-m", "edge", "finetune", str(artifacts["dwconv"]), "--out", str(tmp_path / "two"),
-                       *FINETUNE, "--batch-size", "1"], tmp_path, status=1)
+                       *FINETUNE, "--batch-size", "1"], tmp_path, failed_with=2)
     failed = [rank for rank in (0, 1) if "edge finetune: error:" in err[rank]]
     assert failed, f"no process printed the error: {err}"
     for rank in failed:
