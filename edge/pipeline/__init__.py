@@ -3,6 +3,9 @@
 ``run_pipeline(load_recipe(path), out)`` runs it with a content-hash step cache and writes
 ``out/report.json``, ``out/report.md`` and a self-contained ``out/report.html``. Importing this
 package is cheap (the CLI's ``--help`` reads :data:`STEPS`); the runner loads torch when called.
+
+After a run, :func:`deployed_graphs` lists the graphs to bundle, and :func:`device_results_folder`
+is where ``edge deploy --report`` fetches the device results to.
 """
 
 from edge.pipeline.layout import STEPS
@@ -14,6 +17,7 @@ from edge.pipeline.recipe import (
     load_recipe,
     with_overrides,
 )
+from edge.pipeline.run_folder import VariantGraph, deployed_graphs, device_results_folder
 
 
 def run_pipeline(recipe: Recipe, out, *, redo: tuple[str, ...] = ()) -> dict:
@@ -23,5 +27,5 @@ def run_pipeline(recipe: Recipe, out, *, redo: tuple[str, ...] = ()) -> dict:
     return run(recipe, out, redo=redo)
 
 
-__all__ = ["DEFAULT_RECIPE", "STEPS", "Recipe", "Variant", "default_recipe_text", "load_recipe", "run_pipeline",
-           "with_overrides"]
+__all__ = ["DEFAULT_RECIPE", "STEPS", "Recipe", "Variant", "VariantGraph", "default_recipe_text",
+           "deployed_graphs", "device_results_folder", "load_recipe", "run_pipeline", "with_overrides"]
