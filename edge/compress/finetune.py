@@ -5,16 +5,18 @@ weights file (e.g. a model pruned by another tool), or, through :func:`distil`, 
 user's own code; one recipe serves all three. The teacher is ``--teacher`` (``teacher=``), else the
 artifact's source model (its manifest names the model, weights and input size; the bundled
 reference model rebuilds from its name) or the spec's own model. Each step feeds the same seeded,
-augmented batch to both models and minimises (Hinton et al.)
+augmented batch to both models and minimises the distillation loss of :mod:`edge.train.distillation`
+(Hinton et al.)
 
     L = (1 - alpha) * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
         + alpha * CE(z_s, y) + beta * MSE(f_s, f_t)
 
 with ``z`` the logits, ``f`` the pre-logit features (after pooling and ``fc_norm``), AdamW,
-linear warm-up then cosine decay (the schedule of ``edge train``). ``train=all`` trains every
-parameter of the student; ``train=replaced`` only the modules the compression put in (the
-registered methods' ``module_types``, e.g. ``DepthwiseAttention``, ``ApproximatedSpan``); buffers
-(``prefix=pool`` weights) stay fixed.
+linear warm-up then cosine decay: the one training loop of ``edge train`` (:mod:`edge.train.loop`),
+with the distillation as its task; this module builds the pair, the methods' training phases and
+the artifact. ``train=all`` trains every parameter of the student; ``train=replaced`` only the
+modules the compression put in (the registered methods' ``module_types``, e.g. ``DepthwiseAttention``,
+``ApproximatedSpan``); buffers (``prefix=pool`` weights) stay fixed.
 ``all`` is the default, measured on a short run: fmnist-deit-tiny, ``dwconv:auto=6:init=lsq``
 (training-free 0.588, original 0.873 on 1000 test images), 60 steps of batch 64 on 3,840
 training images: ``all`` 0.807, ``replaced`` 0.732
@@ -42,9 +44,9 @@ stays ``batch_size``: every process draws the same global batch the one-process 
 takes its rows (:func:`edge.distributed.batch_rows`); its loss is weighted by its share of the
 rows, so the averaged gradient is the gradient of the global batch mean, and the weights equal the
 one-process run's up to the order of float additions. The held-out evaluations are sharded: every
-process scores its share of the images and the counts and loss sums are added (:func:`edge.train.
-held_out_accuracy`). Only the main process writes the checkpoint and the artifact and prints; the
-others wait for it at a barrier and end with it.
+process scores its share of the images and the counts and loss sums are added
+(:func:`edge.train.held_out.held_out_accuracy`). Only the main process writes the checkpoint and the
+artifact and prints; the others wait for it at a barrier and end with it.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edge import __version__, distributed
@@ -76,8 +77,14 @@ from edge.progress import log
 from edge.runtime import hardware
 from edge.train.batches import training_set
 from edge.train.checkpoint import CHECKPOINT, Progress, open_checkpoint, recipe_of
-from edge.train.held_out import held_out_accuracy
-from edge.train.loop import Loop, Runtime, resumed, run
+from edge.train.distillation import (  # distillation_loss, logits_and_features: also importable from here, as before
+    Distillation,
+    StudentOutputs,
+    distillation_loss,
+    logits_and_features,
+    values_text,
+)
+from edge.train.loop import Loop, Runtime, run
 from edge.train.schedule import Schedule, adamw
 
 TRAINABLE = ("all", "replaced")
@@ -174,57 +181,6 @@ def check_config(config: FinetuneConfig) -> None:
 def piad_epochs(config: FinetuneConfig) -> int:
     """The epochs over which PIAD's dropout list grows: ``piad_epochs``, default half of ``epochs`` rounded up."""
     return config.piad_epochs if config.piad_epochs is not None else math.ceil(config.epochs / 2)
-
-
-def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                      labels: torch.Tensor | None = None, *, temperature: float = 1.0, alpha: float = 0.0,
-                      student_features: torch.Tensor | None = None, teacher_features: torch.Tensor | None = None,
-                      feature_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of the module docstring, in float32; returns ``(loss, parts)`` with ``parts["kl"]`` etc.
-
-    The KL is ``sum p_t (log p_t - log p_s)`` per sample, averaged over the batch and scaled by
-    ``T^2`` (so its gradient keeps its size across temperatures); it is exactly 0 where the
-    two models give the same logits.
-    """
-    t = float(temperature)
-    log_student = F.log_softmax(student_logits.float() / t, dim=-1)
-    log_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
-    kl = F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * (t * t)
-    parts = {"kl": kl.detach()}
-    loss = (1.0 - alpha) * kl
-    if alpha:
-        ce = F.cross_entropy(student_logits.float(), labels)
-        loss = loss + alpha * ce
-        parts["ce"] = ce.detach()
-    if feature_weight:
-        mse = F.mse_loss(student_features.float(), teacher_features.float())
-        loss = loss + feature_weight * mse
-        parts["feature_mse"] = mse.detach()
-    return loss, parts
-
-
-class StudentOutputs(nn.Module):
-    """The student's logits (and pre-logit features) from one ``forward``, the unit DistributedDataParallel wraps.
-
-    It holds the student (its state dict is ``model.*``); the student itself is saved, never this.
-    """
-
-    def __init__(self, model: nn.Module, features: bool) -> None:
-        super().__init__()
-        self.model = model
-        self.features = features
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return logits_and_features(self.model, x, self.features)
-
-
-def logits_and_features(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor,
-                                                                                       torch.Tensor | None]:
-    """The logits, and with ``features`` also the pre-logit features timm's head reads."""
-    if not features:
-        return model(x), None
-    pre_logits = model.forward_head(model.forward_features(x), pre_logits=True)
-    return model.head(pre_logits), pre_logits
 
 
 def select_trainable(model: nn.Module, which: str, extra_types: tuple[type[nn.Module], ...] = ()) -> int:
@@ -378,79 +334,12 @@ class Pair:
 
 def distillation_pair(source: Student, config: FinetuneConfig, module: nn.Module | None,
                       device: torch.device) -> Pair:
-    """The teacher (``module``, else as ``config`` or the student's manifest names it) and the student, on ``device``."""
+    """The teacher (``module``, else as ``config`` or the manifest names it) and the student, on ``device``."""
     reference, teacher = resolve_teacher(source.manifest, config, module)
     teacher = teacher.to(device)
     student = source.model.to(device)
-    return Pair(source, student, teacher, reference, InputSpec.from_data_config(input_config(source, teacher, reference)))
-
-
-@dataclass
-class Distillation:
-    """The fine-tune's task for the training loop (:mod:`edge.train.loop`): the loss of the module docstring
-    against the frozen teacher, the methods' training phases stepped before every step, and the held-out
-    accuracy after each epoch but the last (the result is scored once its phases have finished)."""
-
-    config: FinetuneConfig
-    student: nn.Module
-    teacher: nn.Module
-    phases: list[TrainingPhase]
-    held_out: object
-    spec: InputSpec
-    device: torch.device
-    values: dict[str, float] = field(default_factory=dict)  # what the phases showed last (M, sampled MACs)
-
-    @property
-    def features(self) -> bool:
-        return bool(self.config.feature_weight)
-
-    def accuracy(self) -> dict:
-        result = held_out_accuracy(self.student, self.held_out, self.spec, self.device)
-        return {k: result[k] for k in ("data", "samples", "accuracy", "loss")}
-
-    def start(self) -> int:
-        """Put the phases' structures into the student and choose what trains; the count of trainable parameters."""
-        for phase in self.phases:
-            phase.start()
-        return select_trainable(self.student, self.config.train, tuple(t for p in self.phases for t in p.module_types))
-
-    def resume(self, loop: Loop, state: dict) -> Progress:
-        """The checkpoint ``state`` loaded into the student, optimizer and phases."""
-        progress = resumed(loop, state)
-        for phase in self.phases:
-            phase.load_state_dict(state["phases"][phase.name])
-        return progress
-
-    def phase_values(self) -> dict[str, float]:
-        """The phases' numbers as they stand (until the first step sets them)."""
-        return {k: v for phase in self.phases for k, v in phase.state_dict().items() if isinstance(v, int | float)}
-
-    def before_step(self, step: int, total: int) -> dict[str, float]:
-        self.values = {k: v for phase in self.phases for k, v in phase.step(step, total).items()}
-        return self.values
-
-    def loss(self, forward: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        with torch.no_grad():
-            teacher_logits, teacher_features = logits_and_features(self.teacher, x, self.features)
-        student_logits, student_features = forward(x)
-        c = self.config
-        local, parts = distillation_loss(student_logits, teacher_logits, y, temperature=c.temperature, alpha=c.alpha,
-                                         student_features=student_features, teacher_features=teacher_features,
-                                         feature_weight=c.feature_weight)
-        return local, {"kl": parts["kl"]}
-
-    def after_epoch(self, progress: Progress, epoch: int, loss: float, last: bool) -> dict[str, str]:
-        if not self.config.eval_every_epoch or last:
-            return {}
-        result = self.accuracy()
-        progress.history.append({"epoch": epoch + 1, "step": progress.step, "train_loss": loss, **result,
-                                 "elapsed_s": round(progress.elapsed, 1), **_phase_state(self.phases, self.values)})
-        log(f"epoch {epoch + 1} step {progress.step}: loss {loss:.4f} {self.held_out.name} accuracy "
-            f"{result['accuracy']:.4f}{_phase_note(self.phases, self.values)} ({progress.elapsed / 60:.1f} min)")
-        return {"acc": f"{result['accuracy']:.4f}"}
-
-    def checkpoint(self) -> dict:
-        return {"phases": {p.name: p.state_dict() for p in self.phases}}
+    spec = InputSpec.from_data_config(input_config(source, teacher, reference))
+    return Pair(source, student, teacher, reference, spec)
 
 
 @dataclass
@@ -501,7 +390,8 @@ def prepare(pair: Pair, config: FinetuneConfig, runtime: Runtime, out: Path, res
     state = open_checkpoint(out / CHECKPOINT, recipe, asdict(FinetuneConfig()), resume)
     # the compressed model as it came, before any phase changes it
     history = [] if state is not None else [{"epoch": 0, "step": 0, **task.accuracy()}]
-    trainable = task.start()
+    task.start()
+    trainable = select_trainable(pair.student, config.train, tuple(t for p in task.phases for t in p.module_types))
     loop = Loop(model=pair.student, forward=StudentOutputs(pair.student, task.features),
                 optimizer=adamw(pair.student, config), data=train_set, preprocess=ArrayPreprocess(pair.spec),
                 config=config, schedule=schedule, runtime=runtime, checkpoint=out / CHECKPOINT, recipe=recipe,
@@ -552,7 +442,7 @@ def conclude(session: Session, out: Path, student_name: str | None) -> dict:
         log(f"{task.held_out.name} accuracy {progress.history[0]['accuracy']:.4f} -> {final['accuracy']:.4f} "
             f"after {plural(progress.step, 'step')}")
     else:
-        stopped = f"at step {progress.step} of {schedule.total} with {_values_text(task.values)}, before the final " \
+        stopped = f"at step {progress.step} of {schedule.total} with {values_text(task.values)}, before the final " \
                   "structure"
         log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
             f"{session.loop.checkpoint}; run the same command without --max-steps to continue")
@@ -618,22 +508,6 @@ def _processes_note(batch_size: int) -> str:
     rows = batch_size // processes
     share = f"{rows}" if batch_size % processes == 0 else f"{rows}-{rows + 1}"
     return f", {processes} processes (DistributedDataParallel), {share} rows of each global batch of {batch_size} each"
-
-
-def _phase_state(phases: list[TrainingPhase], values: dict) -> dict:
-    """What a history entry records of the phases: their logged values and whether the model is final."""
-    return {**values, "final_structure": all(p.final for p in phases)} if phases else {}
-
-
-def _values_text(values: dict) -> str:
-    return ", ".join(f"{k} = {v:.3g}" for k, v in values.items())
-
-
-def _phase_note(phases: list[TrainingPhase], values: dict) -> str:
-    if not phases:
-        return ""
-    shown = _values_text(values)
-    return f" at {shown}" if all(p.final for p in phases) else f" at {shown} (not the final structure)"
 
 
 RECIPE_ARGUMENTS = tuple(f.name for f in fields(FinetuneConfig) if f.name not in ("data", "teacher", "teacher_weights",
