@@ -430,27 +430,36 @@ def log_start(session: Session) -> None:
 
 
 def conclude(session: Session, out: Path, student_name: str | None) -> dict:
-    """Finish the phases and score the result, or say why no artifact is written; the record; the artifact."""
-    task, progress, schedule = session.task, session.progress, session.loop.schedule
-    complete = all(phase.final for phase in task.phases)
-    final, stopped = None, None
-    if complete:
-        for phase in task.phases:
-            phase.finish()
-        session.pair.student.eval()
-        final = task.accuracy()
-        log(f"{task.held_out.name} accuracy {progress.history[0]['accuracy']:.4f} -> {final['accuracy']:.4f} "
-            f"after {plural(progress.step, 'step')}")
-    else:
-        stopped = f"at step {progress.step} of {schedule.total} with {values_text(task.values)}, before the final " \
-                  "structure"
-        log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
-            f"{session.loop.checkpoint}; run the same command without --max-steps to continue")
+    """Score the result in its final structure, or say why no artifact is written; the record; the artifact."""
+    complete = all(phase.final for phase in session.task.phases)
+    final, stopped = (final_accuracy(session), None) if complete else (None, stopped_early(session))
     record = finetune_record(session, out if complete else None, student_name, final, stopped)
     if complete and distributed.is_main():
         save_finetuned(session, out, record)
     distributed.barrier()   # the others return once the main process has written
     return record
+
+
+def final_accuracy(session: Session) -> dict:
+    """Finish every phase (the student in its final structure) and score it on the held-out set."""
+    task, progress = session.task, session.progress
+    for phase in task.phases:
+        phase.finish()
+    session.pair.student.eval()
+    final = task.accuracy()
+    log(f"{task.held_out.name} accuracy {progress.history[0]['accuracy']:.4f} -> {final['accuracy']:.4f} "
+        f"after {plural(progress.step, 'step')}")
+    return final
+
+
+def stopped_early(session: Session) -> str:
+    """Where a run stopped before its phases' final structure (dilution at M > 0): no artifact, only the checkpoint."""
+    progress, task = session.progress, session.task
+    stopped = f"at step {progress.step} of {session.loop.schedule.total} with {values_text(task.values)}, before " \
+              "the final structure"
+    log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
+        f"{session.loop.checkpoint}; run the same command without --max-steps to continue")
+    return stopped
 
 
 def finetune_record(session: Session, artifact: Path | None, student_name: str | None, final: dict | None,
