@@ -3,7 +3,7 @@ there, results and logs fetched back and, with a pipeline run folder, merged int
 
 ``deploy(bundle, hosts, DeployConfig(...), report=RUN_DIR)`` returns one record per device. The
 system's OpenSSH does the work (edge.deploy.ssh: host keys checked, every remote word quoted);
-edge.deploy.device is one device's copy, run and fetch; edge.deploy.fleet runs devices in parallel
+edge.deploy.device_deploy is one device's copy, run and fetch; edge.deploy.fleet runs devices in parallel
 and shares engines between devices of one identity; edge.deploy.merge writes the report's device
 section (edge.pipeline.device_report renders it).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.deploy.device import RECORD, DeviceDeploy, RunnerOptions
+from edge.deploy.device_deploy import RECORD, DeviceDeploy, RunnerOptions
 from edge.deploy.fleet import deploy_fleet
 from edge.deploy.merge import merge_report
 from edge.deploy.ssh import DeployError, Host, SshOptions, parse_host, read_hosts

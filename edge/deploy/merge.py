@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from edge.deploy.device import RECORD, RESULTS
+from edge.deploy.device_deploy import RECORD, RESULTS
 from edge.errors import EdgeError
 from edge.fileio import write_atomic, write_json_atomic
 from edge.pipeline import device_report

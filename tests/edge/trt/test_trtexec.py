@@ -9,9 +9,9 @@ import json
 import pytest
 
 from edge.errors import EdgeError
-from edge.profile.trtexec import parse_profile, parse_summary, parse_times, trtexec_result
+from edge.profile.trtexec_output import parse_profile, parse_summary, parse_times, trtexec_result
 from edge.trt import BuildConfig
-from edge.trt.trtexec import banner_version, left_out, shape_arguments, trtexec_command
+from edge.trt.trtexec_command import banner_version, left_out, shape_arguments, trtexec_command
 
 STAT = ("min = {0} ms, max = 5.82495 ms, mean = 4.29966 ms, median = 4.29718 ms, percentile(90%) = 4.30725 ms, "
         "percentile(95%) = 4.31128 ms, percentile(99%) = 4.32874 ms")

@@ -37,8 +37,8 @@ from edge.latency.grid import GridConfig
 from edge.latency.measure import TimingConfig, measure_table, time_graphs
 from edge.latency.table import here
 from edge.models.zoo import data_config
-from edge.plan.report import markdown, plot
-from edge.plan.search import Point, Search, SearchConfig, SearchResult
+from edge.planner.report import markdown, plot
+from edge.planner.search import Point, Search, SearchConfig, SearchResult
 
 TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json", "model", "finetuned"
 
