@@ -32,7 +32,7 @@ from edge.compress.block_approx import ApproximatedSpan, SpanStep
 from edge.compress.compressor import costs
 from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, calibration_set, load_dataset
-from edge.evaluate import evaluate
+from edge.check.accuracy import evaluate
 from edge.models import data_config
 from edge.progress import log
 from edge.runtime import hardware, set_threads

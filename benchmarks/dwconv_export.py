@@ -37,11 +37,11 @@ from edge.compress import is_artifact, load_artifact
 from edge.compress.dwconv import DepthwiseAttention
 from edge.data import ArrayPreprocess, InputSpec, load_dataset
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
+from edge.check.accuracy import evaluate
 from edge.export import export
 from edge.graph.clean import clean_file
 from edge.models import data_config
-from edge.onnx_model import OnnxClassifier
+from edge.check.onnx_classifier import OnnxClassifier
 from edge.progress import log
 from edge.runtime import set_threads
 

@@ -23,7 +23,7 @@ from _results import provenance  # benchmarks/ is on sys.path: run as python ben
 from edge.compress import CompressConfig, compress
 from edge.compress.load import load_model
 from edge.data import InputSpec, load_dataset
-from edge.evaluate import evaluate
+from edge.check.accuracy import evaluate
 from edge.fileio import write_json_atomic
 from edge.models import data_config
 from edge.progress import log

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 def accuracy(path: Path, threads: int) -> dict:
     from calib.data import input_spec_of
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
     from edge.data import ArrayPreprocess, load_dataset
 
     data = load_dataset("fmnist", "test")

@@ -105,7 +105,7 @@ def logits_of(path: Path, x, threads: int):
 
     import numpy as np
 
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
 
     saved = path.with_name(f"{path.stem}.{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.logits.npy")
     if saved.is_file():

@@ -44,7 +44,7 @@ import onnx
 
 from calib.data import ArrayCalibrationReader, calibration_images, graph_batch
 from calib.placement import GEMM_OPS, PLACEMENTS, placement_plan, qdq_violations, restrict_to_placement
-from edge.compare import ort_messages
+from edge.check.compare import ort_messages
 from edge.config import MAX_SAMPLES, MAX_SEED, option
 from edge.errors import EdgeError
 from edge.onnx_metadata import CALIBRATION, QDQ_PLACEMENT, set_precision_metadata, source_precision

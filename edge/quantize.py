@@ -38,8 +38,8 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
                data: str) -> dict:
     """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
     from calib.data import graph_batch
-    from edge.compare import ort_session
-    from edge.evaluate import head_mismatch
+    from edge.check.compare import ort_session
+    from edge.check.accuracy import head_mismatch
 
     name = reference.graph.input[0].name
     batch = graph_batch(reference) or len(inputs)

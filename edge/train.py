@@ -33,7 +33,7 @@ from edge.data.augment import random_shift_flip
 from edge.data.images import LabeledImages
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError, plural
-from edge.evaluate import evaluate
+from edge.check.accuracy import evaluate
 from edge.fileio import replace_atomic, write_text_atomic
 from edge.models import create_model, data_config, model_info, parse_model_spec
 from edge.models.weights_io import save_safetensors
@@ -130,7 +130,7 @@ def check_global_batch(samples: int, batch_size: int) -> None:
 
 
 def held_out_accuracy(model: torch.nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
-    """:func:`edge.evaluate.evaluate` without progress; under torchrun each process scores its share of
+    """:func:`edge.check.accuracy.evaluate` without progress; under torchrun each process scores its share of
     ``data`` and the correct counts, sample counts and loss sums are added (the same result in every process)."""
     share = distributed.shard_of(data)
     if not distributed.active():

@@ -233,7 +233,7 @@ def _finetune(model: nn.Module, folder: Path, source: dict, config: PlanJobConfi
     from edge.compress.finetune import FinetuneConfig, finetune
     from edge.data import load_dataset
     from edge.data.preprocess import InputSpec
-    from edge.evaluate import evaluate
+    from edge.check.accuracy import evaluate
 
     tune = FinetuneConfig(data=config.search.data, epochs=config.finetune, seed=config.search.seed,
                           max_steps=config.finetune_max_steps, threads=config.train_threads)

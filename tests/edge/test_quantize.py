@@ -218,7 +218,7 @@ def test_structure_check_catches_a_broken_graph(graphs):
 
 
 def accuracy(path, images, labels, spec):
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
     from edge.data import ArrayPreprocess
 
     session = ort_session(str(path), threads=2)
@@ -283,7 +283,7 @@ def test_fp16_block_list_is_configurable():
     converted, report = convert_to_fp16(model, Fp16Config(block_list=("Gelu",), keep_head_fp32=False))
     assert report.fp32_nodes == ["gelu"] and report.casts == 2  # into Relu's fp16 island, and back for the output
     x = torch.randn(2, 3).numpy()
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
 
     y = ort_session(converted.SerializeToString()).run(None, {"x": x})[0]
     assert y.dtype == np.float32 and np.allclose(y, np.maximum(0.5 * x * (1 + np.vectorize(__import__("math").erf)(

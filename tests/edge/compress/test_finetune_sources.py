@@ -14,7 +14,7 @@ from edge.compress.finetune import FinetuneConfig, distil, finetune, load_distil
 from edge.compress.load import load_model
 from edge.data import InputSpec, balanced_indices, load_dataset
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
+from edge.check.accuracy import evaluate
 from edge.models import create_model, data_config
 from edge.models.weights_io import save_safetensors
 
