@@ -85,7 +85,7 @@ def run(args) -> int:
 
 def _calibration_images(model, source: str, data: str, samples: int):
     """--weakly-typed int8: the seeded, class-balanced images `edge quantize` calibrates on (imported when used)."""
-    from calib.data import calibration_images
+    from edge.precision.calibration import calibration_images
 
     return calibration_images(model, source, data, samples)
 

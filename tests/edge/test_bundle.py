@@ -1,5 +1,5 @@
 """``edge bundle``: from ONNX files and from a pipeline run folder, with a manifest whose checksums the
-device runner checks, written atomically; fp16 and int8 graphs made by edge.quantize on real images."""
+device runner checks, written atomically; fp16 and int8 graphs made by edge.precision.quantize on real images."""
 
 import json
 import tarfile
