@@ -115,7 +115,7 @@ def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph
     from onnx import TensorProto, helper, numpy_helper
 
     from edge.cli import main
-    from edge.trt import trtexec as trtexec_module
+    from edge.trt import trtexec_command as trtexec_module
 
     monkeypatch.setattr(trtexec_module, "find_trtexec", lambda: None)  # as on a host without TensorRT
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
@@ -226,7 +226,7 @@ def test_trtexec_run_reads_its_warnings_from_stderr(tmp_path, capsys, monkeypatc
     import sys
 
     from edge.cli import main
-    from edge.trt import trtexec as trtexec_module
+    from edge.trt import trtexec_command as trtexec_module
 
     summary = "\n".join(line for line in LOG.splitlines() if "[W]" not in line and "&&&&" not in line)
     script = tmp_path / "trtexec"
