@@ -15,9 +15,8 @@ ONNX Runtime calibrates and inserts the Q/DQ pairs; the configuration is TensorR
 A strongly typed TensorRT network takes every tensor's type from the graph, so what is not
 quantized (LayerNorm, Softmax, GELU, the Adds, every GEMM output) runs in the precision the graph
 gives it: with ``float_precision="float16"`` (the default, as ModelOpt's) the graph is raised to
-opset 19 (float16 Q/DQ scales) and the caller converts the rest (edge: its fp16 pass,
-:mod:`edge.precision.quantize`),
-giving TensorRT INT8+FP16; ``"float32"`` keeps INT8+FP32.
+opset 19 (float16 Q/DQ scales) and the caller converts the rest (edge: its fp16 pass, in
+:mod:`edge.precision.quantize`), giving TensorRT INT8+FP16; ``"float32"`` keeps INT8+FP32.
 
 ONNX Runtime's quantizer logs advice to run its pre-processing (symbolic shape inference and
 graph optimisation) on every graph that lacks its tag; the graphs here come from ``edge export``
