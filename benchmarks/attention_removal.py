@@ -44,12 +44,12 @@ from pathlib import Path
 import torch
 from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec, calibration_set
 from edge.errors import EdgeError
-from edge.check.accuracy import evaluate
 from edge.fileio import write_atomic, write_json_atomic
 from edge.models import data_config
 from edge.progress import log

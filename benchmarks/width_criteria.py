@@ -45,11 +45,11 @@ import torch
 from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec
-from edge.check.accuracy import evaluate
 from edge.models import data_config
 from edge.progress import log
 from edge.runtime import resolve_device, set_threads

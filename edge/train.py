@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from edge import __version__, distributed
+from edge.check.accuracy import evaluate
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.augment import random_shift_flip
 from edge.data.images import LabeledImages
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError, plural
-from edge.check.accuracy import evaluate
 from edge.fileio import replace_atomic, write_text_atomic
 from edge.models import create_model, data_config, model_info, parse_model_spec
 from edge.models.weights_io import save_safetensors

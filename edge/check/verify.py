@@ -77,9 +77,9 @@ def verify_pair(a: Side, b: Side, *, real: np.ndarray | None = None, batch: int 
     ``classes`` (the real images' class count), outputs that are not ``classes`` scores per image
     (another data set's head, or features) are compared as features: no top-1 agreement, a note.
     """
+    from edge.check.accuracy import head_mismatch
     from edge.data import ArrayPreprocess, InputSpec
     from edge.errors import EdgeError
-    from edge.check.accuracy import head_mismatch
 
     config = _input_config(a, b)
     spec = InputSpec.from_data_config(config)

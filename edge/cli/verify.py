@@ -47,9 +47,9 @@ def run(args) -> int:
     import sys
 
     from edge.check.compare import Tolerance
+    from edge.check.verify import verify_pair
     from edge.data import load_dataset
     from edge.runtime import set_threads
-    from edge.check.verify import verify_pair
 
     set_threads(args.threads)
     a = load_side(args.a, args.weights, args.img_size, args.threads)

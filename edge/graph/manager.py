@@ -23,8 +23,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from edge.check.compare import Tolerance
-from edge.errors import EdgeError, InternalError
 from edge.check.feeds import InputSet, check_tensor_io, compare_sets, random_feeds, reference_outputs, run_graph
+from edge.errors import EdgeError, InternalError
 from edge.graph.graph_pass import GraphPass, PassResult
 from edge.graph.passes import PASSES
 from edge.graph.upgrade import default_opset, needed_ir_version, upgrade_checked

@@ -11,8 +11,8 @@ import onnx
 from onnx import version_converter
 
 from edge.check.compare import Tolerance
-from edge.errors import EdgeError
 from edge.check.feeds import SAMPLE_LAYOUT, InputSet, compare_sets, reference_outputs, run_graph
+from edge.errors import EdgeError
 
 OWN_OUTPUTS, STORED_OUTPUTS = "its own outputs", "the outputs stored with it"
 

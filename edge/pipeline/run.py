@@ -312,9 +312,9 @@ class VariantRun:
                   "samples": recipe.evaluate.samples, "seed": recipe.seed}
 
         def work() -> dict:
-            from edge.data import InputSpec, balanced_indices
             from edge.check.accuracy import evaluate
             from edge.check.onnx_classifier import OnnxClassifier
+            from edge.data import InputSpec, balanced_indices
 
             dataset = self.ctx.test_set
             if recipe.evaluate.samples is not None:
