@@ -546,7 +546,7 @@ class Benchmark:
 
     def finished(self, out: Path, config) -> dict | None:
         """The fine-tune record of a finished run of this recipe at ``out``, if there is one."""
-        from edge.compress.finetune import RUN_ONLY
+        from edge.train.checkpoint import RUN_ONLY
 
         if not is_artifact(out):
             return None

@@ -39,6 +39,10 @@ def test_the_import_contracts_hold():
     ("edge/compress/method.py", "import edge.compress.registry", ["No import cycles", "Compression: registry"]),
     # a graph pass that loads torch
     ("edge/graph/passes/fold_constants.py", "import torch", ["Graph passes and ONNX helpers"]),
+    # a bundle that reads a pipeline run folder's layout again (allowed by the layers, refused by its own contract)
+    ("edge/bundle.py", "import edge.pipeline.layout", ["Bundle and deploy know no main-job folder"]),
+    # the one training loop reaching for one of its tasks (the distillation)
+    ("edge/train/loop.py", "import edge.train.distillation", ["Training: one loop"]),
 ])
 def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file, line, broken):
     for package in ("edge", "calib", "jetson"):

@@ -72,10 +72,33 @@ def run(args) -> int:
                           workspace_mib=args.workspace, optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
                           plugins=tuple(args.plugin), protocol=protocol)
-    manifest = make_bundle(args.inputs, args.out, config, tar=args.tar, force=args.force,
+    graphs, source = bundle_inputs(args.inputs)
+    manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))
     ids = ", ".join(f"{v['name']}.{v['precision']}" for v in manifest["variants"])
     emit(manifest, args.json, f"wrote {args.out} ({plural(len(manifest['variants']), 'variant')}: {ids}; "
                               f"{plural(len(manifest['files']), 'file')})"
                               + (f" and {manifest['tar']}" if args.tar else ""))
     return 0
+
+
+def bundle_inputs(inputs: list[str]) -> tuple[list, dict]:
+    """The graphs the inputs name, in order (a pipeline run folder: each variant's cleaned graph, as
+    edge.pipeline lists them; an .onnx file: itself), and the manifest's source (its kind, the inputs)."""
+    from pathlib import Path
+
+    from edge.bundle import SourceGraph, onnx_graph
+    from edge.errors import EdgeError
+    from edge.pipeline import deployed_graphs
+
+    graphs = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            graphs += [SourceGraph(name, path) for name, path in deployed_graphs(item)]
+        elif item.suffix == ".onnx" and item.is_file():
+            graphs.append(onnx_graph(item))
+        else:
+            raise EdgeError(f"{item} is neither a pipeline run folder nor an ONNX file",
+                            fix="pass the --out folder of `edge pipeline`, or .onnx files")
+    kind = "pipeline" if any(Path(i).is_dir() for i in inputs) else "onnx"
+    return graphs, {"kind": kind, "paths": [str(i) for i in inputs]}

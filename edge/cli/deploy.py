@@ -1,4 +1,5 @@
-"""``edge deploy``: a bundle onto Jetsons over SSH, benchmarked there, results fetched and merged into a report."""
+"""``edge deploy``: a bundle onto Jetsons over SSH, benchmarked there, results fetched and, with --report,
+handed to the pipeline's report writer (edge.deploy knows no run folder; edge.pipeline writes its report)."""
 
 from __future__ import annotations
 
@@ -119,8 +120,9 @@ def run(args) -> int:
 
         raise EdgeError("no bundle given", expected="a bundle folder or .tar.gz, or --latency-table MODEL",
                         fix="pass the bundle written by `edge bundle --out`")
-    result = deploy(args.bundle, hosts, config, out=args.out, report=args.report,
+    result = deploy(args.bundle, hosts, config, out=results_folder(args),
                     progress=lambda message: print(message, file=sys.stderr, flush=True))
+    result["report"] = report_devices(args.report, result["out"]) if args.report else None
     lines = [f"{d['host']}: {d['status']}" + (f" ({d['error'].splitlines()[0]})" if d["error"] else "")
              for d in result["devices"]]
     lines.append(f"results in {result['out']}" + (f"; report {result['report']}" if result["report"] else ""))
@@ -129,6 +131,25 @@ def run(args) -> int:
                      + ", ".join(result["failed"]))
     emit(result, args.json, "\n".join(lines))
     return 1 if result["failed"] else 0
+
+
+def results_folder(args):
+    """--out; with --report, by default the run's device folder (the run is checked before any device is reached)."""
+    if not args.report:
+        return args.out
+    from edge.pipeline import device_results_folder
+
+    run_devices = device_results_folder(args.report)
+    return args.out or run_devices
+
+
+def report_devices(run_dir: str, results: str) -> str:
+    """The results fetched into ``results`` (every device there) handed to the pipeline's report writer:
+    the run's report gains its device section; the report's path."""
+    from edge.deploy import fetched_devices
+    from edge.pipeline import add_device_results
+
+    return str(add_device_results(run_dir, fetched_devices(results)))
 
 
 def latency_tables(args, hosts, config) -> int:

@@ -1,14 +1,19 @@
 """The device section of a pipeline report: what ``edge deploy`` measured on each device, per variant
 and precision (device latency percentiles, energy per inference, memory) with the device record.
 
-Pure functions of the fetched results, so the pipeline's own report code stays as it is: edge.deploy
-puts :func:`device_section` into ``report.json`` under ``device`` and appends :func:`device_markdown`
-and :func:`device_html` to the rendered report.
+Pure functions of the fetched results (anything shaped as :class:`FetchedDevice`, as edge.deploy reads
+them back; this module imports nothing of it): :func:`device_section` is ``report.json``'s ``device``,
+and edge.pipeline.report, the report's one writer, renders it with :func:`device_markdown` and
+:func:`device_html` after the pipeline's own sections.
 """
 
 from __future__ import annotations
 
 import html
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
 
 FORMAT = "edge-device-report"
 FORMAT_VERSION = 1
@@ -64,8 +69,23 @@ def device_entry(record: dict, run: dict | None, results: dict[str, dict | None]
     }
 
 
-def device_section(devices: list[dict]) -> dict:
-    """``report.json``'s ``device``: every device deployed to from this run folder."""
+class FetchedDevice(Protocol):
+    """One device's folder of fetched results: edge deploy's record, the runner's run summary (None when
+    it wrote none) and its result per variant id."""
+
+    @property
+    def folder(self) -> Path: ...
+    @property
+    def record(self) -> dict: ...
+    @property
+    def run(self) -> dict | None: ...
+    @property
+    def results(self) -> dict[str, dict | None]: ...
+
+
+def device_section(fetched: Iterable[FetchedDevice], run_dir: Path) -> dict:
+    """``report.json``'s ``device``: every device deployed to from the run ``run_dir`` (folders relative to it)."""
+    devices = [device_entry(d.record, d.run, d.results, os.path.relpath(d.folder, run_dir)) for d in fetched]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "devices": devices,
             "failed": [d["label"] for d in devices if d["status"] != "ok"]}
 

@@ -122,7 +122,7 @@ def test_interrupted_run_resumes_to_identical_weights(artifact, tmp_path):
 
 
 def test_the_checkpoint_stays_only_while_resumable_work_remains(artifact, tmp_path, monkeypatch):
-    import edge.compress.finetune as module
+    import edge.train.loop as module  # the one training loop sets each step's learning rate
 
     out = tmp_path / "ft"
     finetune(artifact, out, _config(max_steps=3))  # stopped by --max-steps: artifact of step 3 and its checkpoint

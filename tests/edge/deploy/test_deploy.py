@@ -92,13 +92,15 @@ def statuses(results: Path) -> dict:
 
 def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, capsys):
     """Pipeline run -> bundle -> deploy over SSH (ORT backend, power mode and clocks set) -> the run's
-    report gains the device section; the remote folder's name holds a space and shell characters."""
+    report gains the device section (the pipeline's writer renders it: edge deploy hands it the fetched
+    results); the remote folder's name holds a space and shell characters."""
     server = sshd({})
     device = server.devices[0]
     run = Path(shutil.copytree(pipeline_run, tmp_path / "run"))
     bundle = tmp_path / "bundle"
-    make_bundle([run], bundle, BundleConfig(precisions=("fp32",), protocol=Protocol(
-        warmup=2, iterations=20, duration_s=0.35, idle_s=0.3)))
+    assert main(["bundle", str(run), "--out", str(bundle), "--precision", "fp32", "--warmup", "2", "--iterations",
+                 "20", "--duration", "0.35", "--idle", "0.3"]) == 0
+    capsys.readouterr()
     remote = tmp_path / "remote" / "x y;touch PWNED"
     code = main(["deploy", str(bundle), "--host", str(device.host), *ssh_args(server), "--backend", "ort",
                  "--power-mode", "15W", "--lock-clocks", "--nvpmodel-conf", str(device.fakes.nvpmodel_conf),
@@ -282,6 +284,32 @@ def test_an_interrupted_deploy_run_again_continues_without_redoing_what_is_done(
     # a third run sends nothing and recomputes nothing
     third = only(deploy(bundle, [healthy.host], config(server, remote_dir=str(remote)), out=tmp_path / "out"))
     assert third["copy"]["sent"] == [] and statuses(results) == {"a.fp32": "cached", "b.fp32": "cached"}
+
+
+def test_report_must_name_a_pipeline_run_and_is_checked_before_any_device(bundle, tmp_path, capsys):
+    elsewhere = tmp_path / "not-a-run"
+    elsewhere.mkdir()
+    for out in ([], ["--out", str(tmp_path / "devices")]):
+        code = main(["deploy", str(bundle), "--host", "user@127.0.0.1:1", "--connect-timeout", "1", "--report",
+                     str(elsewhere), *out])
+        assert code == 2 and "holds no report.json" in capsys.readouterr().err
+    assert not (tmp_path / "devices").exists() and not (tmp_path / "bundle-devices").exists()
+
+
+def test_each_deploy_into_a_run_adds_its_devices_to_the_reports_section(bundle, pipeline_run, tmp_path, capsys):
+    """No device answers (port 1, then 2): each failure is recorded in RUN_DIR/device and the pipeline's
+    report writer renders every device folder there, so the section builds up deploy after deploy."""
+    run = Path(shutil.copytree(pipeline_run, tmp_path / "run"))
+    for port in (1, 2):
+        code = main(["deploy", str(bundle), "--host", f"user@127.0.0.1:{port}", "--connect-timeout", "1",
+                     "--report", str(run), "--json"])
+        assert code == 1
+        assert json.loads(capsys.readouterr().out)["report"] == str(run / "report.json")
+    section = json.loads((run / "report.json").read_text())["device"]
+    assert section["failed"] == ["user@127.0.0.1_1", "user@127.0.0.1_2"]
+    assert [d["folder"] for d in section["devices"]] == ["device/user@127.0.0.1_1", "device/user@127.0.0.1_2"]
+    markdown = (run / "report.md").read_text()
+    assert markdown.count("## On the devices") == 1 and "`user@127.0.0.1_2` (user@127.0.0.1:2): failed" in markdown
 
 
 def test_a_tampered_bundle_is_refused_naming_the_file_before_any_device_sees_it(sshd, bundle, tmp_path, capsys):
