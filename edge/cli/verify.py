@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from edge.cli.common import (
     add_command,
     add_data_option,
@@ -15,6 +17,10 @@ from edge.cli.common import (
 )
 from edge.cli.options import Model
 from edge.config import MAX_BATCH
+
+if TYPE_CHECKING:
+    from edge.check.verify import Side
+    from edge.models import ImgSize
 
 EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyTorch against its export
   edge verify runs/ref.onnx runs/ref.clean.onnx --json        # raw export against the cleaned graph
@@ -75,7 +81,7 @@ def run(args) -> int:
     return 0
 
 
-def load_side(spec: str, weights: str | None, img_size, threads: int | None):
+def load_side(spec: str, weights: str | None, img_size: ImgSize | None, threads: int | None) -> Side:
     """One side of ``edge verify``: an .onnx file run with ONNX Runtime, or a model (name or artifact) loaded here."""
     from edge.check.verify import onnx_side, torch_side
 
