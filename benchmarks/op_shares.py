@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import provenance, read_results, write_results  # noqa: E402
 from realisation import export_clean  # noqa: E402
 
-from edge.compare import ort_session, run_ort  # noqa: E402
+from edge.check.compare import ort_session, run_ort  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
 from edge.compress.extract import extract_subnetwork  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402

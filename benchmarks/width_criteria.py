@@ -21,7 +21,7 @@ whole, and nothing is trained. The criteria (:mod:`edge.compress.wpac`):
 
 WPAC and Taylor measure on ``--samples`` seeded, class-balanced training images (the paper's
 1,024). Accuracy is top-1 on the held-out images (the whole test split unless ``--eval-samples``)
-through :func:`edge.evaluate.evaluate`; the original's accuracy on the same images is the
+through :func:`edge.check.accuracy.evaluate`; the original's accuracy on the same images is the
 reference. Each row also records its FLOPs counted with the attention products (``q k^T`` and
 ``attn v``) and without them (how the paper counts MACs); the ``mac_accounting`` section does the
 same for timm's DeiT-S at 224x224 (keep 0.5 of head dims and MLP width), the paper's model.
@@ -45,11 +45,11 @@ import torch
 from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec
-from edge.evaluate import evaluate
 from edge.models import data_config
 from edge.progress import log
 from edge.runtime import resolve_device, set_threads

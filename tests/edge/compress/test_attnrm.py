@@ -295,7 +295,7 @@ def _block_nodes(path, block):
 
 def _export_and_clean(model, plan, tmp_path, spec=TINY):
     report = export(model, tmp_path / "m.onnx", source=spec, plan=plan, data_config=data_config(model))
-    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.compare)
+    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.check.compare)
     cleaned = clean_file(tmp_path / "m.onnx", tmp_path / "c.onnx")
     assert all(r["passed"] for r in cleaned["verification"])
     return tmp_path / "c.onnx"

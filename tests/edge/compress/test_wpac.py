@@ -350,7 +350,7 @@ def _matmul_widths(path):
 def test_export_and_clean_give_aligned_matmuls(tmp_path):
     model, manifest = run("wpac:qk=0.25:v=0.75:mlp=0.5")
     report = export(model, tmp_path / "m.onnx", source=WIDE, plan=manifest["plan"], data_config=data_config(model))
-    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.compare)
+    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.check.compare)
     cleaned = clean_file(tmp_path / "m.onnx", tmp_path / "c.onnx")
     assert all(r["passed"] for r in cleaned["verification"])
     matmuls = _matmul_widths(tmp_path / "c.onnx")

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
 from edge.deploy import DeployConfig, RunnerOptions, checked_source, deploy, parse_host, read_hosts
-from edge.deploy.device import DeviceDeploy
+from edge.deploy.device_deploy import DeviceDeploy
 from edge.errors import EdgeError
 from jetson.bundle import Protocol, read_bundle
 from jetson.energy import Window, rail_energy

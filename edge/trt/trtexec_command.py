@@ -8,7 +8,7 @@ behaviour is the default). The version comes from trtexec's banner, ``[TensorRT 
 trtexec and reading its version are jetson.trtexec's (the device runner builds with it too).
 
 What trtexec prints and exports is read into the ``edge profile`` result schema by
-:mod:`edge.profile.trtexec`.
+:mod:`edge.profile.trtexec_output`.
 """
 
 from __future__ import annotations

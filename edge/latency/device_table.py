@@ -53,9 +53,9 @@ class DeviceTableConfig:
 
 
 def _to_fp16(paths: list[Path]) -> None:
-    """Each part graph converted to fp16 in place, as edge.fp16 converts a model (its float32 islands kept)."""
-    from edge.fp16 import Fp16Config, convert_to_fp16
+    """Each part graph converted to fp16 in place, as edge.precision.fp16 converts a model (float32 islands kept)."""
     from edge.onnx_metadata import set_precision_metadata
+    from edge.precision.fp16 import Fp16Config, convert_to_fp16
 
     for path in paths:
         converted, _ = convert_to_fp16(onnx.load(str(path)), Fp16Config())

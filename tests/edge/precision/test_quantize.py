@@ -13,10 +13,10 @@ import torch
 from onnx import numpy_helper
 
 from calib.placement import qdq_violations
-from calib.qdq import Int8Config
 from edge.errors import EdgeError
-from edge.fp16 import Fp16Config, convert_to_fp16
-from edge.quantize import quantize_file
+from edge.precision.fp16 import Fp16Config, convert_to_fp16
+from edge.precision.int8 import Int8Config
+from edge.precision.quantize import quantize_file
 
 TEST_IMAGES = 300  # the full 10,000: benchmarks/precision.py
 CALIBRATION = 64
@@ -153,7 +153,7 @@ def test_int8_computes_the_unquantized_part_in_float16(graphs):
 def test_int8_modelopt_placement(graphs):
     """ModelOpt's (the default): the branch input of each residual Add, the LayerNorm inputs, no Q/DQ in the head."""
     from calib.placement import _float_view, residual_adds
-    from edge.fp16 import head_nodes
+    from edge.precision.fp16 import head_nodes
 
     model = onnx.load(str(graphs["int8_modelopt"]))
     skip = residual_adds(_float_view(model))
@@ -218,7 +218,7 @@ def test_structure_check_catches_a_broken_graph(graphs):
 
 
 def accuracy(path, images, labels, spec):
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
     from edge.data import ArrayPreprocess
 
     session = ort_session(str(path), threads=2)
@@ -228,8 +228,8 @@ def accuracy(path, images, labels, spec):
 
 
 def test_accuracy_on_fmnist_mini(graphs):
-    from calib.data import input_spec_of
     from edge.data import load_dataset
+    from edge.precision.calibration import input_spec_of
 
     data = load_dataset("fmnist-mini", "test")
     images, labels = data.images[:TEST_IMAGES], data.labels[:TEST_IMAGES]
@@ -243,7 +243,7 @@ def test_accuracy_on_fmnist_mini(graphs):
 
 
 def test_agreement_check_covers_a_static_batch_above_64(graphs):
-    from edge.quantize import _check_images
+    from edge.precision.quantize import _check_images
 
     model = onnx.load(str(graphs["fp32"]))
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 100  # as `edge export --batch 100` writes
@@ -283,7 +283,7 @@ def test_fp16_block_list_is_configurable():
     converted, report = convert_to_fp16(model, Fp16Config(block_list=("Gelu",), keep_head_fp32=False))
     assert report.fp32_nodes == ["gelu"] and report.casts == 2  # into Relu's fp16 island, and back for the output
     x = torch.randn(2, 3).numpy()
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
 
     y = ort_session(converted.SerializeToString()).run(None, {"x": x})[0]
     assert y.dtype == np.float32 and np.allclose(y, np.maximum(0.5 * x * (1 + np.vectorize(__import__("math").erf)(

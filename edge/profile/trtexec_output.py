@@ -1,4 +1,4 @@
-"""trtexec's output in the result schema of ``edge profile`` (the command itself: :mod:`edge.trt.trtexec`).
+"""trtexec's output in the result schema of ``edge profile`` (the command itself: :mod:`edge.trt.trtexec_command`).
 
 The parsers read what trtexec prints and exports (TensorRT 10.3 through 11): the
 "=== Performance summary ===" block (lines may carry a timestamp and a ``[I]`` prefix; the

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from edge.compare import Comparison, Tolerance, compare_arrays, ort_session
+from edge.check.compare import Comparison, Tolerance, compare_arrays, ort_session
 from edge.errors import EdgeError
 
 Feeds = dict[str, np.ndarray]

@@ -1,23 +1,20 @@
 """``edge verify``: do two models or graphs compute the same function (within tolerance)?
 
-A side is a PyTorch model (a name or an artifact, see :func:`edge.compress.load.load_model`) or
-an ONNX graph; both are run on the same seeded random inputs and real images and compared with
-:mod:`edge.compare`.
+A side is a PyTorch model or an ONNX graph; both are run on the same seeded random inputs and
+real images and compared with :mod:`edge.check.compare`. A side is made from what the caller
+hands in (:func:`torch_side`: a loaded model, :func:`onnx_side`: a graph's path): loading a model
+by name or from an artifact is the caller's (``edge verify`` uses :func:`edge.compress.load.load_model`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from edge.compare import Tolerance, compare_arrays
-from edge.torch_compare import verification_inputs
-
-if TYPE_CHECKING:
-    from edge.models import ImgSize
+from edge.check.compare import Tolerance, compare_arrays
+from edge.check.torch_compare import verification_inputs
 
 
 @dataclass
@@ -30,27 +27,29 @@ class Side:
     run: object  # callable: float32 tensor [N, C, H, W] -> numpy array
 
 
-def load_side(spec: str, weights: str | None = None, img_size: ImgSize | None = None,
-              threads: int | None = None) -> Side:
-    if spec.endswith(".onnx"):
-        from edge.onnx_model import OnnxClassifier
+def onnx_side(path: str, threads: int | None = None) -> Side:
+    """The side of an ONNX graph, run with ONNX Runtime; its input from the graph's edge metadata, if any."""
+    from edge.check.onnx_classifier import OnnxClassifier
 
-        graph = OnnxClassifier(spec, threads=threads)
-        try:
-            config = graph.data_config()
-        except Exception:  # noqa: BLE001 - a foreign graph without edge metadata: shape from the input only
-            config = None
-        return Side(spec, "onnxruntime", config, lambda x: graph(x).numpy())
-    from edge.compress.load import load_model
+    graph = OnnxClassifier(path, threads=threads)
+    try:
+        config = graph.data_config()
+    except Exception:  # noqa: BLE001 - a foreign graph without edge metadata: shape from the input only
+        config = None
+    return Side(path, "onnxruntime", config, lambda x: graph(x).numpy())
+
+
+def torch_side(name: str, model: torch.nn.Module) -> Side:
+    """The side of a loaded PyTorch model (put in eval mode), named ``name`` in the result."""
     from edge.models import data_config
 
-    model = load_model(spec, weights=weights, img_size=img_size).eval()
+    model = model.eval()
 
     @torch.no_grad()
     def run(x: torch.Tensor) -> np.ndarray:
         return model(x).float().numpy()
 
-    return Side(spec, "torch", data_config(model), run)
+    return Side(name, "torch", data_config(model), run)
 
 
 def _input_config(a: Side, b: Side) -> dict:
@@ -78,9 +77,9 @@ def verify_pair(a: Side, b: Side, *, real: np.ndarray | None = None, batch: int 
     ``classes`` (the real images' class count), outputs that are not ``classes`` scores per image
     (another data set's head, or features) are compared as features: no top-1 agreement, a note.
     """
+    from edge.check.accuracy import head_mismatch
     from edge.data import ArrayPreprocess, InputSpec
     from edge.errors import EdgeError
-    from edge.evaluate import head_mismatch
 
     config = _input_config(a, b)
     spec = InputSpec.from_data_config(config)

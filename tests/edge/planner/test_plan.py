@@ -21,8 +21,8 @@ from edge.latency.grid import GridConfig, grid_parts  # noqa: E402
 from edge.latency.orin import estimate_table  # noqa: E402
 from edge.models import create_model  # noqa: E402
 from edge.models.info import model_info  # noqa: E402
-from edge.plan import Point, SearchConfig, pareto_front, search  # noqa: E402
-from edge.plan.job import PlanJobConfig, TargetConfig, plan_to_budget, wanted_target  # noqa: E402
+from edge.planner import Point, SearchConfig, pareto_front, search  # noqa: E402
+from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget, wanted_target  # noqa: E402
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=64,num_heads=2"
 SOURCE = {"model": TINY}
@@ -165,7 +165,7 @@ def test_a_table_from_the_device_target_with_its_own_backend_is_used(tiny, table
 
 
 def test_a_plan_that_misses_the_budget_when_timed_tightens_it_by_how_optimistic_its_prediction_was():
-    from edge.plan.job import _verdict
+    from edge.planner.job import _verdict
 
     timed = {"plans": [{"speedup": 1.6, "predicted_speedup": 2.0, "measured_ms": 5.0, "predicted_ms": 4.0}]}
     met, factor = _verdict(SearchConfig(budget=0.5), 4.2, timed)
@@ -177,7 +177,7 @@ def test_a_plan_that_misses_the_budget_when_timed_tightens_it_by_how_optimistic_
 
 
 def test_the_search_walks_on_from_where_it_stopped(tiny, table):
-    from edge.plan.search import Search
+    from edge.planner.search import Search
 
     walk = Search(tiny, SOURCE, SearchConfig(budget=0.9, **FAST), table)
     first = walk.run_to(0.9 * walk.original.predicted_ms)

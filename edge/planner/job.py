@@ -37,8 +37,8 @@ from edge.latency.grid import GridConfig
 from edge.latency.measure import TimingConfig, measure_table, time_graphs
 from edge.latency.table import here
 from edge.models.zoo import data_config
-from edge.plan.report import markdown, plot
-from edge.plan.search import Point, Search, SearchConfig, SearchResult
+from edge.planner.report import markdown, plot
+from edge.planner.search import Point, Search, SearchConfig, SearchResult
 
 TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json", "model", "finetuned"
 
@@ -229,11 +229,11 @@ def plan_to_budget(model: nn.Module, source: dict, out: str | Path, config: Plan
 
 def _finetune(model: nn.Module, folder: Path, source: dict, config: PlanJobConfig, say: Callable[[str], None]) -> dict:
     """Distil the chosen plan; its accuracy before and after, and the original's, on the whole test split."""
+    from edge.check.accuracy import evaluate
     from edge.compress.artifact import read_manifest
     from edge.compress.finetune import FinetuneConfig, finetune
     from edge.data import load_dataset
     from edge.data.preprocess import InputSpec
-    from edge.evaluate import evaluate
 
     tune = FinetuneConfig(data=config.search.data, epochs=config.finetune, seed=config.search.seed,
                           max_steps=config.finetune_max_steps, threads=config.train_threads)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import torch
 
-from edge.compare import ort_session
+from edge.check.compare import ort_session
 from edge.errors import EdgeError
 from edge.onnx_metadata import metadata_of, preprocessing
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edge.compare import Comparison, Tolerance, compare_arrays, run_ort
+from edge.check.compare import Comparison, Tolerance, compare_arrays, run_ort
 
 
 def verification_inputs(input_size: tuple[int, ...], batch: int, real: torch.Tensor | None, seed: int = 0) -> dict:

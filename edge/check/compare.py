@@ -2,7 +2,7 @@
 absolute error <= 1e-4 and relative L2 error <= 1e-5), and ONNX Runtime sessions to run them.
 
 Pure numpy and ONNX Runtime (the graph passes verify each change with it); the comparison with a
-PyTorch model is :mod:`edge.torch_compare`.
+PyTorch model is :mod:`edge.check.torch_compare`.
 
 ONNX Runtime's notes (its optimiser's "UnsqueezeElimination cannot remove node ...", its
 quantizer's "Please consider to run pre-processing ...") are nothing a user of edge can act on.

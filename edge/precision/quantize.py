@@ -1,6 +1,7 @@
 """``edge quantize``: the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked before it is written.
 
-The float16 conversion is :mod:`edge.fp16`, the int8 quantization :mod:`calib.qdq`; this front door
+The float16 conversion is :mod:`edge.precision.fp16`, the int8 quantization :mod:`edge.precision.int8`
+(over :mod:`calib.qdq`); this front door
 loads the graph, runs one of them, records the precision in the graph's metadata, checks the
 result (``onnx.checker`` and the outputs on real images) and writes it atomically.
 """
@@ -16,8 +17,8 @@ import onnx
 
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.fp16 import Fp16Config, convert_to_fp16, head_nodes
 from edge.onnx_metadata import FLOAT_PRECISION, FP32_OPS, SOFTMAX, set_precision_metadata, source_precision
+from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -38,8 +39,8 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
                data: str) -> dict:
     """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
     from calib.data import graph_batch
-    from edge.compare import ort_session
-    from edge.evaluate import head_mismatch
+    from edge.check.accuracy import head_mismatch
+    from edge.check.compare import ort_session
 
     name = reference.graph.input[0].name
     batch = graph_batch(reference) or len(inputs)
@@ -56,8 +57,9 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
 
 def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> tuple[np.ndarray, int, str]:
     """``count`` test images (or one static batch of the graph when that is larger), the class count, the name."""
-    from calib.data import graph_batch, input_spec_of
+    from calib.data import graph_batch
     from edge.data import ArrayPreprocess, load_dataset
+    from edge.precision.calibration import input_spec_of
 
     count = max(count, graph_batch(model) or 0)
     spec = input_spec_of(model, source)
@@ -100,7 +102,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         set_precision_metadata(converted, "float16", **fp16_metadata(fp16))
         result = {"precision": "float16", "softmax": fp16.softmax_precision(), **report.as_dict()}
     else:
-        from calib.qdq import quantize_int8
+        from edge.precision.int8 import quantize_int8
 
         # ONNX Runtime's histogram calibrators (entropy, percentile) print their progress: to stderr, so
         # that stdout holds only what the caller prints (`--json`: one JSON document)
