@@ -8,7 +8,8 @@ What is timed, per case (shape x batch x dtype x prefix mode):
 
 * ``kernel``: ``tokenDepthwiseConvLaunch`` (plugins/tokenDepthwiseConv) on ``[B, P + H*W, C]``;
 * ``torch``: ``plugins/tokenDepthwiseConv/torch_mixer.py``: Slice, Reshape + NHWC->NCHW, ``F.conv2d(groups=C)``,
-  NCHW->NHWC + Reshape, the prefix outputs (mean or pool), Concat: what the exported graph runs today.
+  NCHW->NHWC + Reshape, the prefix outputs (mean or pool), Concat: what the exported graph runs today;
+* ``copy``: ``Tensor.copy_`` of the tokens, the floor for any kernel that reads and writes them once.
 
 Two ways: ``graph`` captures ``--calls`` back-to-back calls in one CUDA graph and replays it
 ``--iterations`` times (GPU time per call, without Python or launch overhead); ``eager`` records CUDA events
@@ -91,6 +92,12 @@ def kernel_call(library, case: dict):
     return loader.bind_token_depthwise_conv(library, case["tokens"], out, case["weight"], case["bias"],
                                             grid=case["grid"], prefix_tokens=case["prefix_tokens"],
                                             prefix_mode=case["prefix_mode"], prefix_weights=case["prefix_weights"])
+
+
+def copy_call(case: dict):
+    """The bandwidth floor: one device copy of the tokens (read once, written once)."""
+    out = torch.empty_like(case["tokens"])
+    return lambda: out.copy_(case["tokens"])
 
 
 def time_eager(make_call, iterations: int) -> list[float]:
@@ -180,7 +187,8 @@ def max_relative_error(library, case: dict) -> float:
 def run_case(library, shape: str, batch: int, dtype: str, mode: str, args) -> dict:
     channels, grid, prefix_tokens = SHAPES[shape]
     case = make_case(channels, grid, prefix_tokens, batch, DTYPES[dtype], mode, args.k)
-    timings = measure({"kernel": lambda: kernel_call(library, case), "torch": lambda: torch_call(case)}, args)
+    timings = measure({"kernel": lambda: kernel_call(library, case), "torch": lambda: torch_call(case),
+                       "copy": lambda: copy_call(case)}, args)
     row = {"shape": shape, "channels": channels, "grid": list(grid), "prefix_tokens": prefix_tokens, "batch": batch,
            "dtype": dtype, "prefix_mode": mode, "k": args.k, "bytes": minimal_bytes(case),
            "max_relative_error": max_relative_error(library, case), **timings}
@@ -188,7 +196,10 @@ def run_case(library, shape: str, batch: int, dtype: str, mode: str, args) -> di
         if row["kernel"][way] and row["torch"][way]:
             row[f"speedup_{way}"] = row["torch"][way]["median_us"] / row["kernel"][way]["median_us"]
             row[f"kernel_gbps_{way}"] = row["bytes"] / row["kernel"][way]["median_us"] / 1e3
+        if row["kernel"][way] and row["copy"][way]:
+            row[f"copy_ratio_{way}"] = row["kernel"][way]["median_us"] / row["copy"][way]["median_us"]
     print(f"{shape} b{batch} {dtype} {mode}: kernel {fmt(row['kernel'])}  torch {fmt(row['torch'])}  "
+          f"copy {fmt(row['copy'])}  "
           f"err {row['max_relative_error']:.2e}", file=sys.stderr, flush=True)
     return row
 
@@ -263,24 +274,27 @@ def markdown(r: dict) -> str:
         f"in {s['rounds']} alternating rounds. `graph`: microseconds per call from CUDA graphs of "
         f"{s['calls_per_graph']} back-to-back calls (GPU time); `eager`: CUDA events around one call from Python "
         f"(launch overhead included). Median (p90). GB/s: {s['bytes']}, over the kernel's graph median. "
+        "`copy`: one device copy of the tokens (`Tensor.copy_`, the bandwidth floor of a kernel that reads and "
+        "writes them once); `/copy`: kernel over copy, graph medians. "
         "Error: largest |kernel - float64 truth| over the largest |truth|.",
         "",
-        "| shape | B | dtype | prefix | kernel graph us | torch graph us | speedup | kernel GB/s | kernel eager us "
-        "| torch eager us | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | B | dtype | prefix | kernel graph us | torch graph us | speedup | kernel GB/s | copy graph us "
+        "| /copy | kernel eager us | torch eager us | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         shape = f"{row['channels']} ch, {row['grid'][0]}x{row['grid'][1]}, P={row['prefix_tokens']}"
-        k, t = row["kernel"], row["torch"]
+        k, t, c = row["kernel"], row["torch"], row["copy"]
         speedup = f"{row['speedup_graph']:.2f}x" if "speedup_graph" in row else "-"
         gbps = f"{row['kernel_gbps_graph']:.0f}" if "kernel_gbps_graph" in row else "-"
+        ratio = f"{row['copy_ratio_graph']:.2f}" if "copy_ratio_graph" in row else "-"
         lines.append(
             f"| {shape} | {row['batch']} | {row['dtype']} | {row['prefix_mode']} "
             f"| {_us(k['graph'])} ({_us(k['graph'], 'p90_us')}) | {_us(t['graph'])} ({_us(t['graph'], 'p90_us')}) "
-            f"| {speedup} | {gbps} | {_us(k['eager'])} ({_us(k['eager'], 'p90_us')}) "
+            f"| {speedup} | {gbps} | {_us(c['graph'])} | {ratio} | {_us(k['eager'])} ({_us(k['eager'], 'p90_us')}) "
             f"| {_us(t['eager'])} ({_us(t['eager'], 'p90_us')}) | {row['max_relative_error']:.1e} |")
     failed = [f"{row['shape']} b{row['batch']} {row['dtype']} {row['prefix_mode']} {name}: {row[name]['graph_error']}"
-              for row in r["rows"] for name in ("kernel", "torch") if row[name]["graph_error"]]
+              for row in r["rows"] for name in ("kernel", "torch", "copy") if row[name]["graph_error"]]
     if failed:
         lines += ["", "CUDA graph capture failed (eager numbers only):", "", *[f"- {f}" for f in failed]]
     return "\n".join(lines) + "\n"

@@ -80,9 +80,10 @@ def bind_token_depthwise_conv(library: ctypes.CDLL, tokens, out, weight, bias=No
                               prefix_tokens: int = 0, prefix_mode: str = "mean", prefix_weights=None):
     """A no-argument function that enqueues the kernel from ``tokens`` into ``out`` on torch's current stream.
 
-    Arguments are checked and converted once (weights to fp32 on the tokens' device: ``weight``
-    ``[C, k, k]`` or ``[C, 1, k, k]``), so that repeated calls cost one ctypes call each (benchmarks,
-    CUDA graph capture). The function returns nothing and raises RuntimeError on a non-zero cudaError_t.
+    Arguments are checked and converted once: weights to fp32 on the tokens' device, ``weight`` from
+    PyTorch's ``[C, 1, k, k]`` (or ``[C, k, k]``) to the kernel's tap-major ``[k*k, C]``. Repeated calls
+    then cost one ctypes call each (benchmarks, CUDA graph capture). The function returns nothing and
+    raises RuntimeError on a non-zero cudaError_t.
     """
     import torch
 
@@ -95,7 +96,8 @@ def bind_token_depthwise_conv(library: ctypes.CDLL, tokens, out, weight, bias=No
         raise ValueError(f"out {tuple(out.shape)} {out.dtype}: expected {tuple(tokens.shape)} {tokens.dtype}")
     batch, _, channels = tokens.shape
     k = weight.shape[-1]
-    kept = [_float32_on(weight.reshape(channels, k, k), tokens.device), _float32_on(bias, tokens.device),
+    tap_major = weight.reshape(channels, k * k).t()     # PyTorch's [C, 1, k, k] -> the kernel's [k*k, C]
+    kept = [_float32_on(tap_major, tokens.device), _float32_on(bias, tokens.device),
             _float32_on(prefix_weights, tokens.device) if prefix_mode == "pool" and prefix_tokens else None]
     stream = torch.cuda.current_stream(tokens.device).cuda_stream
     arguments = (tokens.data_ptr(), out.data_ptr(), *map(_pointer, kept), batch, prefix_tokens, grid[0], grid[1],
@@ -115,7 +117,7 @@ def bind_token_depthwise_conv(library: ctypes.CDLL, tokens, out, weight, bias=No
 
 def token_depthwise_conv(library: ctypes.CDLL, tokens, weight, bias=None, *, grid: tuple[int, int],
                          prefix_tokens: int = 0, prefix_mode: str = "mean", prefix_weights=None):
-    """The kernel's output for ``tokens`` (contiguous fp32/fp16 CUDA ``[B, P + H*W, C]``; layouts as in reference.py)."""
+    """The kernel's output for ``tokens`` (contiguous fp32/fp16 CUDA ``[B, P + H*W, C]``, layouts of reference.py)."""
     import torch
 
     out = torch.empty_like(tokens)

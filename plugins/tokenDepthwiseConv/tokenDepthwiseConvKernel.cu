@@ -3,11 +3,12 @@
  *
  * One launch does both parts, split by block index:
  *   - patch blocks: one thread per (image, patch, pack of N channels); the k x k taps are read straight
- *     from the token layout (neighbour (y+i, x+j) is token P + (y+i)*W + (x+j)); adjacent threads hold
- *     adjacent channel packs, so every tap is one coalesced row read, and the k*k reuse of a token
- *     between neighbouring patches is served by L1/L2.
- *   - prefix blocks: a reduction over tokens per (image, prefix row, 32 channel packs); the block's
- *     256 threads are 32 lanes (channel packs) x 8 slices (every 8th token), summed in shared memory.
+ *     from the token layout (neighbour (y+i, x+j) is token P + (y+i)*W + (x+j)). Adjacent threads hold
+ *     adjacent channel packs, so every tap is one coalesced row read of the tokens and one of the
+ *     tap-major weights; the k*k reuse of a token between neighbouring patches is served by L1/L2.
+ *   - prefix blocks: a reduction over tokens per (image, prefix row, kLanes channel packs); the block's
+ *     256 threads are kLanes lanes (channel packs) x kSlices slices (every kSlices-th token), summed in
+ *     shared memory.
  * The memory-bound Orin case needs no tiling: the whole tensor of a ViT block is read about once.
  */
 #include "tokenDepthwiseConvKernel.h"
@@ -18,8 +19,8 @@
 namespace {
 
 constexpr int kThreads = 256;               // threads per block, both parts
-constexpr int kLanes = 32;                  // prefix part: channel packs per block
-constexpr int kSlices = kThreads / kLanes;  // prefix part: token slices per block
+constexpr int kLanes = 8;                   // prefix part: channel packs per block (8 x 16 bytes: a full row segment)
+constexpr int kSlices = kThreads / kLanes;  // prefix part: token slices per block (32: short loops at batch 1)
 constexpr int kMaxPack = 8;                 // widest channel pack (8 halves = 16 bytes)
 
 // N consecutive channels of one token, loaded and stored as one aligned vector access.
@@ -46,6 +47,24 @@ struct Shape {
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> loadPack(const T* p) { return *reinterpret_cast<const Pack<T, N>*>(p); }
 
+// N consecutive fp32 weights (16-byte loads where N allows; the launcher checks the alignment).
+template <int N>
+__device__ __forceinline__ void loadWeights(const float* p, float (&w)[N]) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(p + j);
+            w[j] = v.x; w[j + 1] = v.y; w[j + 2] = v.z; w[j + 3] = v.w;
+        }
+    } else if constexpr (N == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        w[0] = v.x; w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) w[j] = p[j];
+    }
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void storePack(T* p, const float (&acc)[N]) {
     Pack<T, N> r;
@@ -70,11 +89,14 @@ __device__ void patchOutputs(const T* in, T* out, const float* weight, const flo
     const size_t C = static_cast<size_t>(s.channels);
     const size_t imageRow = static_cast<size_t>(b) * s.tokens;   // token row of image b's first token
     const T* grid = in + (imageRow + s.prefix) * C + c0;         // patch (0, 0), channel c0
-    const float* w = weight + static_cast<size_t>(c0) * k * k;   // [N, k, k] of this pack
 
     float acc[N];
+    if (bias) {
+        loadWeights<N>(bias + c0, acc);
+    } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = bias ? bias[c0 + j] : 0.0f;
+        for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < k; ++i) {
         const int yy = y + i - half;
@@ -84,8 +106,10 @@ __device__ void patchOutputs(const T* in, T* out, const float* weight, const flo
             const int xx = x + t - half;
             if (xx < 0 || xx >= s.gridW) continue;
             const Pack<T, N> v = loadPack<T, N>(grid + static_cast<size_t>(yy * s.gridW + xx) * C);
+            float w[N];
+            loadWeights<N>(weight + static_cast<size_t>(i * k + t) * C + c0, w);   // tap (i, t), channels c0..
 #pragma unroll
-            for (int j = 0; j < N; ++j) acc[j] += w[j * k * k + i * k + t] * toFloat(v.v[j]);
+            for (int j = 0; j < N; ++j) acc[j] += w[j] * toFloat(v.v[j]);
         }
     }
     storePack<T, N>(out + (imageRow + s.prefix + static_cast<size_t>(y) * s.gridW + x) * C + c0, acc);
@@ -118,9 +142,15 @@ __device__ void prefixOutputs(const T* in, T* out, const float* prefixWeights, c
         // mean: the patch tokens P..tokens-1; pool: every token, weighted by prefixWeights[r, n, c].
         for (int n = (mean ? s.prefix : 0) + slice; n < s.tokens; n += kSlices) {
             const Pack<T, N> v = loadPack<T, N>(image + n * C + c0);
-            const float* w = mean ? nullptr : prefixWeights + (static_cast<size_t>(r) * s.tokens + n) * C + c0;
+            float w[N];
+            if (mean) {
 #pragma unroll
-            for (int j = 0; j < N; ++j) acc[j] += (mean ? 1.0f : w[j]) * toFloat(v.v[j]);
+                for (int j = 0; j < N; ++j) w[j] = 1.0f;
+            } else {
+                loadWeights<N>(prefixWeights + (static_cast<size_t>(r) * s.tokens + n) * C + c0, w);
+            }
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[j] += w[j] * toFloat(v.v[j]);
         }
     }
 #pragma unroll
@@ -186,11 +216,17 @@ cudaError_t launchForKernelSize(const void* input, void* output, const float* we
 
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// The widest pack (at most 16 bytes) that divides C and keeps every token row of both tensors aligned.
+// The widest pack (at most 16 bytes of T) that divides C and keeps every row of the tokens aligned to the
+// pack, and every row of the fp32 weights aligned to the vector loads loadWeights<N> makes.
 template <typename T>
-int packWidth(const void* input, const void* output, int channels) {
+int packWidth(const void* input, const void* output, const float* weight, const float* bias,
+              const float* prefixWeights, int channels) {
     for (int n = 16 / static_cast<int>(sizeof(T)); n > 1; n /= 2) {
-        if (channels % n == 0 && aligned(input, n * sizeof(T)) && aligned(output, n * sizeof(T))) return n;
+        const size_t floatBytes = (n % 4 == 0 ? 4 : n) * sizeof(float);
+        const bool weightsAligned = aligned(weight, floatBytes) && (!bias || aligned(bias, floatBytes)) &&
+                                    (!prefixWeights || aligned(prefixWeights, floatBytes));
+        if (channels % n == 0 && aligned(input, n * sizeof(T)) && aligned(output, n * sizeof(T)) && weightsAligned)
+            return n;
     }
     return 1;
 }
@@ -198,7 +234,7 @@ int packWidth(const void* input, const void* output, int channels) {
 template <typename T>
 cudaError_t launchTyped(const void* input, void* output, const float* weight, const float* bias,
                         const float* prefixWeights, const Shape& s, cudaStream_t stream) {
-    switch (packWidth<T>(input, output, s.channels)) {
+    switch (packWidth<T>(input, output, weight, bias, prefixWeights, s.channels)) {
         case 8: return launchForKernelSize<T, 8>(input, output, weight, bias, prefixWeights, s, stream);
         case 4: return launchForKernelSize<T, 4>(input, output, weight, bias, prefixWeights, s, stream);
         case 2: return launchForKernelSize<T, 2>(input, output, weight, bias, prefixWeights, s, stream);

@@ -5,11 +5,14 @@
  * Layouts (row-major, C contiguous):
  *   input, output   [B, P + H*W, C]   token n < P is a prefix token ([CLS], registers); token P + y*W + x
  *                                     is the patch at grid row y, column x.
- *   weight          [C, k, k] fp32    PyTorch's depthwise Conv2d weight [C, 1, k, k] as stored.
+ *   weight          [k, k, C] fp32    tap-major, channel fastest: weight[(i*k + j)*C + c] is PyTorch's depthwise
+ *                                     Conv2d weight[c, 0, i, j] (transpose [C, k*k] -> [k*k, C] once, when the
+ *                                     plugin is created); adjacent threads then read adjacent weights.
  *   bias            [C] fp32          added to every patch output; NULL means zero. Never added to prefix tokens.
  *   prefixWeights   [P, P + H*W, C]   fp32, TOKEN_DW_PREFIX_POOL only (DepthwiseAttention.prefix_weights); else NULL.
  *
- * Patch outputs: out[b, P + y*W + x, c] = bias[c] + sum_{i,j < k} weight[c, i, j] * in[b, P + (y+i-k/2)*W + (x+j-k/2), c]
+ * Patch outputs: out[b, P + y*W + x, c] = bias[c] + sum_{i,j < k} weight[i, j, c]
+ *                                                   * in[b, P + (y+i-k/2)*W + (x+j-k/2), c]
  * with zero padding (taps outside the grid contribute nothing): PyTorch's Conv2d(padding=k//2, groups=C).
  *
  * Prefix outputs (P > 0), by prefix mode:
