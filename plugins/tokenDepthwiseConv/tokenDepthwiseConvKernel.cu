@@ -255,10 +255,11 @@ bool validArguments(const void* input, const void* output, const float* weight, 
 
 }  // namespace
 
-extern "C" int tokenDepthwiseConvLaunch(const void* input, void* output, const float* weight, const float* bias,
-                                        const float* prefixWeights, int batch, int prefixTokens, int gridH,
-                                        int gridW, int channels, int kernelSize, int prefixMode, int dataType,
-                                        cudaStream_t stream) {
+extern "C" TOKEN_DW_API int tokenDepthwiseConvLaunch(const void* input, void* output, const float* weight,
+                                                     const float* bias, const float* prefixWeights, int batch,
+                                                     int prefixTokens, int gridH, int gridW, int channels,
+                                                     int kernelSize, int prefixMode, int dataType,
+                                                     cudaStream_t stream) {
     const Shape s{batch, prefixTokens, gridH, gridW, channels, kernelSize, prefixMode, prefixTokens + gridH * gridW};
     if (!validArguments(input, output, weight, prefixWeights, s, dataType)) return cudaErrorInvalidValue;
     const cudaError_t status = dataType == TOKEN_DW_FLOAT16

@@ -30,6 +30,9 @@
 
 #include <cuda_runtime_api.h>
 
+/* Exported from the plugin library even when it is built with hidden visibility (plugins/CMakeLists.txt). */
+#define TOKEN_DW_API __attribute__((visibility("default")))
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,9 +48,10 @@ enum TokenDepthwiseDataType { TOKEN_DW_FLOAT32 = 0, TOKEN_DW_FLOAT16 = 1 };
  * arguments outside the contract (odd k >= 1, k <= min(H, W), sizes > 0, P >= 0, prefixWeights given
  * exactly when P > 0 and mode is POOL, known mode and data type), or the launch error.
  */
-int tokenDepthwiseConvLaunch(const void* input, void* output, const float* weight, const float* bias,
-                             const float* prefixWeights, int batch, int prefixTokens, int gridH, int gridW,
-                             int channels, int kernelSize, int prefixMode, int dataType, cudaStream_t stream);
+TOKEN_DW_API int tokenDepthwiseConvLaunch(const void* input, void* output, const float* weight, const float* bias,
+                                          const float* prefixWeights, int batch, int prefixTokens, int gridH,
+                                          int gridW, int channels, int kernelSize, int prefixMode, int dataType,
+                                          cudaStream_t stream);
 
 #ifdef __cplusplus
 }
