@@ -2,7 +2,9 @@
 
 * CPU: ``plugins/tokenDepthwiseConv/reference.py`` equals the mixer of :class:`DepthwiseAttention`
   (the input of its output projection) for prefix modes mean, pool and drop, k = 3 and 5, P = 0, 1, 4.
-* nvcc: the kernel compiles for sm_87 (Orin) and sm_90 (H100/H200); skipped without nvcc.
+* nvcc: the kernel compiles for sm_87 (Orin) and sm_90 (H100/H200); skipped without nvcc. With TensorRT's
+  headers (``TENSORRT_INCLUDE_DIR``, or the system paths) the IPluginV3 wrapper's host-side checks
+  (``token_depthwise_plugin_check.cpp``: fields, validation, formats, serialize round trip) build and pass.
 * GPU (marker ``gpu``): the shared library built for the present GPU equals the PyTorch layout round trip
   (``torch_mixer.py``, run in float64) within 1e-5 (fp32) and 1e-3 (fp16), relative to the largest output.
 """
@@ -10,7 +12,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +108,33 @@ def test_kernel_compiles(sm, tmp_path):
                              "-o", str(tmp_path / "kernel.o")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "kernel.o").stat().st_size > 0
+
+
+def tensorrt_include_dir() -> Path | None:
+    """TensorRT's headers: $TENSORRT_INCLUDE_DIR, else where JetPack and NVIDIA's Debian packages put them."""
+    candidates = [os.environ.get("TENSORRT_INCLUDE_DIR", ""), "/usr/include/x86_64-linux-gnu",
+                  "/usr/include/aarch64-linux-gnu", "/usr/include", "/usr/local/tensorrt/include"]
+    return next((Path(c) for c in candidates if c and (Path(c) / "NvInferRuntime.h").is_file()), None)
+
+
+TENSORRT_INCLUDE = tensorrt_include_dir()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda): no CUDA toolkit")
+@pytest.mark.skipif(TENSORRT_INCLUDE is None, reason="TensorRT's headers not found (NvInferRuntime.h): set "
+                    "TENSORRT_INCLUDE_DIR to a TensorRT include folder (e.g. NVIDIA/TensorRT's include/ at v10.3.0)")
+def test_plugin_wrapper_host_checks(tmp_path):
+    plugins = Path(loader.PLUGINS)
+    sources = [Path(__file__).with_name("token_depthwise_plugin_check.cpp"),
+               plugins / "tokenDepthwiseConv" / "tokenDepthwiseConvPlugin.cpp", plugins / "edgePlugins.cpp",
+               *loader.KERNEL_SOURCES]
+    binary = tmp_path / "plugin_check"
+    build = subprocess.run([NVCC, "-std=c++17", "-arch=sm_87", "-isystem", str(TENSORRT_INCLUDE),
+                            f"-I{plugins / 'tokenDepthwiseConv'}", *map(str, sources), "-o", str(binary)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip().endswith("0 failed"), run.stdout + run.stderr
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------
