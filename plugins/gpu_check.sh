@@ -52,7 +52,7 @@ worst = 0.0
 for dtype, tolerance in ((torch.float32, 1e-5), (torch.float16, 1e-3)):
     for b, p, grid, c, k, mode in ((1, 1, (7, 7), 192, 3, "mean"), (2, 1, (14, 14), 768, 3, "pool"),
                                    (2, 4, (6, 5), 24, 5, "pool"), (1, 1, (9, 9), 12, 9, "pool"),
-                                   (2, 1, (4, 5), 7, 3, "mean")):
+                                   (2, 1, (4, 5), 7, 3, "mean"), (1, 1, (52, 52), 8, 3, "pool")):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(b, p + grid[0] * grid[1], c, generator=g).to("cuda", dtype)
         w, bias = torch.randn(c, 1, k, k, generator=g).cuda(), torch.randn(c, generator=g).cuda()
