@@ -1,17 +1,7 @@
 /*
  * Token-layout depthwise convolution (see tokenDepthwiseConvKernel.h for the maths and layouts).
  *
- * Two kernels; the launcher picks the first where it fits:
- *
- * imageKernel (one block per image and group of `lanes` channel packs): the block copies its channels of
- *   all P + H*W tokens of the image into shared memory once (one coalesced read of the tokens), then computes
- *   every patch from there (the k*k reuse of a token costs shared-memory reads, not L2 traffic) and the
- *   prefix outputs as a tree reduction over the same tile. For k = 3 the weights of a thread's channel pack
- *   stay in registers. Fits when (P + H*W) * lanes * 16 bytes <= 40 KiB: every ViT grid up to 2560 tokens.
- *   `lanes` is the largest power of two <= 32 that fits and still gives 2 blocks per SM (batch 1 needs
- *   narrow blocks to fill the GPU).
- *
- * streamingKernel (bigger grids), split by block index:
+ * One launch does both parts, split by block index:
  *   - patch blocks: one thread per (image, patch, pack of N channels); the k x k taps are read straight
  *     from the token layout (neighbour (y+i, x+j) is token P + (y+i)*W + (x+j)). Adjacent threads hold
  *     adjacent channel packs, so every tap is one coalesced row read of the tokens and one of the
@@ -19,8 +9,7 @@
  *   - prefix blocks: a reduction over tokens per (image, prefix row, kLanes channel packs); the block's
  *     256 threads are kLanes lanes (channel packs) x kSlices slices (every kSlices-th token), summed in
  *     shared memory.
- *
- * A channel pack is N consecutive channels read and written as one 16-byte (or narrower) vector.
+ * The memory-bound Orin case needs no tiling: the whole tensor of a ViT block is read about once.
  */
 #include "tokenDepthwiseConvKernel.h"
 
@@ -182,189 +171,12 @@ __device__ void prefixOutputs(const T* in, T* out, const float* prefixWeights, c
     }
 }
 
-// ---- imageKernel: one image's tokens in shared memory ---------------------------------------------------
-constexpr int kTileBytes = 40 * 1024;       // dynamic shared memory for the token tile (+ 8 KiB static below)
-constexpr int kHeldWeights = 72;            // per-thread register budget for weights (k = 3 with 8 channels)
-
-// Where one thread works: channel pack `lane` of the block's group, token slot `slot` of `slots`.
-struct TileThread {
-    int lanes, lane, slot, slots, c0;
-    bool active;                            // the pack exists (C / N need not fill the last group)
-};
-
-template <typename T, int N>
-__device__ void loadTile(Pack<T, N>* tile, const T* image, const Shape& s, const TileThread& t) {
-    if (!t.active) return;
-    const size_t C = static_cast<size_t>(s.channels);
-    for (int n = t.slot; n < s.tokens; n += t.slots) tile[n * t.lanes + t.lane] = loadPack<T, N>(image + n * C);
-}
-
-// Every patch of the image for this thread's channel pack, patches strided by slot.
-template <typename T, int N, int K>
-__device__ void patchesFromTile(const Pack<T, N>* tile, T* result, const float* weight, const float* bias,
-                                const Shape& s, const TileThread& t) {
-    constexpr bool kHeld = K > 0 && K * K * N <= kHeldWeights;
-    const int k = K > 0 ? K : s.k;
-    const int half = k / 2;
-    const size_t C = static_cast<size_t>(s.channels);
-    float held[kHeld ? K * K : 1][N];                    // tap-major weights of this pack, loaded once
-    if constexpr (kHeld) {
-#pragma unroll
-        for (int tap = 0; tap < K * K; ++tap) loadWeights<N>(weight + tap * C + t.c0, held[tap]);
-    }
-    float start[N];
-    if (bias) {
-        loadWeights<N>(bias + t.c0, start);
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) start[j] = 0.0f;
-    }
-    const Pack<T, N>* grid = tile + s.prefix * t.lanes + t.lane;   // patch (0, 0) of this pack
-    for (int p = t.slot; p < s.gridH * s.gridW; p += t.slots) {
-        const int y = p / s.gridW;
-        const int x = p % s.gridW;
-        float acc[N];
-#pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] = start[j];
-#pragma unroll
-        for (int i = 0; i < k; ++i) {
-            const int yy = y + i - half;
-            if (yy < 0 || yy >= s.gridH) continue;       // zero padding
-#pragma unroll
-            for (int tap = i * k; tap < (i + 1) * k; ++tap) {
-                const int xx = x + tap - i * k - half;
-                if (xx < 0 || xx >= s.gridW) continue;
-                const Pack<T, N> v = grid[(yy * s.gridW + xx) * t.lanes];
-                float w[N];
-                if constexpr (kHeld) {
-#pragma unroll
-                    for (int j = 0; j < N; ++j) w[j] = held[tap][j];
-                } else {
-                    loadWeights<N>(weight + tap * C + t.c0, w);
-                }
-#pragma unroll
-                for (int j = 0; j < N; ++j) acc[j] += w[j] * toFloat(v.v[j]);
-            }
-        }
-        storePack<T, N>(result + (s.prefix + p) * C, acc);
-    }
-}
-
-// Sums every slot's acc into slot 0's (a tree over the slots; all threads of the block call it).
-template <int N>
-__device__ void sumOverSlots(float (&acc)[N], const TileThread& t) {
-    __shared__ float partial[kThreads][kMaxPack];
-#pragma unroll
-    for (int j = 0; j < N; ++j) partial[threadIdx.x][j] = acc[j];
-    __syncthreads();
-    for (int stride = t.slots / 2; stride > 0; stride /= 2) {
-        if (t.slot < stride) {
-#pragma unroll
-            for (int j = 0; j < N; ++j) partial[threadIdx.x][j] += partial[threadIdx.x + stride * t.lanes][j];
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = partial[threadIdx.x][j];
-    __syncthreads();                                     // partial is reused by the next prefix row
-}
-
-// Prefix outputs from the tile: the mean of the patch tokens (written to every prefix token), or for each
-// prefix row r the sum over all tokens n of prefixWeights[r, n, c] * token[n, c].
-template <typename T, int N>
-__device__ void prefixFromTile(const Pack<T, N>* tile, T* result, const float* prefixWeights, const Shape& s,
-                               const TileThread& t) {
-    const bool mean = s.mode == TOKEN_DW_PREFIX_MEAN;
-    const size_t C = static_cast<size_t>(s.channels);
-    for (int r = 0; r < (mean ? 1 : s.prefix); ++r) {
-        float acc[N];
-#pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] = 0.0f;
-        for (int n = (mean ? s.prefix : 0) + t.slot; t.active && n < s.tokens; n += t.slots) {
-            const Pack<T, N> v = tile[n * t.lanes + t.lane];
-            float w[N];
-            if (mean) {
-#pragma unroll
-                for (int j = 0; j < N; ++j) w[j] = 1.0f;
-            } else {
-                loadWeights<N>(prefixWeights + (static_cast<size_t>(r) * s.tokens + n) * C + t.c0, w);
-            }
-#pragma unroll
-            for (int j = 0; j < N; ++j) acc[j] += w[j] * toFloat(v.v[j]);
-        }
-        sumOverSlots<N>(acc, t);
-        if (t.slot != 0 || !t.active) continue;
-        if (!mean) {
-            storePack<T, N>(result + r * C, acc);
-            continue;
-        }
-#pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] *= 1.0f / static_cast<float>(s.gridH * s.gridW);
-        for (int p = 0; p < s.prefix; ++p) storePack<T, N>(result + p * C, acc);
-    }
-}
-
-template <typename T, int N, int K>
-__global__ void __launch_bounds__(kThreads)
-    imageKernel(const T* in, T* out, const float* weight, const float* bias, const float* prefixWeights, Shape s,
-                int lanes) {
-    extern __shared__ __align__(16) unsigned char tileBytes[];
-    Pack<T, N>* tile = reinterpret_cast<Pack<T, N>*>(tileBytes);       // [P + H*W tokens][lanes packs]
-    const int packs = s.channels / N;
-    const int groups = (packs + lanes - 1) / lanes;
-    TileThread t;
-    t.lanes = lanes;
-    t.lane = threadIdx.x % lanes;
-    t.slot = threadIdx.x / lanes;
-    t.slots = kThreads / lanes;
-    const int pack = (blockIdx.x % groups) * lanes + t.lane;
-    t.active = pack < packs;
-    t.c0 = pack * N;
-    const size_t offset = static_cast<size_t>(blockIdx.x / groups) * s.tokens * s.channels + t.c0;
-    loadTile<T, N>(tile, in + offset, s, t);
-    __syncthreads();
-    if (t.active) patchesFromTile<T, N, K>(tile, out + offset, weight, bias, s, t);
-    if (s.prefix > 0) prefixFromTile<T, N>(tile, out + offset, prefixWeights, s, t);
-}
-
-int multiprocessors() {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-        return 8;                                        // an Orin Nano 8GB: a safe guess for the heuristic
-    return count;
-}
-
-// Channel packs per imageKernel block, or 0 where one token of one pack per block does not fit (streamingKernel).
-int tileLanes(const Shape& s, int packs, int packBytes) {
-    const long long perLane = static_cast<long long>(s.tokens) * packBytes;
-    int lanes = 32;
-    while (lanes > 1 && (lanes / 2 >= packs || lanes * perLane > kTileBytes)) lanes /= 2;
-    if (lanes * perLane > kTileBytes) return 0;
-    const long long wanted = 2LL * multiprocessors();    // narrower blocks until the grid fills the GPU twice
-    while (lanes > 1 && static_cast<long long>(s.batch) * ((packs + lanes - 1) / lanes) < wanted) lanes /= 2;
-    return lanes;
-}
-
-template <typename T, int N, int K>
-cudaError_t launchImageKernel(const void* input, void* output, const float* weight, const float* bias,
-                              const float* prefixWeights, const Shape& s, int lanes, cudaStream_t stream) {
-    const long long blocks = static_cast<long long>(s.batch) * ((s.channels / N + lanes - 1) / lanes);
-    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-    const size_t tileBytes = static_cast<size_t>(s.tokens) * lanes * sizeof(Pack<T, N>);
-    imageKernel<T, N, K><<<static_cast<unsigned>(blocks), kThreads, tileBytes, stream>>>(
-        static_cast<const T*>(input), static_cast<T*>(output), weight, bias, prefixWeights, s, lanes);
-    return cudaGetLastError();
-}
-
-// ---- streamingKernel: bigger grids, taps read through L1/L2 ------------------------------------------
-
 // Blocks [0, patchBlocks) compute patch tokens, the rest prefix tokens (the split is block-uniform,
 // so the prefix part's __syncthreads is reached by all threads of its block).
 template <typename T, int N, int K>
 __global__ void __launch_bounds__(kThreads)
-    streamingKernel(const T* in, T* out, const float* weight, const float* bias, const float* prefixWeights,
-                    Shape s, long long patchPacks, int patchBlocks) {
+    tokenDepthwiseConvKernel(const T* in, T* out, const float* weight, const float* bias, const float* prefixWeights,
+                             Shape s, long long patchPacks, int patchBlocks) {
     if (static_cast<int>(blockIdx.x) < patchBlocks) {
         const long long pack = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
         if (pack < patchPacks) patchOutputs<T, N, K>(in, out, weight, bias, s, pack);
@@ -374,8 +186,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, int N, int K>
-cudaError_t launchStreamingKernel(const void* input, void* output, const float* weight, const float* bias,
-                                  const float* prefixWeights, const Shape& s, cudaStream_t stream) {
+cudaError_t launchKernel(const void* input, void* output, const float* weight, const float* bias,
+                         const float* prefixWeights, const Shape& s, cudaStream_t stream) {
     const long long patchPacks = static_cast<long long>(s.batch) * s.gridH * s.gridW * (s.channels / N);
     const long long patchBlocks = (patchPacks + kThreads - 1) / kThreads;
     long long prefixBlocks = 0;
@@ -384,18 +196,10 @@ cudaError_t launchStreamingKernel(const void* input, void* output, const float* 
         prefixBlocks = static_cast<long long>(s.batch) * (s.mode == TOKEN_DW_PREFIX_MEAN ? 1 : s.prefix) * groups;
     }
     if (patchBlocks + prefixBlocks > INT32_MAX) return cudaErrorInvalidValue;
-    streamingKernel<T, N, K><<<static_cast<unsigned>(patchBlocks + prefixBlocks), kThreads, 0, stream>>>(
+    tokenDepthwiseConvKernel<T, N, K><<<static_cast<unsigned>(patchBlocks + prefixBlocks), kThreads, 0, stream>>>(
         static_cast<const T*>(input), static_cast<T*>(output), weight, bias, prefixWeights, s, patchPacks,
         static_cast<int>(patchBlocks));
     return cudaGetLastError();
-}
-
-template <typename T, int N, int K>
-cudaError_t launchKernel(const void* input, void* output, const float* weight, const float* bias,
-                         const float* prefixWeights, const Shape& s, cudaStream_t stream) {
-    const int lanes = tileLanes(s, s.channels / N, static_cast<int>(sizeof(Pack<T, N>)));
-    if (lanes > 0) return launchImageKernel<T, N, K>(input, output, weight, bias, prefixWeights, s, lanes, stream);
-    return launchStreamingKernel<T, N, K>(input, output, weight, bias, prefixWeights, s, stream);
 }
 
 // The common kernel sizes get unrolled instantiations; any other odd k runs the generic one.
