@@ -29,14 +29,20 @@ from plugins.tokenDepthwiseConv.torch_mixer import token_depthwise_conv_torch
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3}
 
 
+DEPTHWISE_ATTENTION_HOMES = ("edge.compress.methods.dwconv.module", "edge.compress.methods.dwconv",
+                             "edge.compress.dwconv")
+
+
 def depthwise_attention_class():
-    """DepthwiseAttention where it lives now (edge.compress.methods.dwconv.module) or before the move."""
-    for name in ("edge.compress.methods.dwconv.module", "edge.compress.dwconv"):
+    """DepthwiseAttention from the method's folder (edge.compress.methods.dwconv) or where it was before the move."""
+    for name in DEPTHWISE_ATTENTION_HOMES:
         try:
-            return importlib.import_module(name).DepthwiseAttention
+            module = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
-    raise ImportError("DepthwiseAttention is in neither edge.compress.methods.dwconv.module nor edge.compress.dwconv")
+        if hasattr(module, "DepthwiseAttention"):
+            return module.DepthwiseAttention
+    raise ImportError(f"DepthwiseAttention is in none of {', '.join(DEPTHWISE_ATTENTION_HOMES)}")
 
 
 def random_mixer(prefix: str, prefix_tokens: int, k: int, grid: tuple[int, int], variant: str = "unensembled",
