@@ -34,7 +34,7 @@ from _results import provenance, write_results  # benchmarks/ is on sys.path: ru
 from dwconv_ablation import fine_tuned_folder
 
 from edge.compress import is_artifact, load_artifact
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from edge.data import ArrayPreprocess, InputSpec, load_dataset
 from edge.errors import EdgeError
 from edge.evaluate import evaluate

@@ -36,8 +36,8 @@ from realisation import export_clean  # noqa: E402
 
 from edge.compare import ort_session, run_ort  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
-from edge.compress.extract import extract_subnetwork  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402
+from edge.compress.methods.wpac.extract import extract_subnetwork  # noqa: E402
 from edge.progress import log  # noqa: E402
 from edge.runtime import set_threads  # noqa: E402
 

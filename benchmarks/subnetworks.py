@@ -59,9 +59,9 @@ from realisation import AA, export_clean  # noqa: E402
 from edge.compress import CompressConfig, compress, is_artifact, save_artifact  # noqa: E402
 from edge.compress.artifact import WEIGHTS, read_manifest  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
-from edge.compress.extract import extract_subnetwork  # noqa: E402
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402
+from edge.compress.methods.wpac.extract import extract_subnetwork  # noqa: E402
 from edge.data import InputSpec  # noqa: E402
 from edge.evaluate import evaluate  # noqa: E402
 from edge.fileio import sha256_file  # noqa: E402

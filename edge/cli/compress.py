@@ -124,8 +124,8 @@ def _latency_predictor(step) -> dict:
 def run(args) -> int:
     from edge import distributed
     from edge.compress import CompressConfig, compress, is_artifact, save_artifact
-    from edge.compress.extract import extract_subnetwork, extraction_step
     from edge.compress.load import load_model
+    from edge.compress.methods.wpac.extract import extract_subnetwork, extraction_step
     from edge.runtime import set_threads
 
     set_threads(args.threads)

@@ -1,9 +1,26 @@
-"""The built-in compression methods, one module each; importing this package registers them.
+"""The built-in compression methods, one folder each; importing this package registers them.
 
-A new method is one module here (its steps, modules and :class:`~edge.compress.method.Method`,
-ending with ``register_method(...)``) plus one import line below, and its tests.
+A method is one folder here holding everything of it: its steps and the modules it puts at
+timm's seams, its statistics and fits, its training extras, and ``method.py``, which defines its
+:class:`~edge.compress.method.Method` and ends with ``register_method(...)``. Importing this
+package imports every folder's ``method`` module (:func:`discover`), so a new folder registers
+itself; nothing else lists the methods.
 """
 
-from edge.compress.methods import attnrm, block_approximation, dwconv, wpac
+from __future__ import annotations
 
-__all__ = ["attnrm", "block_approximation", "dwconv", "wpac"]
+import importlib
+import pkgutil
+
+
+def discover() -> tuple[str, ...]:
+    """Import ``method`` of every method folder in this package (which registers it); their names, sorted."""
+    folders = sorted(info.name for info in pkgutil.iter_modules(__path__) if info.ispkg)
+    for folder in folders:
+        importlib.import_module(f"{__name__}.{folder}.method")
+    return tuple(folders)
+
+
+FOLDERS = discover()
+
+__all__ = ["FOLDERS", "discover"]

@@ -8,10 +8,10 @@ from torch import nn
 
 from edge.analysis import entropy
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.attnrm import AffineAttention, AttnRmStep, MLPOnlyBlock
-from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.cost import analytic_flops, measured_flops
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLPOnlyBlock
+from edge.compress.methods.block_approximation.module import ApproximatedSpan
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from edge.compress.plan import parse_plan, plan_grammar
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError

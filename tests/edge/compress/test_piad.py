@@ -15,12 +15,13 @@ import torch
 from edge.cli import main
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.cost import analytic_flops
-from edge.compress.droppable import DroppableAttention, DroppableMlp, Droppables
-from edge.compress.extract import extract_subnetwork
 from edge.compress.finetune import FinetuneConfig, finetune
-from edge.compress.piad import growth_steps, sampled_drops, wpac_parts
-from edge.compress.plan import parse_plan
-from edge.compress.supernet import (
+from edge.compress.methods.wpac.build import cut_widths
+from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
+from edge.compress.methods.wpac.extract import extract_subnetwork
+from edge.compress.methods.wpac.module import NarrowAttention
+from edge.compress.methods.wpac.piad import growth_steps, sampled_drops, wpac_parts
+from edge.compress.methods.wpac.supernet import (
     Part,
     dropped_flops,
     greedy_order,
@@ -30,8 +31,7 @@ from edge.compress.supernet import (
     supernet_record,
     widths_after,
 )
-from edge.compress.width import NarrowAttention
-from edge.compress.wpac_apply import cut_widths
+from edge.compress.plan import parse_plan
 from edge.errors import EdgeError
 from edge.export import export
 from edge.models import create_model, data_config
@@ -431,7 +431,7 @@ def _synthetic_table(supernet, path):
 
 
 def test_a_latency_budget_keeps_the_largest_sub_network_predicted_within_it(supernet, tmp_path):
-    from edge.compress.extract import extract_subnetwork as cut
+    from edge.compress.methods.wpac.extract import extract_subnetwork as cut
     from edge.latency import predict_model
 
     out, _ = supernet

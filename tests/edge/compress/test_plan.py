@@ -1,6 +1,6 @@
 import pytest
 
-from edge.compress.block_approx import AutoStep, SpanStep
+from edge.compress.methods.block_approximation.module import AutoStep, SpanStep
 from edge.compress.plan import parse_plan
 from edge.errors import EdgeError
 
@@ -51,7 +51,7 @@ def test_unknown_method_suggests_close_name():
 
 
 def test_dwconv_steps_parse_to_canonical_form():
-    from edge.compress.dwconv import DWConvStep
+    from edge.compress.methods.dwconv.module import DWConvStep
 
     plan = parse_plan("dwconv:auto=6:init=lsq:k=3:variant=ensembled, linear:9-10")
     step = plan.steps_of("dwconv")[0]

@@ -7,15 +7,15 @@ import torch
 
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.cost import analytic_flops
-from edge.compress.plan import parse_plan, plan_grammar
-from edge.compress.width import NarrowAttention, WpacStep, aligned_width
-from edge.compress.wpac import (
+from edge.compress.methods.wpac.build import build_wpac, place_wpac
+from edge.compress.methods.wpac.module import NarrowAttention, WpacStep, aligned_width
+from edge.compress.methods.wpac.statistics import (
     WeightedMoments,
     collect_statistics,
     permutation_bases,
     principal_axes,
 )
-from edge.compress.wpac_apply import build_wpac, place_wpac
+from edge.compress.plan import parse_plan, plan_grammar
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError
 from edge.export import export

@@ -1,7 +1,7 @@
 """Width compression (SKD's WPAC): the plan step, the aligned widths and the narrower attention module.
 
 A ``wpac`` step keeps a fraction of every attention head's dimensions and of the MLP's hidden
-units in each of its blocks, after ordering them by a criterion (:mod:`edge.compress.wpac`):
+units in each of its blocks, after ordering them by a criterion (:mod:`edge.compress.methods.wpac.statistics`):
 
     wpac:keep=0.5                      half of the Q/K and V head dims and of the MLP width
     wpac:qk=0.5:v=0.75:mlp=0.5         per part (``keep`` is the default of the parts not named)
@@ -10,12 +10,12 @@ units in each of its blocks, after ordering them by a criterion (:mod:`edge.comp
 
 ``keep=1`` truncates nothing: the rotated model computes the same function as the original.
 ``macs=F`` (0 < F <= 1) ranks the aligned units of every part on the calibration images
-(:mod:`edge.compress.importance`, PIAD's importance without training) and drops the lowest until
+(:mod:`edge.compress.methods.wpac.importance`, PIAD's importance without training) and drops the lowest until
 the MACs are at most ``F`` of the model's (attention products counted); the artifact keeps the
 rest of that order (its ``supernet`` record), so ``macs=1`` makes a super-network of WPAC alone.
 On an artifact that carries such a record (``macs=`` or ``edge finetune --piad``), ``edge
 compress ARTIFACT --plan wpac:macs=F`` cuts a sub-network from the record without data
-(:mod:`edge.compress.extract`), and ``wpac:latency-ms=X:table=FILE`` the largest one whose latency
+(:mod:`edge.compress.methods.wpac.extract`), and ``wpac:latency-ms=X:table=FILE`` the largest one whose latency
 predicted from a latency table (``edge profile MODEL --latency-table FILE --grid full``) is at most
 ``X`` ms.
 

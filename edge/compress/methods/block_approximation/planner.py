@@ -18,8 +18,8 @@ from torch import nn
 
 from edge.analysis.collect import BlockMoments
 from edge.analysis.similarity import block_redundancy
-from edge.compress.approximate import apply_spans
-from edge.compress.block_approx import AutoStep, SpanStep
+from edge.compress.methods.block_approximation.fit import apply_spans
+from edge.compress.methods.block_approximation.module import AutoStep, SpanStep
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 
 

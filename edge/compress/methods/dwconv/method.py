@@ -6,16 +6,18 @@ of lowest Sigma_h anywhere, scattered) or ``dwconv:heads=2.0+5.3`` (block.head).
 ``init=gaussian|mean|lsq``, ``k=ODD``, ``variant=unensembled|ensembled|full``,
 ``prefix=mean|pool|attend|drop``, ``order=lowest|highest``, ``ridge=FLOAT`` (for init=lsq).
 
-The module (:class:`~edge.compress.dwconv.DepthwiseAttention`) stands at ``blocks[i].attn``;
-selection and fits are in :mod:`edge.compress.dwconv_apply`, the kernels in
-:mod:`edge.compress.dwconv_init`.
+The module (:class:`~edge.compress.methods.dwconv.module.DepthwiseAttention`) stands at ``blocks[i].attn``;
+selection and fits are in :mod:`edge.compress.methods.dwconv.build`, the kernels in
+:mod:`edge.compress.methods.dwconv.kernels`.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.dwconv import (
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
+from edge.compress.methods.dwconv.build import build_dwconv, dwconv_records, place_dwconv, restore_dwconv
+from edge.compress.methods.dwconv.module import (
     DWCONV,
     DWCONV_CHOICES,
     DWCONV_DEFAULTS,
@@ -24,8 +26,6 @@ from edge.compress.dwconv import (
     DWConvStep,
     drop_prefix_tokens,
 )
-from edge.compress.dwconv_apply import build_dwconv, dwconv_records, place_dwconv, restore_dwconv
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.registry import register_method
 from edge.compress.search import BlockSetSearch

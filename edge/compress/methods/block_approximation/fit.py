@@ -17,7 +17,13 @@ from torch import nn
 
 from edge.analysis.collect import BlockMoments, block_outputs
 from edge.analysis.fit import FittedMap, fit_map, fit_residual
-from edge.compress.block_approx import CLOSED_FORM, TRAINED, ApproximatedSpan, SpanStep, replace_spans
+from edge.compress.methods.block_approximation.module import (
+    CLOSED_FORM,
+    TRAINED,
+    ApproximatedSpan,
+    SpanStep,
+    replace_spans,
+)
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import InternalError
 from edge.models.info import model_info

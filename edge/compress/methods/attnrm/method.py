@@ -4,7 +4,7 @@
 lets NOSE (greedy transfer entropy to the output, :mod:`edge.analysis.entropy`) choose K blocks;
 ``select=first`` (the K lowest free blocks) and ``select=random:seed=S`` (a seeded sample of the
 free blocks) are the paper's baselines. ``init=identity`` (default) puts an
-:class:`~edge.compress.attnrm.MLPOnlyBlock` (scale 1: the residual only) at ``blocks[i]``;
+:class:`~edge.compress.methods.attnrm.module.MLPOnlyBlock` (scale 1: the residual only) at ``blocks[i]``;
 ``init=affine`` (ours, training-free) puts a closed-form affine map of the attention input,
 fitted on the calibration tokens (``ridge=F``, relative, default 1e-4), at ``blocks[i].attn``.
 Dilution learning (scale 2) is ``edge finetune --dilute``.
@@ -19,7 +19,17 @@ from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.attnrm import (
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
+from edge.compress.methods.attnrm.build import (
+    attnrm_records,
+    check_block,
+    fit_affine_attention,
+    place_modules,
+    positions,
+    restore_attnrm,
+    select_blocks,
+)
+from edge.compress.methods.attnrm.module import (
     ATTNRM,
     DEFAULTS,
     INITS,
@@ -29,16 +39,6 @@ from edge.compress.attnrm import (
     AttnRmStep,
     MLPOnlyBlock,
 )
-from edge.compress.attnrm_apply import (
-    attnrm_records,
-    check_block,
-    fit_affine_attention,
-    place_modules,
-    positions,
-    restore_attnrm,
-    select_blocks,
-)
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
 from edge.compress.registry import method_of, methods, register_method
 from edge.compress.search import BlockSetSearch
 from edge.errors import EdgeError
@@ -193,7 +193,7 @@ class AttentionRemoval(Method):
         """Dilution learning (Eq. 9) of the MLP-only blocks when the fine-tune asks for it (``--dilute``)."""
         if not getattr(config, "dilute", False):
             return None
-        from edge.compress.dilution import dilution_phase
+        from edge.compress.methods.attnrm.dilution import dilution_phase
 
         return dilution_phase(student, teacher, config)
 

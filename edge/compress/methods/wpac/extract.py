@@ -1,7 +1,7 @@
 """Cut a sub-network from a super-network artifact: ``edge compress SUPERNET --plan wpac:macs=F``.
 
 A super-network is an artifact whose manifest carries a ``supernet`` record
-(:mod:`edge.compress.supernet`): a wpac model at its widths plus the order in which its aligned
+(:mod:`edge.compress.methods.wpac.supernet`): a wpac model at its widths plus the order in which its aligned
 units go (``edge compress MODEL --plan wpac:macs=1`` ranks them once, ``edge finetune --piad``
 trains them). Extraction drops that order's entries until the MACs are at most ``F`` of the
 artifact's own, slices the weights, and writes an ordinary wpac artifact: no data, no training,
@@ -23,8 +23,9 @@ from torch import nn
 
 from edge.compress.artifact import load_artifact, read_manifest
 from edge.compress.compressor import costs
-from edge.compress.plan import parse_plan
-from edge.compress.supernet import (
+from edge.compress.methods.wpac.build import cut_widths, wpac_records
+from edge.compress.methods.wpac.module import WpacStep
+from edge.compress.methods.wpac.supernet import (
     Part,
     Selection,
     check_record,
@@ -33,8 +34,7 @@ from edge.compress.supernet import (
     select,
     widths_after,
 )
-from edge.compress.width import WpacStep
-from edge.compress.wpac_apply import cut_widths, wpac_records
+from edge.compress.plan import parse_plan
 from edge.errors import EdgeError, InternalError
 from edge.runtime import hardware
 

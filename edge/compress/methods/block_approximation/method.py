@@ -7,9 +7,9 @@ skip (blocks removed, the papers' baseline), mlp and resmlp (trained translators
 comparison baselines). Options: ``ridge=FLOAT`` (relative ridge term), ``prefix=own`` (fit the
 class/register tokens with their own map), ``steps=N`` and ``lr=FLOAT`` for the trained
 translators. ``auto-linear:K`` / ``auto-affine:K`` let the planner choose K blocks by held-out
-fidelity (:mod:`edge.compress.planner`).
+fidelity (:mod:`edge.compress.methods.block_approximation.planner`).
 
-The modules (:class:`~edge.compress.block_approx.ApproximatedSpan`) stand in ``model.blocks``.
+The modules (:class:`~edge.compress.methods.block_approximation.module.ApproximatedSpan`) stand in ``model.blocks``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,18 @@ import torch
 from torch import nn
 
 from edge.analysis.collect import collect_block_moments
-from edge.compress.approximate import fit_spans
-from edge.compress.block_approx import AUTO_METHODS, SPAN_METHODS, ApproximatedSpan, AutoStep, SpanStep, replace_spans
 from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
+from edge.compress.methods.block_approximation.fit import fit_spans
+from edge.compress.methods.block_approximation.module import (
+    AUTO_METHODS,
+    SPAN_METHODS,
+    ApproximatedSpan,
+    AutoStep,
+    SpanStep,
+    replace_spans,
+)
+from edge.compress.methods.block_approximation.planner import plan_auto
 from edge.compress.plan import parse_plan
-from edge.compress.planner import plan_auto
 from edge.compress.registry import register_method
 from edge.compress.search import Move
 from edge.errors import EdgeError

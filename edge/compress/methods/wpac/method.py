@@ -5,8 +5,8 @@ hidden units, in every block; ``wpac:qk=0.5:v=0.75:mlp=0.5`` per part; ``blocks=
 restricts the blocks. Widths are rounded to multiples of ``align`` (head dims, default 16) and
 ``mlp_align`` (MLP width, default 64). ``criterion=wpac|taylor|magnitude|random`` (``seed=S`` for
 random) chooses how dims are ordered before truncation. The modules and grammar are in
-:mod:`edge.compress.width`, the statistics and rotations in :mod:`edge.compress.wpac`, the
-truncation in :mod:`edge.compress.wpac_apply`.
+:mod:`edge.compress.methods.wpac.module`, the statistics and rotations in :mod:`edge.compress.methods.wpac.statistics`, the
+truncation in :mod:`edge.compress.methods.wpac.build`.
 
 In a plan the method comes after the other built-in methods (``order`` 25): a block that a span
 removes, or whose attention another step replaces, is refused (a ``wpac`` step without
@@ -21,11 +21,7 @@ from __future__ import annotations
 from torch import nn
 
 from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
-from edge.compress.registry import register_method
-from edge.compress.search import Move
-from edge.compress.width import CRITERIA, DEFAULTS, OPTION_TYPES, PARTS, USAGE, WPAC, NarrowAttention, WpacStep
-from edge.compress.wpac import collect_statistics
-from edge.compress.wpac_apply import (
+from edge.compress.methods.wpac.build import (
     build_wpac,
     cut_by_macs,
     place_wpac,
@@ -34,6 +30,19 @@ from edge.compress.wpac_apply import (
     step_blocks,
     wpac_records,
 )
+from edge.compress.methods.wpac.module import (
+    CRITERIA,
+    DEFAULTS,
+    OPTION_TYPES,
+    PARTS,
+    USAGE,
+    WPAC,
+    NarrowAttention,
+    WpacStep,
+)
+from edge.compress.methods.wpac.statistics import collect_statistics
+from edge.compress.registry import register_method
+from edge.compress.search import Move
 from edge.errors import EdgeError
 
 
@@ -196,7 +205,7 @@ class WidthCompression(Method):
         """PIAD (progressive importance-aware dropout) of the wpac blocks when the fine-tune asks (``--piad``)."""
         if not getattr(config, "piad", False):
             return None
-        from edge.compress.piad import piad_phase
+        from edge.compress.methods.wpac.piad import piad_phase
 
         options = dict(steps[0].get("options", {})) if steps else {}
         return piad_phase(student, config, {k: options.get(k, DEFAULTS[k]) for k in ("align", "mlp_align")})
