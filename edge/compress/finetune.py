@@ -28,7 +28,7 @@ work remains (a ``max_steps`` stop, Ctrl-C, a crash): a finished run's artifact 
 result is an artifact like the one it started from (same plan and modules, restorable by :func:`load_artifact`), whose
 manifest gains a ``finetune`` record: recipe, teacher, held-out accuracy before and after.
 
-``dilute`` (dilution learning, :mod:`edge.compress.methods.attnrm.dilution`): a method may train its modules
+``dilute`` (dilution learning, :mod:`edge.compress.dilution`): a method may train its modules
 through a temporary structure, a :class:`~edge.compress.method.TrainingPhase` it returns from
 ``training_phase``; here the removed attention of each MLP-only block comes back from the
 teacher and is faded out, its mask M set every step. The phase's state travels in the
@@ -130,10 +130,10 @@ class FinetuneConfig:
     checkpoint_every: int = option(100, minimum=1, maximum=MAX_STEPS)
     dilute: bool = False                  # dilution learning: the removed attention faded out (mask M 1 -> 0)
     # M decays over the first 0.75 of the steps, then a quarter of the run trains the exact saved
-    # structure at M = 0 (why 0.75: edge/compress/methods/attnrm/dilution.py)
+    # structure at M = 0 (why 0.75: edge/compress/dilution.py)
     dilution_fraction: float = option(0.75, above=0, maximum=1)
     dilution_schedule: str = "linear"     # linear | cosine (shape of M's decay in the step index)
-    piad: bool = False                    # progressive importance-aware dropout of a wpac model (edge/compress/methods/wpac/piad.py)
+    piad: bool = False                    # progressive importance-aware dropout of a wpac model (edge/compress/piad.py)
     piad_target: float = option(0.75, above=0, below=1)  # share of the MACs the dropout list grows to drop
     # epochs over which the list grows (default: half of --epochs, rounded up; the rest trains the whole list)
     piad_epochs: int | None = option(None, minimum=1, maximum=MAX_EPOCHS)

@@ -183,6 +183,7 @@ class Method:
     order: ClassVar[int]                             # place in the application order (lower first)
     grammar: ClassVar[str]                           # one paragraph of plan grammar for --help
     calibration_samples: ClassVar[int] = 500         # default calibration size of plans using it (the largest wins)
+    derivations: ClassVar[str] = ""                  # plans that cut a model out of its artifact (derives)
 
     def parse(self, keyword: str, rest: str, text: str) -> Step:
         """``text`` is the whole step, ``keyword`` its lower-cased method word, ``rest`` what follows ``:``."""
@@ -251,6 +252,22 @@ class Method:
         changes before the phase's ``start()``.
         """
         return None
+
+    def derives(self, step: Step) -> bool:
+        """Whether ``step``, as a plan's only step, cuts a model out of a compressed artifact without data
+        (``edge compress ARTIFACT --plan STEP``: WPAC's sub-network of a super-network), see
+        :mod:`edge.compress.derive`."""
+        return False
+
+    def check_derivation(self, step: Step, request: str, manifest: dict, where: str, predict) -> None:
+        """Refuse, before the weights load, a derivation ``request`` that the artifact at ``where`` (its
+        ``manifest``) cannot give; ``predict`` is the caller's latency predictor (``model -> ms``) or None."""
+
+    def derive(self, model: nn.Module, manifest: dict, step: Step, where: str, *, predict=None,
+               predictor: dict | None = None) -> dict:
+        """Cut ``model``, loaded from the artifact at ``where``, in place as ``step`` asks; return the manifest
+        entries that change (``steps`` first, then the method's own: ``supernet``, ``extracted``)."""
+        raise NotImplementedError(f"method {self.name!r} derives nothing from an artifact")
 
     def is_applied(self, model: nn.Module) -> bool:
         return any(isinstance(m, self.module_types) for m in model.modules()) if self.module_types else False

@@ -40,8 +40,8 @@ from torch import nn
 
 from edge.compress import CompressConfig
 from edge.compress.compressor import apply_plan
+from edge.compress.fidelity import Reference, fidelity, outputs
 from edge.compress.method import BuildCache
-from edge.compress.methods.block_approximation.planner import Reference, fidelity, outputs
 from edge.compress.plan import parse_plan
 from edge.compress.registry import methods
 from edge.compress.search import Move, SearchSpace

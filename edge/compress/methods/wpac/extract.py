@@ -1,29 +1,30 @@
 """Cut a sub-network from a super-network artifact: ``edge compress SUPERNET --plan wpac:macs=F``.
 
 A super-network is an artifact whose manifest carries a ``supernet`` record
-(:mod:`edge.compress.methods.wpac.supernet`): a wpac model at its widths plus the order in which its aligned
-units go (``edge compress MODEL --plan wpac:macs=1`` ranks them once, ``edge finetune --piad``
-trains them). Extraction drops that order's entries until the MACs are at most ``F`` of the
-artifact's own, slices the weights, and writes an ordinary wpac artifact: no data, no training,
-seconds. Its manifest records the extraction (``extracted``) and keeps the rest of the order, so
-it is a super-network itself (a sub-network of it equals one cut deeper from the original).
+(:mod:`edge.compress.methods.wpac.supernet`): a wpac model at its widths plus the order in which
+its aligned units go (``edge compress MODEL --plan wpac:macs=1`` ranks them once, ``edge finetune
+--piad`` trains them). Extraction drops that order's entries until the MACs are at most ``F`` of
+the artifact's own, slices the weights, and writes an ordinary wpac artifact: no data, no
+training, seconds. Its manifest records the extraction (``extracted``) and keeps the rest of the
+order, so it is a super-network itself (a sub-network of it equals one cut deeper from the
+original).
 
 ``wpac:latency-ms=X:table=FILE`` walks the same order and keeps the first sub-network whose
 latency a predictor puts at ``X`` ms or less: ``predict(model) -> ms``, which the CLI builds from
 the latency table (:mod:`edge.latency`, a layer above this one: the predictor is passed in).
+
+The artifact is read and written by :mod:`edge.compress.derive` (``derive_model``), which reaches
+this module through the method's ``derives`` / ``check_derivation`` / ``derive`` hooks.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 from torch import nn
 
-from edge.compress.artifact import load_artifact, read_manifest
-from edge.compress.compressor import costs
-from edge.compress.methods.wpac.build import cut_widths, wpac_records
+from edge.compress.cost import analytic_flops
+from edge.compress.methods.wpac.build import cut_widths
 from edge.compress.methods.wpac.module import WpacStep
 from edge.compress.methods.wpac.supernet import (
     Part,
@@ -34,20 +35,28 @@ from edge.compress.methods.wpac.supernet import (
     select,
     widths_after,
 )
-from edge.compress.plan import parse_plan
 from edge.errors import EdgeError, InternalError
-from edge.runtime import hardware
 
 Predictor = Callable[[nn.Module], float]
+REQUESTS = "wpac:macs=F alone (0 < F <= 1 of the artifact's MACs), or wpac:latency-ms=X:table=FILE"
 
 
-def extraction_step(plan_text: str) -> WpacStep | None:
-    """The ``wpac:macs=F`` or ``wpac:latency-ms=X:table=FILE`` step of a plan asking for a sub-network, else None."""
-    steps = parse_plan(plan_text).steps
-    if len(steps) == 1 and isinstance(steps[0], WpacStep) and \
-            (steps[0].macs is not None or steps[0].latency_ms is not None):
-        return steps[0]
-    return None
+def is_extraction(step: WpacStep) -> bool:
+    """Whether ``step`` asks for a sub-network (``wpac:macs=F`` or ``wpac:latency-ms=X:table=FILE``)."""
+    return step.macs is not None or step.latency_ms is not None
+
+
+def check_request(step: WpacStep, request: str, manifest: dict, where: str, predict: Predictor | None) -> dict:
+    """Refuse, before the weights load, a request the artifact at ``where`` cannot answer; its super-network record."""
+    if step.blocks or set(step.options) not in ({"macs"}, {"latency-ms", "table"}):
+        raise EdgeError(f"--plan {request} on the artifact {where}: a compressed model takes only a sub-network "
+                        f"plan", expected=f"--plan {REQUESTS}",
+                        fix="ask for wpac:macs=F, or compress the original model with the other plan")
+    if step.latency_ms is not None and predict is None:
+        raise EdgeError(f"--plan {request} needs a latency predictor", expected="predict=model -> ms "
+                        "(edge compress builds it from the table with edge.latency.predict_model)",
+                        fix="run it through `edge compress`, or pass predict=")
+    return check_record(manifest.get("supernet"), where)
 
 
 def select_by_latency(model: nn.Module, record: dict, budget_ms: float, predict: Predictor,
@@ -79,61 +88,44 @@ def select_by_latency(model: nn.Module, record: dict, budget_ms: float, predict:
     return Selection(flops / full, drops, widths, flops, full, coarser, smallest), figures
 
 
-def extract_subnetwork(folder: str | Path, plan_text: str, *, predict: Predictor | None = None,
-                       predictor: dict | None = None) -> tuple[nn.Module, dict]:
-    """The sub-network of the super-network artifact ``folder`` that the plan asks for: ``(model, manifest)``.
+
+def cut_subnetwork(model: nn.Module, record: dict, step: WpacStep, where: str, *, predict: Predictor | None = None,
+                   predictor: dict | None = None) -> tuple[Selection, dict | None]:
+    """Cut ``model`` (in place) to the sub-network ``step`` asks of its super-network ``record``.
 
     ``wpac:macs=F``: at most ``F`` of its MACs. ``wpac:latency-ms=X:table=FILE``: at most ``X`` ms by
-    ``predict`` (``predictor`` describes it for the manifest: the table, its target).
+    ``predict`` (``predictor`` describes it for the manifest: the table, its target). Returns the
+    selection and the latency figures (None for a MAC cut).
     """
-    start = time.perf_counter()
-    folder = Path(folder)
-    step = extraction_step(plan_text)
-    if step is None or step.blocks or set(step.options) not in ({"macs"}, {"latency-ms", "table"}):
-        raise EdgeError(f"--plan {plan_text} on the artifact {folder}: a compressed model takes only a sub-network "
-                        "plan", expected="--plan wpac:macs=F alone (0 < F <= 1 of the artifact's MACs), or "
-                                         "wpac:latency-ms=X:table=FILE",
-                        fix="ask for wpac:macs=F, or compress the original model with the other plan")
-    if step.latency_ms is not None and predict is None:
-        raise EdgeError(f"--plan {plan_text} needs a latency predictor", expected="predict=model -> ms "
-                        "(edge compress builds it from the table with edge.latency.predict_model)",
-                        fix="run it through `edge compress`, or pass predict=")
-    record = check_record(read_manifest(folder).get("supernet"), str(folder))
-    model, manifest = load_artifact(folder)
-    before = costs(model)
-    if before["flops_analytic"] != int(record["flops"]):
-        raise EdgeError(f"{folder}'s sub-network record counts {record['flops']:,} FLOPs, its model "
-                        f"{before['flops_analytic']:,}", fix="re-create the super-network (the record does not "
-                        "belong to these weights)")
+    flops = analytic_flops(model)
+    if flops != int(record["flops"]):
+        raise EdgeError(f"{where}'s sub-network record counts {record['flops']:,} FLOPs, its model "
+                        f"{flops:,}", fix="re-create the super-network (the record does not belong to these weights)")
     latency = None
     if step.latency_ms is not None and predict is not None:
-        chosen, latency = select_by_latency(model, record, float(step.latency_ms), predict, str(folder))
+        chosen, latency = select_by_latency(model, record, float(step.latency_ms), predict, where)
         latency["predictor"] = predictor or {}
     else:
-        chosen = select(record, float(step.options["macs"]), str(folder))
+        chosen = select(record, float(step.options["macs"]), where)
         cut_widths(model, chosen.widths)
-    after = costs(model)
-    if after["flops_analytic"] != chosen.flops:
-        raise InternalError(f"the cut model counts {after['flops_analytic']:,} FLOPs, the record {chosen.flops:,}")
-    steps = []
-    for entry in manifest["steps"]:
-        if entry["method"] == "wpac":
-            blocks = tuple(b["block"] for b in entry["record"]["blocks"])
-            options = {**{k: v for k, v in entry["options"].items() if k in ("align", "mlp_align")}, **step.options}
-            named = getattr(parse_plan(entry["step"]).steps[0], "blocks", ())
-            entry = {**entry, "step": str(WpacStep(blocks=named, options=options)), "options": options,
-                     "record": {**entry["record"], "blocks": wpac_records(model, blocks)}}
-        steps.append(entry)
-    extracted = {"from": str(folder), "plan": manifest.get("plan"), "fraction": chosen.fraction,
-                 "flops": chosen.flops, "full_flops": chosen.full_flops, "coarser_flops": chosen.coarser_flops,
-                 "smallest_flops": chosen.smallest_flops, "drops": chosen.drops, "ranked_by": record.get("by"),
-                 "trained": chosen.drops <= int(record.get("trained", 0)) if record.get("by") == "piad" else None,
-                 "widths": chosen.widths, **({"latency": latency} if latency else {})}
-    plan = ",".join(entry["step"] for entry in steps)
-    manifest = {**manifest, "plan": plan, "requested_plan": plan_text, "before": before, "after": after,
-                "steps": steps, "supernet": remaining_record(record, chosen, chosen.flops),
-                "extracted": extracted, "seconds": round(time.perf_counter() - start, 2), "hardware": hardware()}
-    return model, manifest
+    if analytic_flops(model) != chosen.flops:
+        raise InternalError(f"the cut model counts {analytic_flops(model):,} FLOPs, the record {chosen.flops:,}")
+    return chosen, latency
 
 
-__all__ = ["Predictor", "extract_subnetwork", "extraction_step", "select_by_latency"]
+def extraction_record(chosen: Selection, record: dict, manifest: dict, where: str, latency: dict | None) -> dict:
+    """The manifest's ``extracted`` entry: where the sub-network came from and what was cut."""
+    return {"from": where, "plan": manifest.get("plan"), "fraction": chosen.fraction,
+            "flops": chosen.flops, "full_flops": chosen.full_flops, "coarser_flops": chosen.coarser_flops,
+            "smallest_flops": chosen.smallest_flops, "drops": chosen.drops, "ranked_by": record.get("by"),
+            "trained": chosen.drops <= int(record.get("trained", 0)) if record.get("by") == "piad" else None,
+            "widths": chosen.widths, **({"latency": latency} if latency else {})}
+
+
+def remaining(record: dict, chosen: Selection) -> dict:
+    """The super-network record the sub-network keeps (the rest of the order)."""
+    return remaining_record(record, chosen, chosen.flops)
+
+
+__all__ = ["Predictor", "check_request", "cut_subnetwork", "extraction_record", "is_extraction", "remaining",
+           "select_by_latency"]

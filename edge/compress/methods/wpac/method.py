@@ -4,9 +4,9 @@
 hidden units, in every block; ``wpac:qk=0.5:v=0.75:mlp=0.5`` per part; ``blocks=0+1+2``
 restricts the blocks. Widths are rounded to multiples of ``align`` (head dims, default 16) and
 ``mlp_align`` (MLP width, default 64). ``criterion=wpac|taylor|magnitude|random`` (``seed=S`` for
-random) chooses how dims are ordered before truncation. The modules and grammar are in
-:mod:`edge.compress.methods.wpac.module`, the statistics and rotations in :mod:`edge.compress.methods.wpac.statistics`, the
-truncation in :mod:`edge.compress.methods.wpac.build`.
+random) chooses how dims are ordered before truncation. The step and modules are in
+:mod:`~edge.compress.methods.wpac.module`, the statistics and rotations in
+:mod:`~edge.compress.methods.wpac.statistics`, the truncation in :mod:`~edge.compress.methods.wpac.build`.
 
 In a plan the method comes after the other built-in methods (``order`` 25): a block that a span
 removes, or whose attention another step replaces, is refused (a ``wpac`` step without
@@ -30,6 +30,14 @@ from edge.compress.methods.wpac.build import (
     step_blocks,
     wpac_records,
 )
+from edge.compress.methods.wpac.extract import (
+    REQUESTS,
+    check_request,
+    cut_subnetwork,
+    extraction_record,
+    is_extraction,
+    remaining,
+)
 from edge.compress.methods.wpac.module import (
     CRITERIA,
     DEFAULTS,
@@ -41,6 +49,7 @@ from edge.compress.methods.wpac.module import (
     WpacStep,
 )
 from edge.compress.methods.wpac.statistics import collect_statistics
+from edge.compress.methods.wpac.supernet import check_record
 from edge.compress.registry import register_method
 from edge.compress.search import Move
 from edge.errors import EdgeError
@@ -107,6 +116,7 @@ class WidthCompression(Method):
     module_types = (NarrowAttention,)
     order = 25
     calibration_samples = 1024
+    derivations = REQUESTS
     grammar = ("Width compression (WPAC, training-free): wpac:keep=F (0 < F <= 1 of the head dims and MLP width) "
                "or wpac:qk=F:v=F:mlp=F, or wpac:macs=F (F of the MACs, units ranked on the images; on a "
                "super-network artifact: a sub-network cut without data; there also wpac:latency-ms=X:table=FILE, "
@@ -200,6 +210,31 @@ class WidthCompression(Method):
 
     def restore(self, model: nn.Module, records: list[dict]) -> None:
         restore_wpac(model, [b for r in records for b in r["blocks"]])
+
+    def derives(self, step) -> bool:
+        return isinstance(step, WpacStep) and is_extraction(step)
+
+    def check_derivation(self, step: WpacStep, request: str, manifest: dict, where: str, predict) -> None:
+        check_request(step, request, manifest, where, predict)
+
+    def derive(self, model: nn.Module, manifest: dict, step: WpacStep, where: str, *, predict=None,
+               predictor: dict | None = None) -> dict:
+        """The sub-network of the super-network artifact at ``where`` that ``step`` asks for (see
+        :mod:`edge.compress.methods.wpac.extract`): its steps, the rest of the order, the extraction."""
+        record = check_record(manifest.get("supernet"), where)
+        chosen, latency = cut_subnetwork(model, record, step, where, predict=predict, predictor=predictor)
+        steps = [self._cut_entry(entry, step, model) if entry["method"] == self.name else entry
+                 for entry in manifest["steps"]]
+        return {"steps": steps, "supernet": remaining(record, chosen),
+                "extracted": extraction_record(chosen, record, manifest, where, latency)}
+
+    def _cut_entry(self, entry: dict, step: WpacStep, model: nn.Module) -> dict:
+        """A wpac step entry of the super-network, rewritten for the sub-network cut by ``step``."""
+        blocks = tuple(b["block"] for b in entry["record"]["blocks"])
+        options = {**{k: v for k, v in entry["options"].items() if k in ("align", "mlp_align")}, **step.options}
+        named = self.parse(self.name, entry["step"].partition(":")[2], entry["step"]).blocks
+        return {**entry, "step": str(WpacStep(blocks=named, options=options)), "options": options,
+                "record": {**entry["record"], "blocks": wpac_records(model, blocks)}}
 
     def training_phase(self, student: nn.Module, teacher: nn.Module, config, steps: tuple[dict, ...] = ()):
         """PIAD (progressive importance-aware dropout) of the wpac blocks when the fine-tune asks (``--piad``)."""
