@@ -37,7 +37,7 @@ from torch import nn
 
 from edge.compress.search import SearchSpace
 from edge.data.preprocess import InputSpec
-from edge.errors import EdgeError, article
+from edge.errors import EdgeError
 from edge.models.info import ModelInfo
 
 
@@ -181,7 +181,8 @@ class Method:
     step_types: ClassVar[tuple[type, ...]]           # classes of the steps it parses
     module_types: ClassVar[tuple[type[nn.Module], ...]] = ()  # modules it puts at timm's seams
     order: ClassVar[int]                             # place in the application order (lower first)
-    grammar: ClassVar[str]                           # one paragraph of plan grammar for --help
+    grammar: ClassVar[str]                           # one paragraph of plan grammar for --help (options apart)
+    options: ClassVar[type | None] = None            # dataclass of its step options (edge.compress.options)
     calibration_samples: ClassVar[int] = 500         # default calibration size of plans using it (the largest wins)
     derivations: ClassVar[str] = ""                  # plans that cut a model out of its artifact (derives)
 
@@ -286,10 +287,6 @@ def _merge_dicts(a: dict, b: dict) -> dict:
     return out
 
 
-def format_options(options: dict) -> str:
-    return "".join(f":{k}={v}" for k, v in sorted(options.items()))
-
-
 def parse_count(text: str, step_text: str, what: str, expected: str) -> int:
     """A positive count ``K`` of a plan step (``auto-linear:K``, ``dwconv:auto=K``), or a clear error."""
     try:
@@ -299,22 +296,3 @@ def parse_count(text: str, step_text: str, what: str, expected: str) -> int:
     if count <= 0:
         raise EdgeError(f"plan step {step_text!r} needs a positive {what} count", expected=expected)
     return count
-
-
-def parse_options(parts: list[str], step_text: str, types: dict) -> dict:
-    """``key=value`` parts of a step, each converted by ``types[key]``; unknown keys are refused."""
-    options = {}
-    for part in parts:
-        if "=" not in part:
-            raise EdgeError(f"option {part!r} in plan step {step_text!r} is not key=value",
-                            expected=f"options {', '.join(types)} as :key=value")
-        key, value = part.split("=", 1)
-        if key not in types:
-            raise EdgeError(f"unknown option {key!r} in plan step {step_text!r}",
-                            expected=f"one of {', '.join(types)}")
-        try:
-            options[key] = types[key](value)
-        except ValueError as e:
-            kind = types[key].__name__
-            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not {article(kind)} {kind}") from e
-    return options

@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass
 
 from edge.compress.method import PlanCheck, Step
+from edge.compress.options import describe_options
 from edge.compress.registry import keywords, method_for_keyword, method_of, methods
 from edge.errors import EdgeError
 
@@ -73,5 +74,9 @@ def parse_plan(text: str) -> Plan:
 
 
 def plan_grammar() -> str:
-    """The plan grammar of every registered method, for ``--help``."""
-    return "steps separated by commas. " + " ".join(m.grammar for m in methods())
+    """The plan grammar of every registered method, with its options (from its options dataclass), for ``--help``."""
+    return "steps separated by commas. " + " ".join(_method_grammar(m) for m in methods())
+
+
+def _method_grammar(method) -> str:
+    return f"{method.grammar} {describe_options(method.options)}" if method.options else method.grammar

@@ -13,11 +13,16 @@ import importlib
 import pkgutil
 
 
-def discover() -> tuple[str, ...]:
-    """Import ``method`` of every method folder in this package (which registers it); their names, sorted."""
-    folders = sorted(info.name for info in pkgutil.iter_modules(__path__) if info.ispkg)
+def discover(package: str = __name__) -> tuple[str, ...]:
+    """Import ``method`` of every folder (sub-package) of ``package``, which registers that method; the folders.
+
+    The built-in methods are this package's folders; a project of its own may keep its methods in a
+    package of the same shape and call ``discover("its_package")``.
+    """
+    folders = sorted(info.name for info in pkgutil.iter_modules(importlib.import_module(package).__path__)
+                     if info.ispkg)
     for folder in folders:
-        importlib.import_module(f"{__name__}.{folder}.method")
+        importlib.import_module(f"{package}.{folder}.method")
     return tuple(folders)
 
 

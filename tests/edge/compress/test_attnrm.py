@@ -83,7 +83,7 @@ def test_grammar_is_in_the_help():
     ("attnrm:blocks=1:select=first", "nothing is selected"),
     ("attnrm:blocks=1:init=zero", "init=zero"),
     ("attnrm:blocks=1:ridge=0.1", "init=affine only"),
-    ("attnrm:blocks=1:init=affine:ridge=-1", "negative"),
+    ("attnrm:blocks=1:init=affine:ridge=-1", r"ridge=-1 .* out of range\n.*expected: ridge >= 0"),
     ("attnrm:blocks=1:k=3", "unknown option 'k'"),
 ])
 def test_bad_step_text_is_explained(plan, message):

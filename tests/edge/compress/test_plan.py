@@ -33,7 +33,7 @@ def test_adjacent_spans_are_not_overlapping():
     ("linear:2-3:ridge=x", "is not a float"),
     ("linear:2-3:gamma=1", "unknown option 'gamma'"),
     ("linear:2-3:prefix=mine", "prefix=shared or prefix=own"),
-    ("linear:2-3:ridge=-1", "negative"),
+    ("linear:2-3:ridge=-1", r"ridge=-1 .* out of range\n.*expected: ridge >= 0"),
     ("auto-linear:0", "positive block count"),
     ("auto-linear:2,auto-affine:2", "auto steps"),
     ("linear:0-10,auto-linear:3", "2 are left"),

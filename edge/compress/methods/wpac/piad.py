@@ -37,7 +37,7 @@ from torch import nn
 from edge.compress.cost import analytic_flops
 from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
 from edge.compress.methods.wpac.importance import unit_importance
-from edge.compress.methods.wpac.module import NarrowAttention
+from edge.compress.methods.wpac.module import NarrowAttention, WpacOptions
 from edge.compress.methods.wpac.supernet import (
     Part,
     block_parts,
@@ -46,6 +46,7 @@ from edge.compress.methods.wpac.supernet import (
     supernet_record,
     widths_after,
 )
+from edge.compress.options import option_defaults
 from edge.errors import EdgeError
 from edge.models.info import model_info, original_block_indices
 from edge.progress import log
@@ -209,8 +210,7 @@ class PiadPhase:
 
 def piad_phase(student: nn.Module, config, options: dict) -> PiadPhase:
     """PIAD of ``student``'s wpac blocks (``options``: the wpac step's, for the alignments), or a clear refusal."""
-    from edge.compress.methods.wpac.module import DEFAULTS
-
+    defaults = option_defaults(WpacOptions)
     if not any(isinstance(getattr(b, "attn", None), NarrowAttention) for b in student.blocks):
         raise EdgeError("--piad: the model has no width-compressed (wpac) blocks",
                         expected="an artifact of `edge compress MODEL --plan wpac:keep=1` (or wpac:macs=1)",
@@ -218,8 +218,8 @@ def piad_phase(student: nn.Module, config, options: dict) -> PiadPhase:
     if config.piad_epochs > config.epochs:
         raise EdgeError(f"--piad-epochs {config.piad_epochs} is more than the {config.epochs} epoch(s) of the "
                         "schedule: the dropout list would not reach its target", fix="pass --piad-epochs <= --epochs")
-    return PiadPhase(student, config, align=int(options.get("align", DEFAULTS["align"])),
-                     mlp_align=int(options.get("mlp_align", DEFAULTS["mlp_align"])))
+    return PiadPhase(student, config, align=int(options.get("align", defaults["align"])),
+                     mlp_align=int(options.get("mlp_align", defaults["mlp_align"])))
 
 
 __all__ = ["PiadPhase", "growth_steps", "piad_phase", "sampled_drops", "wpac_parts"]
