@@ -3,8 +3,11 @@
 A method owns plan keywords (``linear``, ``dwconv``, ...), the step objects it parses them into,
 the statistics it measures, the modules it puts at timm's seams (``blocks[i]``,
 ``blocks[i].attn``, ``blocks[i].mlp``), a JSON record of each applied step and the restore from
-that record. The compressor, the artifact, the plan grammar, the CLI help and the fine-tuner
-know methods only through this interface and :mod:`edge.compress.registry`.
+that record; its step options are one dataclass (``Method.options``, see
+:mod:`edge.compress.options`). The compressor, the artifact, the plan grammar, the CLI help, the
+fine-tuner, the latency planner and the CLI's sub-network cut (``derives``/``derive``, see
+:mod:`edge.compress.derive`) know methods only through this interface and
+:mod:`edge.compress.registry`.
 
 The compressor applies a plan in four phases, each in the registry's order (``Method.order``):
 

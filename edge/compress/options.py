@@ -61,14 +61,14 @@ class OptionSpec:
         return f"give {self.key} a value with {self.expected()}"
 
     def help(self) -> str:
-        """``init=gaussian|mean|lsq (default lsq)``, ``k=INT (k >= 1; default 3)``."""
+        """``init=gaussian|mean|lsq (lsq when absent)``, ``k=INT (k >= 1; 3 when absent)``."""
         if self.choices:
             value, notes = "|".join(map(str, self.choices)), []
         else:
             value = self.metavar or _TYPE_NAMES[self.kind]
             notes = [self.expected()] if self.bounds is not None else []
         if self.default is not None:
-            notes.append(f"default {self.default}")
+            notes.append(f"{self.default} when absent")
         return f"{self.key}={value}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -135,7 +135,7 @@ def parse_options(parts: list[str], step_text: str, options_class: type) -> dict
 
 
 def describe_options(options_class: type) -> str:
-    """The options of ``options_class`` for ``--help``: ``Options: init=gaussian|mean|lsq (default lsq), ...``."""
+    """The options of ``options_class`` for ``--help``: ``Options: init=gaussian|mean|lsq (lsq when absent), ...``."""
     return "Options: " + ", ".join(spec.help() for spec in option_specs(options_class).values()) + "."
 
 

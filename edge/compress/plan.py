@@ -1,9 +1,10 @@
 """Compression plans: steps ``KEYWORD[:...][:key=value...]`` separated by commas.
 
 Each step's keyword names a registered method (:mod:`edge.compress.registry`), which parses the
-rest of the step; the methods' grammars are in their modules (``edge/compress/methods/``) and in
-``edge compress --help``. Steps are kept in one canonical order: by method (the registry's
-application order), then by the method's own key. The same text always parses to the same plan,
+rest of the step; the methods' grammars are in their folders (``edge/compress/methods/``), their
+options in one dataclass each (:mod:`edge.compress.options`), and both in ``edge compress --help``.
+Steps are kept in one canonical order: by method (the registry's application order), then by the
+method's own key. The same text always parses to the same plan,
 and ``str(plan)`` is its canonical form.
 """
 

@@ -52,17 +52,17 @@ def test_every_method_declares_its_options_and_the_help_shows_each_with_its_rang
         assert dataclasses.is_dataclass(method.options), method.name
         for key, spec in option_specs(method.options).items():
             assert spec.help() in grammar, (method.name, key)
-    assert "k=INT (k >= 1; default 3)" in grammar
-    assert "init=gaussian|mean|lsq (default lsq)" in grammar
-    assert "keep=FLOAT (0 < keep <= 1; default 1.0)" in grammar and "latency-ms=FLOAT" in grammar
+    assert "k=INT (k >= 1; 3 when absent)" in grammar
+    assert "init=gaussian|mean|lsq (lsq when absent)" in grammar
+    assert "keep=FLOAT (0 < keep <= 1; 1.0 when absent)" in grammar and "latency-ms=FLOAT" in grammar
 
 
 def test_compress_help_prints_the_ranges(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["compress", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "ridge=FLOAT (ridge >= 0; default 0.0001)" in help_text
-    assert "seed=INT (seed >= 0; default 0)" in help_text
+    assert "ridge=FLOAT (ridge >= 0; 0.0001 when absent)" in help_text
+    assert "seed=INT (seed >= 0; 0 when absent)" in help_text
 
 
 def test_a_toy_method_declares_its_options_the_same_way():
@@ -71,7 +71,7 @@ def test_a_toy_method_declares_its_options_the_same_way():
         with pytest.raises(EdgeError) as e:
             parse_plan("gain:blocks=1:value=11")
         assert e.value.expected == "-10 <= value <= 10" and "value=1.0" in e.value.fix
-        assert "value=FLOAT (-10 <= value <= 10; default 1.0)" in plan_grammar()
+        assert "value=FLOAT (-10 <= value <= 10; 1.0 when absent)" in plan_grammar()
 
 
 def test_every_built_in_method_is_one_folder_found_without_a_list():
