@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from edge.config import Bounds, bounds, option
 from edge.errors import EdgeError, article
@@ -27,9 +27,10 @@ from edge.errors import EdgeError, article
 _TYPE_NAMES = {int: "INT", float: "FLOAT", str: "TEXT"}
 
 
-def plan_option(default, *, key: str | None = None, metavar: str | None = None, **limits) -> dataclasses.Field:
+def plan_option(default, *, key: str | None = None, metavar: str | None = None, **limits) -> Any:
     """A method option: its default and range (as :func:`edge.config.option`); ``key`` is its plan spelling
-    where that is no Python name (``latency-ms``), ``metavar`` the placeholder ``--help`` shows (``FILE``)."""
+    where that is no Python name (``latency-ms``), ``metavar`` the placeholder ``--help`` shows (``FILE``).
+    Typed ``Any`` like :func:`edge.config.option`: a field's declared type is its value's, not ``Field``'s."""
     metadata = dict(option(default, **limits).metadata)
     metadata.update({k: v for k, v in (("key", key), ("metavar", metavar)) if v is not None})
     return dataclasses.field(default=default, metadata=metadata)
