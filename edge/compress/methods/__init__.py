@@ -10,6 +10,7 @@ itself; nothing else lists the methods.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 
 
@@ -22,6 +23,9 @@ def discover(package: str = __name__) -> tuple[str, ...]:
     folders = sorted(info.name for info in pkgutil.iter_modules(importlib.import_module(package).__path__)
                      if info.ispkg)
     for folder in folders:
+        if importlib.util.find_spec(f"{package}.{folder}.method") is None:
+            raise ImportError(f"method folder {package}.{folder} has no method.py; a method folder defines and "
+                              "registers its Method there (register_method)")
         importlib.import_module(f"{package}.{folder}.method")
     return tuple(folders)
 

@@ -102,3 +102,16 @@ def test_a_new_method_folder_registers_itself(tmp_path, monkeypatch):
         unregister_method("toy-gain")
         for name in [n for n in sys.modules if n == "more_methods" or n.startswith("more_methods.")]:
             del sys.modules[name]
+
+
+def test_a_method_folder_without_method_py_is_named(tmp_path, monkeypatch):
+    (tmp_path / "half_methods" / "empty").mkdir(parents=True)
+    (tmp_path / "half_methods" / "__init__.py").write_text("")
+    (tmp_path / "half_methods" / "empty" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(ImportError, match="method folder half_methods.empty has no method.py"):
+            discover("half_methods")
+    finally:
+        for name in [n for n in sys.modules if n == "half_methods" or n.startswith("half_methods.")]:
+            del sys.modules[name]
