@@ -52,8 +52,9 @@ class OptionSpec:
         if self.choices:
             return " or ".join(f"{self.key}={c}" for c in self.choices)
         if self.bounds is not None:
-            text = self.bounds.describe(self.key)
-            return text if self.key in text else f"{self.key} {text}"
+            both = self.bounds.lowest is not None and self.bounds.highest is not None
+            text = self.bounds.describe(self.key)       # names the option only between two limits
+            return text if both else f"{self.key} {text}"
         return f"{article(self.kind.__name__)} {self.kind.__name__}"
 
     def fix(self) -> str:
