@@ -95,7 +95,8 @@ class Fp16Report:
                 "clipped_values": self.clipped_values, "fp32_nodes": self.fp32_nodes}
 
 
-def _float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> ONNX element type, for inputs, outputs, inferred intermediates, weights and Constants."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     g = inferred.graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
@@ -127,7 +128,8 @@ def head_nodes(graph: onnx.GraphProto) -> set[str]:
     return seen
 
 
-def _name_nodes(graph: onnx.GraphProto) -> None:
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every unnamed node a unique name (``OP_i``): the names reports and node block lists use."""
     used = {n.name for n in graph.node if n.name}
     for i, node in enumerate(graph.node):
         if not node.name:
@@ -172,8 +174,8 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
     config.check()
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    _name_nodes(graph)
-    types = _float_tensor_types(model)
+    name_nodes(graph)
+    types = float_tensor_types(model)
     report = Fp16Report()
     blocked_names = set(config.node_block_list) | (head_nodes(graph) if config.keep_head_fp32 else set())
 
