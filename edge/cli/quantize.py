@@ -94,7 +94,6 @@ def run(args) -> int:
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
                            progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
-    notes = []
     if args.precision == "fp16":
         detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"
         notes = range_lines(result["range_check"])
@@ -104,12 +103,20 @@ def run(args) -> int:
                   f"{calibration['method']} on {calibration['samples']} samples"
                   + (" (cached ranges)" if calibration["cache_hit"] else "")
                   + f", the rest {result['float_precision']}")
+        notes = scale_lines(result.get("float16_rest", {}).get("qdq_scales_fp32", []))
     agreement = f"top-1 agreement {check['top1_agreement']:.3f}, " if "top1_agreement" in check else ""
     emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
                             f"{agreement}max abs {check['max_abs']:.2e}"
                             + (f"\nnote: {check['note']}" if "note" in check else "")
                             + "".join(f"\n{line}" for line in notes))
     return 0
+
+
+def scale_lines(scales: list[dict]) -> list[str]:
+    """The Q/DQ pairs kept float32 because float16 cannot hold their scale."""
+    return [f"note: Q/DQ scale {s['scale']} (smallest {s['min_abs']:.3g}) is below float16's smallest normal "
+            f"6.1e-5: {', '.join(s['nodes'])} kept float32, a Cast to float16 after the DQ (TensorRT 10.16 on "
+            "SM 8.7 fails on int8 DequantizeLinear with float32 output, NVIDIA/TensorRT#4832)" for s in scales]
 
 
 def range_lines(check: dict) -> list[str]:
