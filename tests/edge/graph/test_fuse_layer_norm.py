@@ -215,3 +215,31 @@ def test_a_graph_below_opset_17_is_upgraded_then_fused():
     cleaned, report = clean_graph(model, passes=(FUSE,))
     assert report.upgraded["from"] == 13 and report.upgraded["to"] == 17
     assert ops(cleaned) == {"LayerNormalization": 1}
+
+
+@pytest.mark.parametrize("opset", [13, 14, 16])
+def test_nn_layer_norm_exported_below_opset_17_comes_back_as_one_node(opset):
+    """Below opset 17 torch writes nn.LayerNorm out as ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add; after the
+    manager's upgrade to 17, every pass leaves one LayerNormalization."""
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 4))
+    raw = export(model, opset)
+    assert "Pow" in ops(raw) and "LayerNormalization" not in ops(raw)
+    cleaned, report = clean_graph(raw)
+    assert ops(cleaned)["LayerNormalization"] == 1 and not {"Pow", "Sqrt", "ReduceMean"} & set(ops(cleaned))
+    assert report.upgraded["from"] == opset and report.passes["fuse-layer-norm"].changes == 1
+
+
+def test_a_timm_vit_exported_at_opset_14_gets_its_layer_norms_back():
+    """A torch.onnx export (not edge export) of a 2-block timm ViT at opset 14: 5 norms written out, 5 fused."""
+    from edge._compat import ensure_torchvision_importable
+
+    ensure_torchvision_importable()
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=10)
+    raw = export(vit, 14, shape=(1, 3, 32, 32))
+    assert ops(raw)["Pow"] == 5 and "LayerNormalization" not in ops(raw)
+    cleaned, report = clean_graph(raw)
+    assert ops(cleaned)["LayerNormalization"] == 5 and not {"Pow", "ReduceMean"} & set(ops(cleaned))
+    assert report.passes["fuse-layer-norm"].changes >= 1 and report.nodes_after < report.nodes_before
