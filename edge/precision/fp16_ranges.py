@@ -41,7 +41,7 @@ DEFAULT_MARGIN = 2.0
 #: ops that compute a variance of their input inside one node
 NORM_OPS = ("LayerNormalization",)
 #: images per ONNX Runtime run while every intermediate tensor is an output (memory, not speed)
-RANGE_BATCH = 8
+RANGE_BATCH = 4
 
 
 @dataclass
@@ -110,8 +110,6 @@ def record_ranges(model: onnx.ModelProto, images: np.ndarray) -> dict[str, float
         for name in names:
             magnitude = np.abs(values[name])
             ranges[name] = max(ranges[name], float(np.nanmax(magnitude)) if magnitude.size else 0.0)
-        if input_name in ranges:
-            ranges[input_name] = max(ranges[input_name], float(np.abs(feed).max()))
     return ranges
 
 

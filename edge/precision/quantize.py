@@ -9,6 +9,7 @@ result (``onnx.checker`` and the outputs on real images) and writes it atomicall
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,8 @@ import onnx
 
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.onnx_metadata import FLOAT_PRECISION, FP32_OPS, SOFTMAX, set_precision_metadata, source_precision
+from edge.onnx_metadata import (FLOAT_PRECISION, FP16_RANGE_CHECK, FP32_OPS, SOFTMAX, set_precision_metadata,
+                                source_precision)
 from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes, name_nodes
 from edge.precision.fp16_ranges import RangeCheck
 
@@ -92,7 +94,8 @@ def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, range
     from edge.precision.fp16_ranges import nodes_beyond_fp16, record_ranges
 
     if ranges is None:
-        return config, {"done": False, "reason": "not asked (--no-range-check): op types and the head only"}
+        return config, {"done": False, "reason": "not asked (--no-range-check, or no RangeCheck given): op types "
+                                                 "and the head only"}
     if not has_preprocessing(model):
         return config, {"done": False, "reason": f"{source} records no input size, mean and std (edge export's "
                                                  "metadata), so no calibration images: op types and the head only"}
@@ -108,6 +111,14 @@ def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, range
         "done": True, "data": ranges.data, "samples": ranges.samples, "seed": ranges.seed,
         "margin": ranges.margin, "largest": {"tensor": largest, "max_abs": recorded[largest]},
         "kept": [{**k.as_dict(), "kept_anyway": k.node in already} for k in kept], "added": len(added)}
+
+
+def range_record(check: dict) -> dict:
+    """What the graph records of its range check: the images, the margin and the nodes it kept float32."""
+    if not check["done"]:
+        return {"done": False, "reason": check["reason"]}
+    return {"done": True, **{k: check[k] for k in ("data", "samples", "seed", "margin")},
+            "kept": [k["node"] for k in check["kept"]]}
 
 
 def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config) -> tuple[onnx.ModelProto, dict]:
@@ -142,7 +153,8 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         name_nodes(model.graph)
         fp16, range_check = range_checked(model, str(model_path), fp16 or Fp16Config(), ranges, progress)
         converted, report = convert_to_fp16(model, fp16)
-        set_precision_metadata(converted, "float16", **fp16_metadata(fp16))
+        set_precision_metadata(converted, "float16", **fp16_metadata(fp16),
+                               **{FP16_RANGE_CHECK: json.dumps(range_record(range_check), sort_keys=True)})
         result = {"precision": "float16", "softmax": fp16.softmax_precision(), **report.as_dict(),
                   "range_check": range_check}
     else:

@@ -115,6 +115,9 @@ def test_activations_beyond_float16_stay_float32(tmp_path, kind, kept):
     assert {k["node"]: k["reason"][:len(kept[k["node"]])] for k in check["kept"]} == kept
     assert set(kept) <= set(result["fp32_nodes"])
     converted = onnx.load(str(tmp_path / "fp16.onnx"))
+    recorded = json.loads({p.key: p.value for p in converted.metadata_props}["edge.fp16_range_check"])
+    assert recorded == {"done": True, "data": "fmnist-mini", "samples": 32, "seed": 0, "margin": 2.0,
+                        "kept": list(kept)}
     assert rel_l2(reference, run_float16(converted, x)) <= FP16_REL_L2
     assert result["check"]["top1_agreement"] == 1.0
     inferred = onnx.shape_inference.infer_shapes(converted)
@@ -140,7 +143,8 @@ def test_a_graph_without_edge_metadata_gets_no_range_check():
     assert config == Fp16Config() and not check["done"]
     assert check["reason"].startswith("foreign.onnx records no input size, mean and std")
     _, check = range_checked(model, "foreign.onnx", Fp16Config(), None)
-    assert check == {"done": False, "reason": "not asked (--no-range-check): op types and the head only"}
+    assert check == {"done": False,
+                     "reason": "not asked (--no-range-check, or no RangeCheck given): op types and the head only"}
 
 
 @pytest.mark.parametrize("margin,value,expect", [(2.0, FP16_MAX / 2 * 1.01, True), (2.0, FP16_MAX / 2 * 0.99, False),
@@ -180,4 +184,4 @@ def test_cli_prints_and_lists_the_kept_nodes(tmp_path, capsys):
     assert "9 nodes beyond float16's range, 6 of them kept float32 by this check alone:" in out
     assert "\n  fc1 (MatMul): its output h0 reaches " in out
     assert main([*args, "--no-range-check"]) == 0
-    assert "note: no range check was done: not asked (--no-range-check)" in capsys.readouterr().out
+    assert "note: no range check was done: not asked (--no-range-check" in capsys.readouterr().out
