@@ -20,9 +20,11 @@ Why: ``Pow(x - mean, 2)`` overflows float16 once |x - mean| passes 256 (a ViT-B 
 stream reached 1418 fell to 18.96 % top-1 in TensorRT fp16 on an Orin Nano, 85.27 % with the
 native op), and one node is what TensorRT's and ONNX Runtime's normalisation kernels take.
 
-RMSNorm (``x * rsqrt(mean(x^2) + eps)``, timm's RmsNorm in the aimv2_* and vit_*_xp_* ViTs) has no
-single ONNX op before ``RMSNormalization`` (opset 23), which TensorRT 10.3 (JetPack 6) does not
-parse, so it is left decomposed; edge's float16 conversion keeps its square in float32.
+RMSNorm (``x * rsqrt(mean(x^2) + eps)``: timm's RmsNorm, in the aimv2_* and vit_*_xp_* ViTs) has
+no single ONNX op before ``RMSNormalization`` (opset 23), which TensorRT 10.3 (JetPack 6) does not
+parse, so a written-out RMSNorm is left as it is (edge's float16 conversion keeps its square in
+float32 where the ranges need it). timm's own RmsNorm calls ``F.rms_norm``, which torch.onnx with
+``dynamo=False`` (edge export's exporter; torch 2.13) refuses at opsets 17-20.
 
 ``LayerNormalization`` exists from opset 17; the pass manager upgrades an older graph to 17 first
 (``edge.graph.upgrade``), so the pass declares ``min_opset=17``.
@@ -66,9 +68,9 @@ def _producer(tensor, op: str | tuple[str, ...]) -> gs.Node | None:
 
 
 def _scalar(tensor) -> float | None:
-    """The value of a constant holding one finite number, else None."""
+    """The value of a constant holding one finite number (float or integer: Pow's exponent may be int64)."""
     value = constant_value(tensor)
-    if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.floating) or \
+    if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.number) or \
             not np.isfinite(value).all():
         return None
     return float(value.reshape(()))

@@ -111,11 +111,12 @@ def _hand_built(nodes, inits, shape=(2, 5, WIDTH), opset=17):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
-def _norm_nodes(inverse: str, axes=(-1,), eps_first=False, scale_first=False):
+def _norm_nodes(inverse: str, axes=(-1,), eps_first=False, scale_first=False, square="Mul"):
     """x - mean over ``axes``, squared, mean, + eps, then the normalisation ``inverse``, * gamma + beta."""
     nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=list(axes)),
              helper.make_node("Sub", ["x", "m"], ["d"]),
-             helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"]) if square == "Mul" else
+             helper.make_node("Pow", ["d", "int_two"], ["sq"]),
              helper.make_node("ReduceMean", ["sq"], ["v"], axes=list(axes)),
              helper.make_node("Add", ["eps", "v"] if eps_first else ["v", "eps"], ["ve"])]
     if inverse == "reciprocal":
@@ -128,18 +129,19 @@ def _norm_nodes(inverse: str, axes=(-1,), eps_first=False, scale_first=False):
 
 
 def _inits():
-    return {"eps": np.array(1e-5, np.float32), "minus_half": np.array(-0.5, np.float32),
+    return {"eps": np.array(1e-5, np.float32), "minus_half": np.array(-0.5, np.float32), "int_two": np.array(2),
             "gamma": RNG.uniform(0.5, 2, WIDTH).astype(np.float32),
             "beta": RNG.standard_normal((1, 1, WIDTH)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("inverse,axes,eps_first,scale_first", [
-    ("reciprocal", (-1,), False, False),   # x * Reciprocal(Sqrt(var + eps))
-    ("pow-half", (-1,), False, False),     # x * Pow(var + eps, -0.5)
-    ("pow-half", (2,), True, True),        # the last axis by its index, eps first, the scale first
+@pytest.mark.parametrize("inverse,axes,eps_first,scale_first,square", [
+    ("reciprocal", (-1,), False, False, "Mul"),  # x * Reciprocal(Sqrt(var + eps))
+    ("pow-half", (-1,), False, False, "Mul"),    # x * Pow(var + eps, -0.5)
+    ("pow-half", (2,), True, True, "Mul"),       # the last axis by its index, eps first, the scale first
+    ("reciprocal", (-1,), False, False, "Pow"),  # Pow(d, 2) with an int64 exponent
 ])
-def test_hand_built_forms_torch_does_not_write(inverse, axes, eps_first, scale_first):
-    model = _hand_built(_norm_nodes(inverse, axes, eps_first, scale_first), _inits())
+def test_hand_built_forms_torch_does_not_write(inverse, axes, eps_first, scale_first, square):
+    model = _hand_built(_norm_nodes(inverse, axes, eps_first, scale_first, square), _inits())
     cleaned, report = fuse_and_compare(model, scale=10.0)
     assert ops(cleaned) == {"LayerNormalization": 1} and report.nodes_after < report.nodes_before
     scale, bias = ({t.name: numpy_helper.to_array(t) for t in cleaned.graph.initializer}[n]
@@ -243,3 +245,22 @@ def test_a_timm_vit_exported_at_opset_14_gets_its_layer_norms_back():
     cleaned, report = clean_graph(raw)
     assert ops(cleaned)["LayerNormalization"] == 5 and not {"Pow", "ReduceMean"} & set(ops(cleaned))
     assert report.passes["fuse-layer-norm"].changes >= 1 and report.nodes_after < report.nodes_before
+
+
+
+class HandWrittenRmsNorm(nn.Module):
+    """timm's RmsNorm formula written out (timm itself calls F.rms_norm, which torch.onnx with
+    dynamo=False cannot export at opsets 17-20)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(WIDTH) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+
+def test_rms_norm_export_is_left_decomposed():
+    raw = export(HandWrittenRmsNorm(), 17)
+    assert {"Pow", "ReduceMean", "Sqrt"} <= set(ops(raw))
+    _unchanged(raw)
