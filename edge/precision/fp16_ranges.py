@@ -53,6 +53,13 @@ class RangeCheck:
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     margin: float = option(DEFAULT_MARGIN, minimum=1.0, maximum=1e4)
 
+    def check(self) -> None:
+        if not 1.0 <= self.margin <= 1e4:
+            raise EdgeError(f"range margin {self.margin}", expected="1 <= margin <= 10000 (1: no margin)",
+                            fix="pass --range-margin 2 (the default) or another factor >= 1")
+        if self.samples < 1:
+            raise EdgeError(f"--samples {self.samples}", expected="at least 1 calibration sample for the range check")
+
 
 @dataclass(frozen=True)
 class KeptNode:

@@ -96,6 +96,7 @@ def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, range
     if ranges is None:
         return config, {"done": False, "reason": "not asked (--no-range-check, or no RangeCheck given): op types "
                                                  "and the head only"}
+    ranges.check()
     if not has_preprocessing(model):
         return config, {"done": False, "reason": f"{source} records no input size, mean and std (edge export's "
                                                  "metadata), so no calibration images: op types and the head only"}

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.check.compare import ort_session
 from edge.cli import main
+from edge.errors import EdgeError
 from edge.onnx_metadata import graph_metadata
 from edge.precision.fp16 import FP16_MAX, Fp16Config, convert_to_fp16, name_nodes
 from edge.precision.fp16_ranges import KeptNode, RangeCheck, nodes_beyond_fp16
@@ -142,6 +143,8 @@ def test_a_graph_without_edge_metadata_gets_no_range_check():
     config, check = range_checked(model, "foreign.onnx", Fp16Config(), RANGES)
     assert config == Fp16Config() and not check["done"]
     assert check["reason"].startswith("foreign.onnx records no input size, mean and std")
+    with pytest.raises(EdgeError, match="range margin 0.5"):
+        range_checked(model, "foreign.onnx", Fp16Config(), RangeCheck(margin=0.5))
     _, check = range_checked(model, "foreign.onnx", Fp16Config(), None)
     assert check == {"done": False,
                      "reason": "not asked (--no-range-check, or no RangeCheck given): op types and the head only"}
