@@ -33,3 +33,12 @@ def calibration_images(model: onnx.ModelProto, source: str, data: str, samples: 
     spec = input_spec_of(model, source)
     images = calibration_set(data, samples, seed, split="train")
     return ArrayPreprocess(spec)(images.images).numpy().astype(np.float32)
+
+
+def has_preprocessing(model: onnx.ModelProto) -> bool:
+    """Whether the graph records the preprocessing calibration images need (``edge export`` writes it)."""
+    try:
+        preprocessing(metadata_of(model))
+    except KeyError:
+        return False
+    return True

@@ -9,7 +9,11 @@ from the ONNX graph, so the precision has to be baked into the graph. This pass:
   float32; all other nodes that compute on floats become float16;
 * in a Q/DQ (int8) graph, each QuantizeLinear/DequantizeLinear pair takes the precision of the
   node that reads it, so a DQ feeds its MatMul directly (the scales follow; float16 scales need
-  opset 19, which :mod:`calib.qdq` asks for);
+  opset 19, which :mod:`calib.qdq` asks for); except a pair whose scale float16 cannot hold: a
+  constant scale below float16's smallest normal number (6.1e-5; smaller ones become subnormals
+  with a few significant bits, or 0) keeps its Q/DQ nodes, and so the scale, in float32, a Cast
+  after the DQ where a float16 node reads it (:func:`underflowing_qdq_scales`, reported as
+  ``qdq_scales_fp32``);
 * stores each float weight once in the precision of its readers (a weight read by both gets a
   float16 copy beside the float32 one, never a Cast);
 * inserts a Cast only where a tensor crosses from one precision to the other: one Cast per
@@ -39,6 +43,8 @@ from edge.errors import EdgeError
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)
+#: float16's smallest normal number (6.1e-5): below it a value keeps fewer than 11 significant bits, or becomes 0
+FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).smallest_normal)
 
 #: ops kept in float32 by default: normalisations and reductions (accumulations overflow in fp16); Softmax: SOFTMAX
 DEFAULT_BLOCK_LIST = ("LayerNormalization", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare",
@@ -88,14 +94,17 @@ class Fp16Report:
     weights_duplicated: int = 0
     clipped_values: int = 0
     fp32_nodes: list[str] = field(default_factory=list)
+    qdq_scales_fp32: list[dict] = field(default_factory=list)  # Q/DQ scales float16 cannot hold, kept float32
 
     def as_dict(self) -> dict:
         return {"nodes_fp16": self.nodes_fp16, "nodes_fp32": self.nodes_fp32, "casts": self.casts,
                 "weights_converted": self.weights_converted, "weights_duplicated": self.weights_duplicated,
-                "clipped_values": self.clipped_values, "fp32_nodes": self.fp32_nodes}
+                "clipped_values": self.clipped_values, "fp32_nodes": self.fp32_nodes,
+                "qdq_scales_fp32": self.qdq_scales_fp32}
 
 
-def _float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> ONNX element type, for inputs, outputs, inferred intermediates, weights and Constants."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     g = inferred.graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
@@ -127,7 +136,8 @@ def head_nodes(graph: onnx.GraphProto) -> set[str]:
     return seen
 
 
-def _name_nodes(graph: onnx.GraphProto) -> None:
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every unnamed node a unique name (``OP_i``): the names reports and node block lists use."""
     used = {n.name for n in graph.node if n.name}
     for i, node in enumerate(graph.node):
         if not node.name:
@@ -154,8 +164,25 @@ def _convert_attributes(node: onnx.NodeProto, report: Fp16Report) -> None:
             attr.t.CopyFrom(numpy_helper.from_array(_to_half(numpy_helper.to_array(attr.t), report), attr.t.name))
 
 
-def _qdq_follow_readers(graph: onnx.GraphProto, node_type: dict[str, int]) -> None:
-    """A DequantizeLinear takes its readers' precision (float16 if any reads float16), a QuantizeLinear its DQ's."""
+def underflowing_qdq_scales(graph: onnx.GraphProto) -> list[dict]:
+    """The constant Q/DQ scales float16 cannot hold: ``{"scale", "min_abs", "nodes"}`` for each scale
+    with a value whose magnitude is below :data:`FP16_SMALLEST_NORMAL` (0 included)."""
+    constants = {t.name: t for t in graph.initializer}
+    found: dict[str, dict] = {}
+    for node in graph.node:
+        if node.op_type not in QDQ_OPS or len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        scale = numpy_helper.to_array(constants[node.input[1]])
+        smallest = float(np.abs(scale).min()) if scale.size else 0.0
+        if scale.dtype == np.float32 and smallest < FP16_SMALLEST_NORMAL:
+            entry = found.setdefault(node.input[1], {"scale": node.input[1], "min_abs": smallest, "nodes": []})
+            entry["nodes"].append(node.name)
+    return list(found.values())
+
+
+def _qdq_follow_readers(graph: onnx.GraphProto, node_type: dict[str, int], fp32_scales: set[str]) -> None:
+    """A DequantizeLinear takes its readers' precision (float16 if any reads float16), a QuantizeLinear its DQ's;
+    a Q/DQ whose scale is in ``fp32_scales`` stays float32."""
     readers: dict[str, list[str]] = defaultdict(list)
     for node in graph.node:
         for name in node.input:
@@ -163,7 +190,8 @@ def _qdq_follow_readers(graph: onnx.GraphProto, node_type: dict[str, int]) -> No
     for node in reversed(graph.node):  # readers come later in a topologically sorted graph
         if node.op_type in QDQ_OPS:
             wanted = {node_type.get(r, FLOAT) for r in readers[node.output[0]]}
-            node_type[node.name] = HALF if HALF in wanted else FLOAT
+            kept = len(node.input) > 1 and node.input[1] in fp32_scales
+            node_type[node.name] = HALF if HALF in wanted and not kept else FLOAT
 
 
 def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) -> tuple[onnx.ModelProto, Fp16Report]:
@@ -172,8 +200,8 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
     config.check()
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    _name_nodes(graph)
-    types = _float_tensor_types(model)
+    name_nodes(graph)
+    types = float_tensor_types(model)
     report = Fp16Report()
     blocked_names = set(config.node_block_list) | (head_nodes(graph) if config.keep_head_fp32 else set())
 
@@ -187,7 +215,8 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
         if not any(is_float(t) for t in (*node.input, *node.output)) and node.op_type != "Cast":
             continue
         node_type[node.name] = FLOAT if node.op_type in fp32_ops or node.name in blocked_names else HALF
-    _qdq_follow_readers(graph, node_type)
+    report.qdq_scales_fp32 = underflowing_qdq_scales(graph)
+    _qdq_follow_readers(graph, node_type, {entry["scale"] for entry in report.qdq_scales_fp32})
     report.fp32_nodes = [n.name for n in graph.node if node_type.get(n.name) == FLOAT]
     report.nodes_fp32 = sum(1 for t in node_type.values() if t == FLOAT)
     report.nodes_fp16 = sum(1 for t in node_type.values() if t == HALF)

@@ -9,7 +9,9 @@ result (``onnx.checker`` and the outputs on real images) and writes it atomicall
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,10 @@ import onnx
 
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.onnx_metadata import FLOAT_PRECISION, FP32_OPS, SOFTMAX, set_precision_metadata, source_precision
-from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes
+from edge.onnx_metadata import (FLOAT_PRECISION, FP16_RANGE_CHECK, FP32_OPS, SOFTMAX, set_precision_metadata,
+                                source_precision)
+from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes, name_nodes
+from edge.precision.fp16_ranges import RangeCheck
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -73,6 +77,51 @@ def fp16_metadata(config: Fp16Config) -> dict[str, str]:
     return {FP32_OPS: ",".join(config.fp32_ops()), SOFTMAX: config.softmax_precision()}
 
 
+def fp32_by_config(model: onnx.ModelProto, config: Fp16Config) -> set[str]:
+    """The nodes ``config`` keeps float32 without any range check: by op type, by name, the head."""
+    head = head_nodes(model.graph) if config.keep_head_fp32 else set()
+    ops = set(config.fp32_ops())
+    return {n.name for n in model.graph.node if n.op_type in ops} | set(config.node_block_list) | head
+
+
+def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, ranges: RangeCheck | None,
+                  progress=None) -> tuple[Fp16Config, dict]:
+    """``config`` with the nodes whose float32 ranges leave float16's added to its node block list,
+    and what the check did; without images (``ranges`` None, or a graph without edge's
+    preprocessing metadata) the config as it is, and why no range check was done.
+    ``model``'s nodes must be named (:func:`edge.precision.fp16.name_nodes`)."""
+    from edge.precision.calibration import calibration_images, has_preprocessing
+    from edge.precision.fp16_ranges import nodes_beyond_fp16, record_ranges
+
+    if ranges is None:
+        return config, {"done": False, "reason": "not asked (--no-range-check, or no RangeCheck given): op types "
+                                                 "and the head only"}
+    ranges.check()
+    if not has_preprocessing(model):
+        return config, {"done": False, "reason": f"{source} records no input size, mean and std (edge export's "
+                                                 "metadata), so no calibration images: op types and the head only"}
+    if progress:
+        progress(f"recording float32 ranges on {ranges.samples} samples of {ranges.data}")
+    images = calibration_images(model, source, ranges.data, ranges.samples, ranges.seed)
+    recorded = record_ranges(model, images)
+    kept = nodes_beyond_fp16(model, recorded, ranges.margin)
+    already = fp32_by_config(model, config)
+    added = tuple(k.node for k in kept if k.node not in already)
+    largest = max(recorded, key=recorded.get)
+    return replace(config, node_block_list=(*config.node_block_list, *added)), {
+        "done": True, "data": ranges.data, "samples": ranges.samples, "seed": ranges.seed,
+        "margin": ranges.margin, "largest": {"tensor": largest, "max_abs": recorded[largest]},
+        "kept": [{**k.as_dict(), "kept_anyway": k.node in already} for k in kept], "added": len(added)}
+
+
+def range_record(check: dict) -> dict:
+    """What the graph records of its range check: the images, the margin and the nodes it kept float32."""
+    if not check["done"]:
+        return {"done": False, "reason": check["reason"]}
+    return {"done": True, **{k: check[k] for k in ("data", "samples", "seed", "margin")},
+            "kept": [k["node"] for k in check["kept"]]}
+
+
 def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config) -> tuple[onnx.ModelProto, dict]:
     """The unquantized part of an int8 graph in the precision its config asks (float16: the fp16 pass)."""
     precision = result["config"]["float_precision"]
@@ -87,8 +136,13 @@ def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config)
 
 
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
-                  int8=None, check_data: str = "fmnist-mini", progress=None) -> dict:
-    """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first."""
+                  int8=None, ranges: RangeCheck | None = None, check_data: str = "fmnist-mini",
+                  progress=None) -> dict:
+    """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first.
+
+    ``ranges``: fp16 only, where the calibration images for the range check come from (None: no
+    range check, float32 islands by op type and head only, as before the check existed).
+    """
     if precision not in PRECISIONS:
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
     out = Path(out)
@@ -97,10 +151,13 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
     if precision == "fp16":
-        fp16 = fp16 or Fp16Config()
+        name_nodes(model.graph)
+        fp16, range_check = range_checked(model, str(model_path), fp16 or Fp16Config(), ranges, progress)
         converted, report = convert_to_fp16(model, fp16)
-        set_precision_metadata(converted, "float16", **fp16_metadata(fp16))
-        result = {"precision": "float16", "softmax": fp16.softmax_precision(), **report.as_dict()}
+        set_precision_metadata(converted, "float16", **fp16_metadata(fp16),
+                               **{FP16_RANGE_CHECK: json.dumps(range_record(range_check), sort_keys=True)})
+        result = {"precision": "float16", "softmax": fp16.softmax_precision(), **report.as_dict(),
+                  "range_check": range_check}
     else:
         from edge.precision.int8 import quantize_int8
 

@@ -81,7 +81,8 @@ def argv_of(case: str, root: Path, data: Path) -> list[str]:
         "export": ["export", "fmnist-deit-tiny", "--data", d, "--out", str(root / "again.onnx")],
         "clean": ["clean", onnx, "--out", str(root / "ref.clean.onnx")],
         "verify": ["verify", onnx, onnx, "--data", d],
-        "quantize-fp16": ["quantize", onnx, "--precision", "fp16", "--out", str(root / "fp16.onnx")],
+        "quantize-fp16": ["quantize", onnx, "--precision", "fp16", "--data", d, "--samples", "10",
+                          "--out", str(root / "fp16.onnx")],
         **{f"quantize-int8-{method}": ["quantize", onnx, "--precision", "int8", "--method", method, "--data", d,
                                        "--samples", "10", "--no-cache", "--out", str(root / f"{method}.onnx")]
            for method in ("minmax", "entropy", "percentile")},
