@@ -394,3 +394,21 @@ def check_file(path: str | Path, tensorrt: str = DEFAULT_TENSORRT) -> dict:
     return {"graph": str(path), "tensorrt": tensorrt, "source": parser_support(tensorrt).source,
             "passed": not errors(findings), "errors": len(errors(findings)),
             "findings": [f.as_dict() for f in findings]}
+
+
+def check_files(paths: list[str | Path], tensorrt: str = DEFAULT_TENSORRT) -> dict:
+    """The rules on each ONNX file of ``paths``: one report per graph, ``passed`` when none breaks a rule."""
+    parser = parser_support(tensorrt)
+    reports = [check_file(path, tensorrt) for path in paths]
+    return {"tensorrt": tensorrt, "opsets": [parser.min_opset, parser.max_opset], "source": parser.source,
+            "passed": all(r["passed"] for r in reports), "graphs": reports}
+
+
+def refusal(reports: list[dict], tensorrt: str, fix: str) -> EdgeError:
+    """The error that names every graph breaking a rule and its findings (the first 10 of each)."""
+    lines = []
+    for report in (r for r in reports if not r["passed"]):
+        found = [Finding(**f) for f in report["findings"] if f["severity"] == ERROR]
+        lines += [f"{report['graph']} ({len(found)}):"] + [f"  {f.line()}" for f in found[:10]]
+    return EdgeError(f"{sum(not r['passed'] for r in reports)} graph(s) break the rules of TensorRT {tensorrt}'s "
+                     "ONNX parser", found="\n    " + "\n    ".join(lines), fix=fix)

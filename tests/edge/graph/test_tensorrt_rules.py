@@ -6,6 +6,8 @@ The graphs edge writes (every precision, every method) are checked in test_tenso
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -215,3 +217,42 @@ def test_unknown_tensorrt_version_and_missing_file_name_the_fix(tmp_path):
         check_model(attention_graph(), "9.9")
     with pytest.raises(EdgeError, match="does not exist"):
         check_file(tmp_path / "missing.onnx")
+
+
+def test_edge_check_exits_2_naming_the_rule_and_0_on_a_passing_graph(tmp_path, capsys):
+    from edge.cli import main
+
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    onnx.save(attention_graph(), good)
+    broken = attention_graph()
+    set_attribute(broken, "head", beta=2.0)
+    onnx.save(broken, bad)
+    assert main(["check", str(good)]) == 0
+    assert "passes for TensorRT 10.3" in capsys.readouterr().out
+    assert main(["check", str(good), str(bad), "--trt", "10.16"]) == 2
+    captured = capsys.readouterr()
+    assert "[gemm-alpha-beta] head: Gemm with alpha 1, beta 2" in captured.out and "bad.onnx" in captured.err
+    assert main(["check", str(bad), "--json"]) == 2
+    result = json.loads(capsys.readouterr().out)
+    found = [(f["rule"], f["severity"]) for f in result["graphs"][0]["findings"]]
+    assert result["passed"] is False and sorted(found) == [("attention-fusion", "info"), ("gemm-alpha-beta", "error")]
+
+
+def test_edge_bundle_refuses_a_graph_that_breaks_a_rule_unless_told(tmp_path):
+    from edge.bundle import BundleConfig, make_bundle
+
+    broken = attention_graph()
+    set_attribute(broken, "head", alpha=2.0)
+    onnx.save(broken, tmp_path / "broken.onnx")
+    with pytest.raises(EdgeError, match=r"break the rules of TensorRT 10\.3") as refused:
+        make_bundle([tmp_path / "broken.onnx"], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    assert "[gemm-alpha-beta] head" in str(refused.value) and "--no-trt-check" in str(refused.value)
+    assert not (tmp_path / "bundle").exists()  # nothing written
+    said = []
+    make_bundle([tmp_path / "broken.onnx"], tmp_path / "bundle", BundleConfig(precisions=("fp32",), check_tensorrt=False),
+                progress=said.append)
+    assert (tmp_path / "bundle" / "graphs/broken/fp32.onnx").is_file()
+    assert any("broken.fp32: breaks 1 rule(s) of TensorRT 10.3" in line for line in said)
+    onnx.save(attention_graph(), tmp_path / "good.onnx")
+    make_bundle([tmp_path / "good.onnx"], tmp_path / "good", BundleConfig(precisions=("fp32",), tensorrt="10.16"))
+    assert (tmp_path / "good" / "graphs/good/fp32.onnx").is_file()
