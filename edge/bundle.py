@@ -64,6 +64,7 @@ class BundleConfig:
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     protocol: Protocol = field(default_factory=Protocol)
+    tf32: bool = True                   # False: every build config clears TF32 (edge bundle --no-tf32)
     tensorrt: str = DEFAULT_TENSORRT    # the TensorRT whose ONNX parser rules every packed graph must pass
     check_tensorrt: bool = True         # False: pack graphs that break those rules (edge bundle --no-trt-check)
 
@@ -226,7 +227,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
                                   optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
-                                  timing_cache=timing, plugins=tuple(plugins))
+                                  timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
                                         calibration=(made or {}).get("calibration"), source=str(graph.path)))
