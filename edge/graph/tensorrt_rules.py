@@ -254,6 +254,22 @@ def output_channel_axis(reader: onnx.NodeProto, index: int, rank: int) -> int | 
     return None
 
 
+def _quantized_weight(node: onnx.NodeProto, facts: GraphFacts) -> np.ndarray | None:
+    """The constant weight a Q/DQ quantizes: a DQ's int8 initializer, or the float one a Q (of a Q->DQ pair) reads."""
+    weight = facts.value(node.input[0])
+    if weight is None and node.op_type == "DequantizeLinear":
+        q = facts.producers.get(node.input[0])
+        weight = facts.value(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+    return weight
+
+
+def _weight_readers(node: onnx.NodeProto, facts: GraphFacts) -> list[tuple[onnx.NodeProto, str]]:
+    """(reader, the tensor it reads) of the dequantized weight: a DQ's readers, or those of a Q's DQs."""
+    dqs = [node] if node.op_type == "DequantizeLinear" else [
+        r for r in facts.readers.get(node.output[0], []) if r.op_type == "DequantizeLinear"]
+    return [(reader, dq.output[0]) for dq in dqs for reader in facts.readers.get(dq.output[0], [])]
+
+
 def check_qdq_axis(node: onnx.NodeProto, label: str, facts: GraphFacts) -> list[Finding]:
     scale = facts.value(_qdq_parts(node)[0])
     if scale is None or scale.size <= 1:
@@ -262,13 +278,13 @@ def check_qdq_axis(node: onnx.NodeProto, label: str, facts: GraphFacts) -> list[
     if axis is None:
         return [Finding("qdq-axis", label, f"per-channel {node.op_type} ({scale.size} scales) without an explicit axis",
                         "write the axis attribute (the weight's output-channel axis)")]
-    weight = facts.value(node.input[0]) if node.op_type == "DequantizeLinear" else None
+    weight = _quantized_weight(node, facts)
     if weight is None:
         return [Finding("qdq-axis", label, f"per-channel scales ({scale.size}) on an activation",
                         "quantize activations per tensor (one scale)")]
     findings = []
-    for reader in facts.readers.get(node.output[0], []):
-        expected = output_channel_axis(reader, list(reader.input).index(node.output[0]), weight.ndim)
+    for reader, tensor in _weight_readers(node, facts):
+        expected = output_channel_axis(reader, list(reader.input).index(tensor), weight.ndim)
         if expected is not None and axis % weight.ndim != expected:
             findings.append(Finding("qdq-axis", label, f"axis {axis} of a {weight.shape} weight read by "
                                     f"{reader.op_type} {reader.name!r}; its output channels are axis {expected}",

@@ -148,6 +148,22 @@ def test_per_channel_weight_not_along_its_output_channels():
     assert finding.node == "dq_weight" and "output channels are axis 1" in finding.what
 
 
+def test_a_float_weight_quantized_by_a_qdq_pair_is_a_weight_and_its_axis_checked():
+    """AddQDQPairToWeight style: Q(float weight) -> DQ -> MatMul; per channel along axis 1 passes, axis 0 fails."""
+    model = attention_graph()
+    float_weight = np.random.default_rng(1).standard_normal((HEAD, 4)).astype(np.float32)
+    model.graph.initializer.append(_initializer("w_float", float_weight))
+    model.graph.node.insert(8, helper.make_node("QuantizeLinear", ["w_float", "w_scale", "w_zero"], ["w_q"],
+                                                name="q_weight", axis=1))
+    node(model, "dq_weight").input[0] = "w_q"
+    assert error_rules(model) == set()
+    for name in ("q_weight", "dq_weight"):
+        set_attribute(model, name, axis=0)
+    replace_initializer(model, "w_scale", np.full(HEAD, 0.01, np.float32))
+    replace_initializer(model, "w_zero", np.zeros(HEAD, np.int8))
+    assert error_rules(model) == {("qdq-axis", "q_weight"), ("qdq-axis", "dq_weight")}
+
+
 def test_per_channel_scales_on_an_activation():
     model = attention_graph()
     replace_initializer(model, "act_scale", np.full(HEAD, 0.05, np.float32))
