@@ -36,7 +36,7 @@ from dwconv_ablation import fine_tuned_folder
 from edge.check.accuracy import evaluate
 from edge.check.onnx_classifier import OnnxClassifier
 from edge.compress import is_artifact, load_artifact
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from edge.data import ArrayPreprocess, InputSpec, load_dataset
 from edge.errors import EdgeError
 from edge.export import export

@@ -11,7 +11,7 @@ Every row compresses the bundled reference model (``fmnist-deit-tiny``: 12 block
 dims) with one plan through :func:`edge.compress.compressor.compress`:
 ``wpac:qk=K/4:v=K/4:mlp=1:criterion=C`` (``:seed=S`` for random), so every head keeps 16, 32 or 48
 of its 64 Q/K dims and as many V dims (multiples of the default alignment of 16), the MLP stays
-whole, and nothing is trained. The criteria (:mod:`edge.compress.wpac`):
+whole, and nothing is trained. The criteria (:mod:`edge.compress.methods.wpac.statistics`):
 
 * ``wpac``: per head, the principal axes of the Taylor-weighted covariance of Q and K (jointly)
   and of V, folded into the weights; the leading axes are kept;
@@ -72,7 +72,7 @@ def plan_for(quarters: int, criterion: str) -> str:
 
 def attention_product_flops(model: torch.nn.Module) -> int:
     """FLOPs of ``q k^T`` and ``attn v`` in every block of ``model`` (one image): what the paper's MACs leave out."""
-    from edge.compress.width import NarrowAttention
+    from edge.compress.methods.wpac.module import NarrowAttention
     from edge.models.info import model_info
 
     tokens = model_info(model).num_tokens
@@ -93,8 +93,8 @@ def mac_accounting() -> dict:
     those of any criterion.
     """
     from edge.compress.cost import analytic_flops
+    from edge.compress.methods.wpac.build import build_wpac, place_wpac
     from edge.compress.plan import parse_plan
-    from edge.compress.wpac_apply import build_wpac, place_wpac
     from edge.models import create_model
 
     torch.manual_seed(0)

@@ -40,9 +40,9 @@ from torch import nn
 
 from edge.compress import CompressConfig
 from edge.compress.compressor import apply_plan
+from edge.compress.fidelity import Reference, fidelity, outputs
 from edge.compress.method import BuildCache
 from edge.compress.plan import parse_plan
-from edge.compress.planner import Reference, fidelity, outputs
 from edge.compress.registry import methods
 from edge.compress.search import Move, SearchSpace
 from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option

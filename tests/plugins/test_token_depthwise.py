@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from plugins import loader
 from plugins.tokenDepthwiseConv.reference import token_depthwise_conv
 from plugins.tokenDepthwiseConv.torch_mixer import token_depthwise_conv_torch
@@ -29,27 +29,11 @@ from plugins.tokenDepthwiseConv.torch_mixer import token_depthwise_conv_torch
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3}
 
 
-DEPTHWISE_ATTENTION_HOMES = ("edge.compress.methods.dwconv.module", "edge.compress.methods.dwconv",
-                             "edge.compress.dwconv")
-
-
-def depthwise_attention_class():
-    """DepthwiseAttention from the method's folder (edge.compress.methods.dwconv) or where it was before the move."""
-    for name in DEPTHWISE_ATTENTION_HOMES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-        if hasattr(module, "DepthwiseAttention"):
-            return module.DepthwiseAttention
-    raise ImportError(f"DepthwiseAttention is in none of {', '.join(DEPTHWISE_ATTENTION_HOMES)}")
-
-
 def random_mixer(prefix: str, prefix_tokens: int, k: int, grid: tuple[int, int], variant: str = "unensembled",
                  conv_heads: tuple[int, ...] = (0, 1, 2), seed: int = 0):
     """A DepthwiseAttention (3 heads of 8 channels) with every parameter and buffer random."""
     torch.manual_seed(seed)
-    module = depthwise_attention_class()(24, 3, 8, conv_heads, grid, prefix_tokens, k, variant, prefix)
+    module = DepthwiseAttention(24, 3, 8, conv_heads, grid, prefix_tokens, k, variant, prefix)
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             if tensor.is_floating_point():

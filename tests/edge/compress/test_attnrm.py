@@ -8,10 +8,10 @@ from torch import nn
 
 from edge.analysis import entropy
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.attnrm import AffineAttention, AttnRmStep, MLPOnlyBlock
-from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.cost import analytic_flops, measured_flops
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLPOnlyBlock
+from edge.compress.methods.block_approximation.module import ApproximatedSpan
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from edge.compress.plan import parse_plan, plan_grammar
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError
@@ -83,7 +83,7 @@ def test_grammar_is_in_the_help():
     ("attnrm:blocks=1:select=first", "nothing is selected"),
     ("attnrm:blocks=1:init=zero", "init=zero"),
     ("attnrm:blocks=1:ridge=0.1", "init=affine only"),
-    ("attnrm:blocks=1:init=affine:ridge=-1", "negative"),
+    ("attnrm:blocks=1:init=affine:ridge=-1", r"ridge=-1 .* out of range\n.*expected: ridge >= 0"),
     ("attnrm:blocks=1:k=3", "unknown option 'k'"),
 ])
 def test_bad_step_text_is_explained(plan, message):

@@ -13,7 +13,8 @@ from torch import nn
 
 from edge import distributed
 from edge.analysis.attention import AttentionStats, collect_attention_stats
-from edge.compress.dwconv import (
+from edge.compress.methods.dwconv.kernels import KernelFit, gaussian_kernel, mean_attention_kernel
+from edge.compress.methods.dwconv.module import (
     DepthwiseAttention,
     DWConvStep,
     check_attention,
@@ -23,7 +24,6 @@ from edge.compress.dwconv import (
     from_record,
     head_channels,
 )
-from edge.compress.dwconv_init import KernelFit, gaussian_kernel, mean_attention_kernel
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.models.info import ModelInfo, model_info, original_block_indices

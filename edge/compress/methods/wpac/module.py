@@ -1,7 +1,7 @@
 """Width compression (SKD's WPAC): the plan step, the aligned widths and the narrower attention module.
 
 A ``wpac`` step keeps a fraction of every attention head's dimensions and of the MLP's hidden
-units in each of its blocks, after ordering them by a criterion (:mod:`edge.compress.wpac`):
+units in each of its blocks, after ordering them by a criterion (:mod:`edge.compress.methods.wpac.statistics`):
 
     wpac:keep=0.5                      half of the Q/K and V head dims and of the MLP width
     wpac:qk=0.5:v=0.75:mlp=0.5         per part (``keep`` is the default of the parts not named)
@@ -10,12 +10,12 @@ units in each of its blocks, after ordering them by a criterion (:mod:`edge.comp
 
 ``keep=1`` truncates nothing: the rotated model computes the same function as the original.
 ``macs=F`` (0 < F <= 1) ranks the aligned units of every part on the calibration images
-(:mod:`edge.compress.importance`, PIAD's importance without training) and drops the lowest until
+(:mod:`edge.compress.methods.wpac.importance`, PIAD's importance without training) and drops the lowest until
 the MACs are at most ``F`` of the model's (attention products counted); the artifact keeps the
 rest of that order (its ``supernet`` record), so ``macs=1`` makes a super-network of WPAC alone.
 On an artifact that carries such a record (``macs=`` or ``edge finetune --piad``), ``edge
 compress ARTIFACT --plan wpac:macs=F`` cuts a sub-network from the record without data
-(:mod:`edge.compress.extract`), and ``wpac:latency-ms=X:table=FILE`` the largest one whose latency
+(:mod:`edge.compress.methods.wpac.extract`), and ``wpac:latency-ms=X:table=FILE`` the largest one whose latency
 predicted from a latency table (``edge profile MODEL --latency-table FILE --grid full``) is at most
 ``X`` ms.
 
@@ -48,21 +48,39 @@ MatMuls of those sizes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from edge.compress.cost import linear_flops
-from edge.compress.method import format_options
+from edge.compress.options import format_options, option_defaults, plan_option
 from edge.errors import EdgeError
 
 WPAC = "wpac"
-CRITERIA = ("wpac", "random", "magnitude", "taylor")
+Criterion = Literal["wpac", "taylor", "magnitude", "random"]
+CRITERIA: tuple[str, ...] = get_args(Criterion)
 PARTS = ("qk", "v", "mlp")
-OPTION_TYPES = {"keep": float, "qk": float, "v": float, "mlp": float, "macs": float, "latency-ms": float, "table": str,
-                "align": int, "mlp_align": int, "criterion": str, "seed": int, "blocks": str}
-DEFAULTS = {"keep": 1.0, "align": 16, "mlp_align": 64, "criterion": "wpac", "seed": 0}
+
+
+@dataclass(frozen=True)
+class WpacOptions:
+    """The options of a ``wpac`` step (``wpac:qk=0.5:v=0.75:mlp=0.5:blocks=0+1``); ``qk``, ``v`` and ``mlp``
+    default to ``keep``; ``macs`` and ``latency-ms`` + ``table`` stand alone."""
+
+    keep: float = plan_option(1.0, above=0, maximum=1)                   # kept fraction of every part
+    qk: float | None = plan_option(None, above=0, maximum=1)             # of the Q/K head dims
+    v: float | None = plan_option(None, above=0, maximum=1)              # of the V head dims
+    mlp: float | None = plan_option(None, above=0, maximum=1)            # of the MLP width
+    macs: float | None = plan_option(None, above=0, maximum=1)           # fraction of the model's MACs kept
+    latency_ms: float | None = plan_option(None, key="latency-ms", above=0, maximum=1e9)  # budget by a table
+    table: str | None = plan_option(None, metavar="FILE")                 # the latency table of latency-ms
+    align: int = plan_option(16, minimum=1)                               # head dims: multiples of align
+    mlp_align: int = plan_option(64, minimum=1)                           # MLP width: multiples of mlp_align
+    criterion: Criterion = plan_option("wpac")                            # how dims are ordered before truncation
+    seed: int = plan_option(0, minimum=0)                                 # criterion=random
+    blocks: str | None = plan_option(None, metavar="0+1+2")               # the blocks narrowed (default: all)
 USAGE = ("wpac:keep=0.5, wpac:qk=0.5:v=0.75:mlp=0.5 or wpac:macs=0.6 (align=16, mlp_align=64, criterion=wpac, "
          "blocks=0+1)")
 
@@ -79,9 +97,10 @@ class WpacStep:
         return True
 
     def option(self, key: str):
+        """The option's value, or its default (a part's default is ``keep``)."""
         if key in PARTS:
-            return self.options.get(key, self.options.get("keep", DEFAULTS["keep"]))
-        return self.options.get(key, DEFAULTS[key])
+            return self.options.get(key, self.option("keep"))
+        return self.options.get(key, option_defaults(WpacOptions)[key])
 
     @property
     def macs(self) -> float | None:

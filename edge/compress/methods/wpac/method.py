@@ -4,9 +4,9 @@
 hidden units, in every block; ``wpac:qk=0.5:v=0.75:mlp=0.5`` per part; ``blocks=0+1+2``
 restricts the blocks. Widths are rounded to multiples of ``align`` (head dims, default 16) and
 ``mlp_align`` (MLP width, default 64). ``criterion=wpac|taylor|magnitude|random`` (``seed=S`` for
-random) chooses how dims are ordered before truncation. The modules and grammar are in
-:mod:`edge.compress.width`, the statistics and rotations in :mod:`edge.compress.wpac`, the
-truncation in :mod:`edge.compress.wpac_apply`.
+random) chooses how dims are ordered before truncation. The step and modules are in
+:mod:`~edge.compress.methods.wpac.module`, the statistics and rotations in
+:mod:`~edge.compress.methods.wpac.statistics`, the truncation in :mod:`~edge.compress.methods.wpac.build`.
 
 In a plan the method comes after the other built-in methods (``order`` 25): a block that a span
 removes, or whose attention another step replaces, is refused (a ``wpac`` step without
@@ -20,12 +20,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_options
-from edge.compress.registry import register_method
-from edge.compress.search import Move
-from edge.compress.width import CRITERIA, DEFAULTS, OPTION_TYPES, PARTS, USAGE, WPAC, NarrowAttention, WpacStep
-from edge.compress.wpac import collect_statistics
-from edge.compress.wpac_apply import (
+from edge.compress.method import BuildContext, Built, Method, PlanCheck
+from edge.compress.methods.wpac.build import (
     build_wpac,
     cut_by_macs,
     place_wpac,
@@ -34,6 +30,20 @@ from edge.compress.wpac_apply import (
     step_blocks,
     wpac_records,
 )
+from edge.compress.methods.wpac.extract import (
+    REQUESTS,
+    check_request,
+    cut_subnetwork,
+    extraction_record,
+    is_extraction,
+    remaining,
+)
+from edge.compress.methods.wpac.module import PARTS, USAGE, WPAC, NarrowAttention, WpacOptions, WpacStep
+from edge.compress.methods.wpac.statistics import collect_statistics
+from edge.compress.methods.wpac.supernet import check_record
+from edge.compress.options import option_defaults, parse_options
+from edge.compress.registry import register_method
+from edge.compress.search import Move
 from edge.errors import EdgeError
 
 
@@ -46,22 +56,10 @@ def _blocks(value: str, text: str) -> tuple[int, ...]:
 
 
 def _check_options(options: dict, text: str) -> None:
-    for key in ("keep", *PARTS):
-        if key in options and not 0.0 < options[key] <= 1.0:
-            raise EdgeError(f"{key}={options[key]:g} in plan step {text!r} is outside (0, 1]",
-                            expected=f"a kept fraction 0 < {key} <= 1", fix="e.g. keep=0.5 keeps half of each width")
-    for key in ("align", "mlp_align"):
-        if key in options and options[key] < 1:
-            raise EdgeError(f"{key}={options[key]} in plan step {text!r}", expected=f"a positive {key}, e.g. 16")
-    if "criterion" in options and options["criterion"] not in CRITERIA:
-        raise EdgeError(f"criterion={options['criterion']} in plan step {text!r}",
-                        expected=" or ".join(f"criterion={c}" for c in CRITERIA))
-    if "seed" in options:
-        if options.get("criterion") != "random":
-            raise EdgeError(f"seed= in plan step {text!r} applies to criterion=random only",
-                            fix="add :criterion=random or drop seed")
-        if options["seed"] < 0:
-            raise EdgeError(f"seed={options['seed']} in plan step {text!r} is negative", expected="a seed >= 0")
+    """What the options dataclass cannot say alone: which options go together."""
+    if "seed" in options and options.get("criterion") != "random":
+        raise EdgeError(f"seed= in plan step {text!r} applies to criterion=random only",
+                        fix="add :criterion=random or drop seed")
     if "latency-ms" in options or "table" in options:
         given = [key for key in ("keep", *PARTS, "macs", "criterion", "seed") if key in options]
         if "latency-ms" not in options or "table" not in options or given:
@@ -69,21 +67,14 @@ def _check_options(options: dict, text: str) -> None:
                             expected="wpac:latency-ms=X:table=FILE (a latency table of the super-network's parts, "
                                      "e.g. `edge profile MODEL --latency-table FILE --grid full`)",
                             fix="name both, and drop " + ("/".join(given) if given else "nothing else"))
-        if not 0.0 < options["latency-ms"] < float("inf"):
-            raise EdgeError(f"latency-ms={options['latency-ms']:g} in plan step {text!r}",
-                            expected="a positive latency budget in milliseconds")
         return
     if "macs" in options:
-        if not 0.0 < options["macs"] <= 1.0:
-            raise EdgeError(f"macs={options['macs']:g} in plan step {text!r} is outside (0, 1]",
-                            expected="a fraction of the model's MACs, 0 < macs <= 1",
-                            fix="e.g. macs=0.5 keeps half of the MACs")
         given = [key for key in ("keep", *PARTS) if key in options]
         if given:
             raise EdgeError(f"plan step {text!r} gives both macs= and {', '.join(f'{k}=' for k in given)}",
                             expected="macs=F alone (the ranking decides every width) or kept fractions alone",
                             fix=f"drop {'/'.join(given)}, or drop macs")
-        if options.get("criterion", DEFAULTS["criterion"]) != "wpac":
+        if options.get("criterion", "wpac") != "wpac":
             raise EdgeError(f"plan step {text!r}: macs= ranks units in WPAC's order", expected="criterion=wpac",
                             fix="drop criterion=, or use keep= with the other criteria")
         return
@@ -98,15 +89,16 @@ class WidthCompression(Method):
     module_types = (NarrowAttention,)
     order = 25
     calibration_samples = 1024
+    derivations = REQUESTS
+    options = WpacOptions
     grammar = ("Width compression (WPAC, training-free): wpac:keep=F (0 < F <= 1 of the head dims and MLP width) "
                "or wpac:qk=F:v=F:mlp=F, or wpac:macs=F (F of the MACs, units ranked on the images; on a "
                "super-network artifact: a sub-network cut without data; there also wpac:latency-ms=X:table=FILE, "
-               "the largest within X ms by a latency table); options align=16 (head dims), "
-               "mlp_align=64 (MLP width), criterion=wpac|taylor|magnitude|random (seed=S), blocks=0+1+2.")
+               "the largest within X ms by a latency table); seed with criterion=random.")
 
     def parse(self, keyword: str, rest: str, text: str) -> WpacStep:
         parts = [p for p in rest.split(":") if p] if rest else []
-        options = parse_options(parts, text, OPTION_TYPES)
+        options = parse_options(parts, text, WpacOptions)
         blocks = _blocks(options.pop("blocks"), text) if "blocks" in options else ()
         _check_options(options, text)
         return WpacStep(blocks=blocks, options=options)
@@ -192,14 +184,40 @@ class WidthCompression(Method):
     def restore(self, model: nn.Module, records: list[dict]) -> None:
         restore_wpac(model, [b for r in records for b in r["blocks"]])
 
+    def derives(self, step) -> bool:
+        return isinstance(step, WpacStep) and is_extraction(step)
+
+    def check_derivation(self, step: WpacStep, request: str, manifest: dict, where: str, predict) -> None:
+        check_request(step, request, manifest, where, predict)
+
+    def derive(self, model: nn.Module, manifest: dict, step: WpacStep, where: str, *, predict=None,
+               predictor: dict | None = None) -> dict:
+        """The sub-network of the super-network artifact at ``where`` that ``step`` asks for (see
+        :mod:`edge.compress.methods.wpac.extract`): its steps, the rest of the order, the extraction."""
+        record = check_record(manifest.get("supernet"), where)
+        chosen, latency = cut_subnetwork(model, record, step, where, predict=predict, predictor=predictor)
+        steps = [self._cut_entry(entry, step, model) if entry["method"] == self.name else entry
+                 for entry in manifest["steps"]]
+        return {"steps": steps, "supernet": remaining(record, chosen),
+                "extracted": extraction_record(chosen, record, manifest, where, latency)}
+
+    def _cut_entry(self, entry: dict, step: WpacStep, model: nn.Module) -> dict:
+        """A wpac step entry of the super-network, rewritten for the sub-network cut by ``step``."""
+        blocks = tuple(b["block"] for b in entry["record"]["blocks"])
+        options = {**{k: v for k, v in entry["options"].items() if k in ("align", "mlp_align")}, **step.options}
+        named = self.parse(self.name, entry["step"].partition(":")[2], entry["step"]).blocks
+        return {**entry, "step": str(WpacStep(blocks=named, options=options)), "options": options,
+                "record": {**entry["record"], "blocks": wpac_records(model, blocks)}}
+
     def training_phase(self, student: nn.Module, teacher: nn.Module, config, steps: tuple[dict, ...] = ()):
         """PIAD (progressive importance-aware dropout) of the wpac blocks when the fine-tune asks (``--piad``)."""
         if not getattr(config, "piad", False):
             return None
-        from edge.compress.piad import piad_phase
+        from edge.compress.methods.wpac.piad import piad_phase
 
         options = dict(steps[0].get("options", {})) if steps else {}
-        return piad_phase(student, config, {k: options.get(k, DEFAULTS[k]) for k in ("align", "mlp_align")})
+        defaults = option_defaults(WpacOptions)
+        return piad_phase(student, config, {k: options.get(k, defaults[k]) for k in ("align", "mlp_align")})
 
 
 class WidthSearch:

@@ -25,8 +25,6 @@ from torch.nn import functional as F
 
 from edge import distributed
 
-INITS = ("gaussian", "mean", "lsq")
-
 
 def gaussian_kernel(k: int, sigma: float = 1.0) -> torch.Tensor:
     """``[k, k]`` float64 Gaussian centred on the middle tap, normalised to sum 1."""

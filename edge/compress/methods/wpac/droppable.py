@@ -1,7 +1,7 @@
 """Width-compressed attention and MLP that compute with the leading dims only: the masks of PIAD.
 
 :class:`DroppableAttention` stands at ``blocks[i].attn`` in place of a
-:class:`~edge.compress.width.NarrowAttention` and :class:`DroppableMlp` at ``blocks[i].mlp`` in
+:class:`~edge.compress.methods.wpac.module.NarrowAttention` and :class:`DroppableMlp` at ``blocks[i].mlp`` in
 place of timm's ``Mlp``, sharing their ``Linear`` layers (same parameters, same state-dict keys:
 nothing changes shape). Each has the widths of a sub-network (``qk``, ``v`` per head; ``hidden``)
 and computes with the leading rows/columns of its weights only. That is exactly the full module
@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edge.compress.supernet import Part, block_parts
-from edge.compress.width import NarrowAttention
+from edge.compress.methods.wpac.module import NarrowAttention
+from edge.compress.methods.wpac.supernet import Part, block_parts
 from edge.models.info import model_info, original_block_indices
 
 
@@ -116,7 +116,7 @@ class Droppables:
 
     ``Droppables.put(model, align, mlp_align)`` replaces every NarrowAttention (and its block's MLP)
     by droppable ones sharing their layers; :meth:`restore` puts the originals back (same layers,
-    so whatever was trained stays). ``parts`` are the :class:`~edge.compress.supernet.Part` of each.
+    so whatever was trained stays). ``parts`` are the :class:`~edge.compress.methods.wpac.supernet.Part` of each.
     """
 
     def __init__(self, model: nn.Module, originals: dict[int, tuple[int, nn.Module, nn.Module]],

@@ -6,26 +6,25 @@ of lowest Sigma_h anywhere, scattered) or ``dwconv:heads=2.0+5.3`` (block.head).
 ``init=gaussian|mean|lsq``, ``k=ODD``, ``variant=unensembled|ensembled|full``,
 ``prefix=mean|pool|attend|drop``, ``order=lowest|highest``, ``ridge=FLOAT`` (for init=lsq).
 
-The module (:class:`~edge.compress.dwconv.DepthwiseAttention`) stands at ``blocks[i].attn``;
-selection and fits are in :mod:`edge.compress.dwconv_apply`, the kernels in
-:mod:`edge.compress.dwconv_init`.
+The module (:class:`~edge.compress.methods.dwconv.module.DepthwiseAttention`) stands at ``blocks[i].attn``;
+selection and fits are in :mod:`edge.compress.methods.dwconv.build`, the kernels in
+:mod:`edge.compress.methods.dwconv.kernels`.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.dwconv import (
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count
+from edge.compress.methods.dwconv.build import build_dwconv, dwconv_records, place_dwconv, restore_dwconv
+from edge.compress.methods.dwconv.module import (
     DWCONV,
-    DWCONV_CHOICES,
-    DWCONV_DEFAULTS,
-    DWCONV_OPTION_TYPES,
     DepthwiseAttention,
+    DWConvOptions,
     DWConvStep,
     drop_prefix_tokens,
 )
-from edge.compress.dwconv_apply import build_dwconv, dwconv_records, place_dwconv, restore_dwconv
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
+from edge.compress.options import parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.registry import register_method
 from edge.compress.search import BlockSetSearch
@@ -35,17 +34,10 @@ USAGE = "dwconv:blocks=2+5+7, dwconv:auto=K, dwconv:heads=auto=K or dwconv:heads
 
 
 def _options(parts: list[str], text: str) -> dict:
-    options = parse_options(parts, text, DWCONV_OPTION_TYPES)
-    for key, choices in DWCONV_CHOICES.items():
-        if key in options and options[key] not in choices:
-            raise EdgeError(f"{key}={options[key]} in plan step {text!r}",
-                            expected=" or ".join(f"{key}={c}" for c in choices))
-    k = options.get("k", DWCONV_DEFAULTS["k"])
-    if k < 1 or k % 2 == 0:
-        raise EdgeError(f"k={k} in plan step {text!r}: the kernel size must be odd",
+    options = parse_options(parts, text, DWConvOptions)
+    if options.get("k", 1) % 2 == 0:
+        raise EdgeError(f"k={options['k']} in plan step {text!r}: the kernel size must be odd",
                         expected="an odd kernel size such as 3 or 5", fix="use k=3 (the paper's choice)")
-    if options.get("ridge", 0.0) < 0:
-        raise EdgeError(f"ridge={options['ridge']} in plan step {text!r} is negative", expected="ridge >= 0")
     return options
 
 
@@ -59,9 +51,9 @@ class DepthwiseConvolution(Method):
     step_types = (DWConvStep,)
     module_types = (DepthwiseAttention,)
     order = 20
+    options = DWConvOptions
     grammar = ("Depthwise convolution in place of attention: dwconv:blocks=2+5+7, dwconv:auto=K (lowest Sigma_b), "
-               "dwconv:heads=auto=K (scattered); options init=lsq|mean|gaussian, k=3, "
-               "variant=unensembled|ensembled|full, prefix=mean|pool|attend|drop, order=lowest|highest, ridge=F.")
+               "dwconv:heads=auto=K (scattered); the kernel size k is odd.")
 
     def parse(self, keyword: str, rest: str, text: str) -> DWConvStep:
         where, *option_parts = rest.split(":") if rest else [""]

@@ -19,7 +19,7 @@ from torch import nn
 from edge import distributed
 from edge.analysis.fit import fit_map, fit_residual
 from edge.analysis.moments import PairMoments
-from edge.compress.attnrm import AffineAttention, AttnRmStep, MLPOnlyBlock
+from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLPOnlyBlock
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError, InternalError
 from edge.models.info import model_info, original_block_indices

@@ -11,7 +11,7 @@ dropped), with ``L`` the mean cross-entropy on the proxy images:
   gradient of the loss: a Q/K dim counts its Q and its K activation, a V dim its V activation,
   an MLP unit its hidden activation. Normalised within the module (an attention's Q/K and V dims
   together) into contribution ratios ``r_d``; the global importance is ``S_m r_d``;
-* a unit's score (Eq. 15) is the sum over its dims per FLOP (:mod:`edge.compress.supernet`).
+* a unit's score (Eq. 15) is the sum over its dims per FLOP (:mod:`edge.compress.methods.wpac.supernet`).
 
 The reference code measures the sensitivity as a drop of top-1 accuracy; the paper's cost, the
 loss, is used here: it still moves where a small proxy set's accuracy does not. Sums are float64
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edge.compress.droppable import DroppableAttention, DroppableMlp, Droppables
+from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.distributed import all_reduce_sum, shard_of
 
@@ -155,7 +155,7 @@ def rank_supernet(model: nn.Module, images, spec: InputSpec, *, align: int, mlp_
     The model is not changed (its modules go back after the measurement).
     """
     from edge.compress.cost import analytic_flops
-    from edge.compress.supernet import greedy_order, supernet_record
+    from edge.compress.methods.wpac.supernet import greedy_order, supernet_record
 
     flops = analytic_flops(model)
     modules = Droppables.put(model, align, mlp_align)

@@ -2,9 +2,9 @@
 
 Everything is measured and computed on the model as it is before any replacement (the
 compressor's build phase); the model itself is not changed until :func:`place_wpac`. Per block:
-the criterion's bases (:mod:`edge.compress.wpac`) are folded into copies of the attention's
+the criterion's bases (:mod:`edge.compress.methods.wpac.statistics`) are folded into copies of the attention's
 weights, the leading ``qk`` rows of each head's Q and K, the leading ``v`` rows of its V and the
-matching columns of the output projection are kept in a :class:`~edge.compress.width.NarrowAttention`
+matching columns of the output projection are kept in a :class:`~edge.compress.methods.wpac.module.NarrowAttention`
 (scale of the original head dim), and the MLP becomes timm's ``Mlp`` with its ``mlp`` most
 important hidden units (rows of fc1, columns of fc2).
 """
@@ -16,8 +16,8 @@ import copy
 import torch
 from torch import nn
 
-from edge.compress.width import NarrowAttention, WpacStep, aligned_width
-from edge.compress.wpac import (
+from edge.compress.methods.wpac.module import NarrowAttention, WpacStep, aligned_width
+from edge.compress.methods.wpac.statistics import (
     Bases,
     BlockStatistics,
     collect_statistics,
@@ -201,8 +201,8 @@ def cut_by_macs(model: nn.Module, modules: dict[int, tuple[NarrowAttention, nn.M
     Returns the cut modules and the ``supernet`` record of what is left; ``fit`` (build_wpac's report)
     gains the widths chosen and the selection's figures.
     """
-    from edge.compress.importance import rank_supernet
-    from edge.compress.supernet import remaining_record, select
+    from edge.compress.methods.wpac.importance import rank_supernet
+    from edge.compress.methods.wpac.supernet import remaining_record, select
 
     trial = place_wpac(copy.deepcopy(model), modules)
     record = rank_supernet(trial, images, spec, align=int(step.option("align")),

@@ -1,6 +1,6 @@
 """Sub-networks of a width-compressed model: droppable units, their MACs, the order they go in, extraction.
 
-A ``wpac`` model (:mod:`edge.compress.width`) holds, per block, a :class:`NarrowAttention` whose
+A ``wpac`` model (:mod:`edge.compress.methods.wpac.module`) holds, per block, a :class:`NarrowAttention` whose
 per-head Q/K and V dims and an MLP whose hidden units are sorted most important first. Each of
 these three **parts** of a block (``qk``, ``v``, ``mlp``) can be cut at its tail. The cuts are
 aligned: a part of width ``W`` with alignment ``a`` (``align`` for head dims, ``mlp_align`` for
@@ -27,7 +27,7 @@ or below (:func:`select`): no training, no data.
 
 The record a super-network artifact carries (its manifest's ``supernet``, :func:`supernet_record`)
 holds the parts, the order, the FLOPs and who ranked it (``wpac``: once on the calibration images;
-``piad``: the dropout list trained by :mod:`edge.compress.piad`, then the last ranking's rest).
+``piad``: the dropout list trained by :mod:`edge.compress.methods.wpac.piad`, then the last ranking's rest).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 lets NOSE (greedy transfer entropy to the output, :mod:`edge.analysis.entropy`) choose K blocks;
 ``select=first`` (the K lowest free blocks) and ``select=random:seed=S`` (a seeded sample of the
 free blocks) are the paper's baselines. ``init=identity`` (default) puts an
-:class:`~edge.compress.attnrm.MLPOnlyBlock` (scale 1: the residual only) at ``blocks[i]``;
+:class:`~edge.compress.methods.attnrm.module.MLPOnlyBlock` (scale 1: the residual only) at ``blocks[i]``;
 ``init=affine`` (ours, training-free) puts a closed-form affine map of the attention input,
 fitted on the calibration tokens (``ridge=F``, relative, default 1e-4), at ``blocks[i].attn``.
 Dilution learning (scale 2) is ``edge finetune --dilute``.
@@ -19,17 +19,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.attnrm import (
-    ATTNRM,
-    DEFAULTS,
-    INITS,
-    OPTION_TYPES,
-    SELECTIONS,
-    AffineAttention,
-    AttnRmStep,
-    MLPOnlyBlock,
-)
-from edge.compress.attnrm_apply import (
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count
+from edge.compress.methods.attnrm.build import (
     attnrm_records,
     check_block,
     fit_affine_attention,
@@ -38,7 +29,8 @@ from edge.compress.attnrm_apply import (
     restore_attnrm,
     select_blocks,
 )
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
+from edge.compress.methods.attnrm.module import ATTNRM, AffineAttention, AttnRmOptions, AttnRmStep, MLPOnlyBlock
+from edge.compress.options import option_defaults, parse_options
 from edge.compress.registry import method_of, methods, register_method
 from edge.compress.search import BlockSetSearch
 from edge.errors import EdgeError
@@ -47,25 +39,16 @@ USAGE = "attnrm:blocks=0+1+3 or attnrm:auto=K (select=nose|first|random, seed=S 
 
 
 def _options(parts: list[str], text: str, auto: bool) -> dict:
-    options = parse_options(parts, text, OPTION_TYPES)
-    for key, choices in (("init", INITS), ("select", SELECTIONS)):
-        if key in options and options[key] not in choices:
-            raise EdgeError(f"{key}={options[key]} in plan step {text!r}",
-                            expected=" or ".join(f"{key}={c}" for c in choices))
-    if options.get("ridge", 0.0) < 0:
-        raise EdgeError(f"ridge={options['ridge']} in plan step {text!r} is negative", expected="ridge >= 0")
-    if "ridge" in options and options.get("init", DEFAULTS["init"]) != "affine":
+    options = parse_options(parts, text, AttnRmOptions)
+    if "ridge" in options and options.get("init", option_defaults(AttnRmOptions)["init"]) != "affine":
         raise EdgeError(f"ridge= in plan step {text!r} applies to init=affine only",
                         fix="add :init=affine or drop ridge")
     if not auto and ("select" in options or "seed" in options):
         raise EdgeError(f"select=/seed= in plan step {text!r}: the blocks are listed, nothing is selected",
                         expected="select and seed with attnrm:auto=K only")
-    if "seed" in options:
-        if options.get("select") != "random":
-            raise EdgeError(f"seed= in plan step {text!r} applies to select=random only",
-                            fix="add :select=random or drop seed")
-        if options["seed"] < 0:
-            raise EdgeError(f"seed={options['seed']} in plan step {text!r} is negative", expected="a seed >= 0")
+    if "seed" in options and options.get("select") != "random":
+        raise EdgeError(f"seed= in plan step {text!r} applies to select=random only",
+                        fix="add :select=random or drop seed")
     return options
 
 
@@ -83,8 +66,9 @@ class AttentionRemoval(Method):
     step_types = (AttnRmStep,)
     module_types = (MLPOnlyBlock, AffineAttention)
     order = 15
+    options = AttnRmOptions
     grammar = ("Attention removal: attnrm:blocks=0+1+3, attnrm:auto=K (NOSE; select=first or "
-               "select=random:seed=S for the baselines); options init=identity|affine, ridge=F (affine).")
+               "select=random:seed=S for the baselines); ridge with init=affine.")
 
     def parse(self, keyword: str, rest: str, text: str) -> AttnRmStep:
         where, *option_parts = rest.split(":") if rest else [""]
@@ -193,7 +177,7 @@ class AttentionRemoval(Method):
         """Dilution learning (Eq. 9) of the MLP-only blocks when the fine-tune asks for it (``--dilute``)."""
         if not getattr(config, "dilute", False):
             return None
-        from edge.compress.dilution import dilution_phase
+        from edge.compress.methods.attnrm.dilution import dilution_phase
 
         return dilution_phase(student, teacher, config)
 

@@ -28,7 +28,7 @@ Folding (:func:`rotate_attention`): with ``R`` orthogonal, Q and K rows of a hea
 weight and bias become ``R W`` and ``R b`` (so ``q' . k' = q^T R^T R k = q . k``), the V rows
 become ``R_v W_v`` and the output projection's columns of the head ``W_o R_v^T`` (so
 ``W_o' v' = W_o v``; the attention's weighted sum over tokens is linear and commutes). The
-model is the same function; truncation then keeps the leading rows (:mod:`edge.compress.wpac_apply`).
+model is the same function; truncation then keeps the leading rows (:mod:`edge.compress.methods.wpac.build`).
 
 The other criteria of the paper's Table 3 give permutations instead of rotations
 (:func:`criterion_bases`): ``taylor`` (the per-dim Taylor sums; Q and K dims as pairs),

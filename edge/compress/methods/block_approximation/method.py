@@ -7,9 +7,9 @@ skip (blocks removed, the papers' baseline), mlp and resmlp (trained translators
 comparison baselines). Options: ``ridge=FLOAT`` (relative ridge term), ``prefix=own`` (fit the
 class/register tokens with their own map), ``steps=N`` and ``lr=FLOAT`` for the trained
 translators. ``auto-linear:K`` / ``auto-affine:K`` let the planner choose K blocks by held-out
-fidelity (:mod:`edge.compress.planner`).
+fidelity (:mod:`edge.compress.methods.block_approximation.planner`).
 
-The modules (:class:`~edge.compress.block_approx.ApproximatedSpan`) stand in ``model.blocks``.
+The modules (:class:`~edge.compress.methods.block_approximation.module.ApproximatedSpan`) stand in ``model.blocks``.
 """
 
 from __future__ import annotations
@@ -18,28 +18,25 @@ import torch
 from torch import nn
 
 from edge.analysis.collect import collect_block_moments
-from edge.compress.approximate import fit_spans
-from edge.compress.block_approx import AUTO_METHODS, SPAN_METHODS, ApproximatedSpan, AutoStep, SpanStep, replace_spans
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count, parse_options
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count
+from edge.compress.methods.block_approximation.fit import fit_spans
+from edge.compress.methods.block_approximation.module import (
+    AUTO_METHODS,
+    SPAN_METHODS,
+    ApproximatedSpan,
+    AutoStep,
+    SpanOptions,
+    SpanStep,
+    replace_spans,
+)
+from edge.compress.methods.block_approximation.planner import plan_auto
+from edge.compress.options import parse_options
 from edge.compress.plan import parse_plan
-from edge.compress.planner import plan_auto
 from edge.compress.registry import register_method
 from edge.compress.search import Move
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.progress import log
-
-OPTION_TYPES = {"ridge": float, "prefix": str, "steps": int, "lr": float}
-PREFIX_MODES = ("shared", "own")
-
-
-def _options(parts: list[str], text: str) -> dict:
-    options = parse_options(parts, text, OPTION_TYPES)
-    if options.get("prefix", "shared") not in PREFIX_MODES:
-        raise EdgeError(f"prefix={options['prefix']} in plan step {text!r}", expected="prefix=shared or prefix=own")
-    if options.get("ridge", 0.0) < 0:
-        raise EdgeError(f"ridge={options['ridge']} in plan step {text!r} is negative", expected="ridge >= 0")
-    return options
 
 
 class BlockApproximation(Method):
@@ -48,13 +45,14 @@ class BlockApproximation(Method):
     step_types = (SpanStep, AutoStep)
     module_types = (ApproximatedSpan,)
     order = 10
+    options = SpanOptions
     grammar = ("Block approximation: METHOD:S-E[:key=value] replaces blocks S+1..E (S=-1: from the embedding). "
-               "Methods: identity, linear, affine, skip, mlp, resmlp; auto-linear:K, auto-affine:K. "
-               "Options: ridge=F, prefix=own, steps=N, lr=F.")
+               "Methods: identity, linear, affine, skip, mlp, resmlp; auto-linear:K, auto-affine:K; "
+               "steps and lr train mlp and resmlp.")
 
     def parse(self, keyword: str, rest: str, text: str) -> SpanStep | AutoStep:
         where, *option_parts = rest.split(":") if rest else [""]
-        options = _options(option_parts, text)
+        options = parse_options(option_parts, text, SpanOptions)
         if keyword in AUTO_METHODS:
             count = parse_count(where, text, "block", expected=f"{keyword}:K, e.g. {keyword}:3")
             return AutoStep(keyword.removeprefix("auto-"), count, options)

@@ -54,21 +54,31 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-from edge.compress.method import format_options
+from edge.compress.options import format_options, option_defaults, plan_option
 from edge.errors import EdgeError, InternalError
 
-VARIANTS = ("unensembled", "ensembled", "full")
-PREFIX_MODES = ("mean", "pool", "attend", "drop")
+Variant = Literal["unensembled", "ensembled", "full"]
+PrefixMode = Literal["mean", "pool", "attend", "drop"]
+VARIANTS: tuple[str, ...] = get_args(Variant)
+PREFIX_MODES: tuple[str, ...] = get_args(PrefixMode)
 DWCONV = "dwconv"
-DWCONV_OPTION_TYPES = {"init": str, "k": int, "variant": str, "prefix": str, "order": str, "ridge": float}
-DWCONV_CHOICES = {"init": ("gaussian", "mean", "lsq"), "variant": VARIANTS, "prefix": PREFIX_MODES,
-                  "order": ("lowest", "highest")}
-DWCONV_DEFAULTS = {"init": "lsq", "k": 3, "variant": "unensembled", "prefix": "pool", "order": "lowest",
-                   "ridge": 1e-4}
+
+
+@dataclass(frozen=True)
+class DWConvOptions:
+    """The options of a ``dwconv`` step (``dwconv:auto=6:init=lsq:k=3``)."""
+
+    init: Literal["gaussian", "mean", "lsq"] = plan_option("lsq")   # initial kernels (kernels.py)
+    k: int = plan_option(3, minimum=1)                               # kernel size, odd
+    variant: Variant = plan_option("unensembled")
+    prefix: PrefixMode = plan_option("pool")                         # what the [CLS]/register tokens get
+    order: Literal["lowest", "highest"] = plan_option("lowest")      # auto: lowest Sigma first, or highest
+    ridge: float = plan_option(1e-4, minimum=0)                      # relative ridge of init=lsq
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ class DWConvStep:
 
     def option(self, key: str):
         """The option's value, or its default (defaults are resolved here only)."""
-        return self.options.get(key, DWCONV_DEFAULTS[key])
+        return self.options.get(key, option_defaults(DWConvOptions)[key])
 
     @property
     def is_resolved(self) -> bool:

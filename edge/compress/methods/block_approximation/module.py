@@ -16,13 +16,14 @@ described in the original model's block indices.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
 from edge.analysis.fit import FittedMap
 from edge.compress.cost import linear_flops
-from edge.compress.method import format_options
+from edge.compress.options import format_options, option_defaults, plan_option
 from edge.errors import InternalError
 from edge.models.info import original_block_indices
 
@@ -30,6 +31,16 @@ CLOSED_FORM = ("identity", "linear", "affine")
 TRAINED = ("mlp", "resmlp")
 SPAN_METHODS = (*CLOSED_FORM, "skip", *TRAINED)
 AUTO_METHODS = ("auto-linear", "auto-affine")
+
+
+@dataclass(frozen=True)
+class SpanOptions:
+    """The options of a block-approximation step (``affine:9-11:ridge=1e-4``, ``mlp:2-3:steps=500``)."""
+
+    ridge: float = plan_option(0.0, minimum=0)                    # relative ridge term of the closed-form fit
+    prefix: Literal["shared", "own"] = plan_option("shared")      # prefix tokens: the patch tokens' map, or their own
+    steps: int = plan_option(300, minimum=1)                      # mlp, resmlp: training steps
+    lr: float = plan_option(1e-3, above=0)                        # mlp, resmlp: learning rate
 
 
 @dataclass(frozen=True)
@@ -47,13 +58,17 @@ class SpanStep:
     def blocks(self) -> tuple[int, ...]:
         return tuple(range(self.start + 1, self.end + 1))
 
+    def option(self, key: str):
+        """The option's value, or its default."""
+        return self.options.get(key, option_defaults(SpanOptions)[key])
+
     @property
     def ridge(self) -> float:
-        return float(self.options.get("ridge", 0.0))
+        return float(self.option("ridge"))
 
     @property
     def prefix(self) -> str:
-        return str(self.options.get("prefix", "shared"))
+        return str(self.option("prefix"))
 
     def __str__(self) -> str:
         return f"{self.method}:{self.start}-{self.end}{format_options(self.options)}"

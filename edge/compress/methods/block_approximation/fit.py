@@ -17,7 +17,13 @@ from torch import nn
 
 from edge.analysis.collect import BlockMoments, block_outputs
 from edge.analysis.fit import FittedMap, fit_map, fit_residual
-from edge.compress.block_approx import CLOSED_FORM, TRAINED, ApproximatedSpan, SpanStep, replace_spans
+from edge.compress.methods.block_approximation.module import (
+    CLOSED_FORM,
+    TRAINED,
+    ApproximatedSpan,
+    SpanStep,
+    replace_spans,
+)
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import InternalError
 from edge.models.info import model_info
@@ -62,8 +68,8 @@ def trained_span(step: SpanStep, model: nn.Module, images, spec: InputSpec, seed
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     module = ApproximatedSpan(step.method, step.blocks, info.embed_dim, info.num_prefix_tokens)
-    optimizer = torch.optim.Adam(module.parameters(), lr=float(step.options.get("lr", 1e-3)))
-    steps, batch = int(step.options.get("steps", 300)), min(4096, len(x))
+    optimizer = torch.optim.Adam(module.parameters(), lr=float(step.option("lr")))
+    steps, batch = int(step.option("steps")), min(4096, len(x))
     module.train()
     for _ in range(steps):
         idx = torch.randint(0, len(x), (batch,), generator=generator)

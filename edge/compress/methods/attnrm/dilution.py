@@ -1,6 +1,6 @@
 """Dilution learning (Eq. 9 of mlp-only-nose-dilution): an attention sub-layer faded out during distillation.
 
-During the fine-tune each MLP-only block of the student (:class:`~edge.compress.attnrm.MLPOnlyBlock`)
+During the fine-tune each MLP-only block of the student (:class:`~edge.compress.methods.attnrm.module.MLPOnlyBlock`)
 is replaced at ``blocks[i]`` by a :class:`DilutedBlock` that holds a copy of the ORIGINAL block's
 attention (``norm1``, ``attn``, ``ls1``, taken from the teacher) next to the student's own MLP
 half, and computes
@@ -37,7 +37,7 @@ import math
 import torch
 from torch import nn
 
-from edge.compress.attnrm import MLPOnlyBlock
+from edge.compress.methods.attnrm.module import MLPOnlyBlock
 from edge.errors import EdgeError, InternalError
 
 SCHEDULES = ("linear", "cosine")

@@ -36,6 +36,7 @@ Plan steps (:class:`AttnRmStep`): ``attnrm:blocks=0+1+3``, ``attnrm:auto=K`` (NO
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
@@ -43,13 +44,19 @@ from torch.nn import functional as F
 
 from edge.analysis.fit import FittedMap
 from edge.compress.cost import linear_flops
-from edge.compress.method import format_options
+from edge.compress.options import format_options, option_defaults, plan_option
 
 ATTNRM = "attnrm"
-INITS = ("identity", "affine")
-SELECTIONS = ("nose", "first", "random")
-OPTION_TYPES = {"init": str, "ridge": float, "select": str, "seed": int}
-DEFAULTS = {"init": "identity", "ridge": 1e-4, "select": "nose", "seed": 0}
+
+
+@dataclass(frozen=True)
+class AttnRmOptions:
+    """The options of an ``attnrm`` step (``attnrm:auto=3:select=random:seed=5``)."""
+
+    init: Literal["identity", "affine"] = plan_option("identity")   # MLP-only block, or an affine attention map
+    ridge: float = plan_option(1e-4, minimum=0)                      # relative ridge of init=affine
+    select: Literal["nose", "first", "random"] = plan_option("nose")  # auto: NOSE, or the paper's baselines
+    seed: int = plan_option(0, minimum=0)                             # select=random
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class AttnRmStep:
         return not self.auto
 
     def option(self, key: str):
-        return self.options.get(key, DEFAULTS[key])
+        return self.options.get(key, option_defaults(AttnRmOptions)[key])
 
     def __str__(self) -> str:
         where = f"auto={self.auto}" if self.auto else "blocks=" + "+".join(map(str, self.blocks))

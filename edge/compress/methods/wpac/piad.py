@@ -3,13 +3,13 @@
 ``edge finetune ARTIFACT --piad`` runs this :class:`~edge.compress.method.TrainingPhase` inside the
 fine-tune (distillation from the original model, the fine-tuner's loss, which the reference code
 lacks). At the start the wpac blocks' attention and MLP become droppable modules
-(:mod:`edge.compress.droppable`: the same weights, computed with the leading dims only; no shape
+(:mod:`edge.compress.methods.wpac.droppable`: the same weights, computed with the leading dims only; no shape
 changes). Then:
 
 * **the dropout list grows** at the start of each of the first ``piad_epochs`` epochs ``e``
   (``0 .. E_p - 1``): the units are ranked on the proxy set (``piad_samples`` seeded,
   class-balanced training images) on the smallest sub-network, every unit of the list dropped
-  (:func:`edge.compress.importance.unit_importance`: module sensitivity x normalised Taylor
+  (:func:`edge.compress.methods.wpac.importance.unit_importance`: module sensitivity x normalised Taylor
   importance, per FLOP, pooled from each part's tail), and the lowest-ranked units are appended
   until the list's FLOPs reach ``(e + 1) / E_p x target`` of the whole model's. A unit once
   listed stays, in its place: the list only grows. An "epoch" is ``steps / epochs`` of the
@@ -22,7 +22,7 @@ changes). Then:
 * evaluations in between score the whole network (the droppable modules use every dim in eval).
 
 At the end the modules go back (the trained weights are theirs) and the artifact keeps the full
-widths plus its ``supernet`` record (:mod:`edge.compress.supernet`): the dropout list, then the
+widths plus its ``supernet`` record (:mod:`edge.compress.methods.wpac.supernet`): the dropout list, then the
 last ranking's order of the units left, from which ``edge compress ARTIFACT --plan wpac:macs=F``
 cuts any sub-network without data. Sub-networks below ``1 - target`` of the MACs were never trained.
 """
@@ -35,9 +35,10 @@ import random
 from torch import nn
 
 from edge.compress.cost import analytic_flops
-from edge.compress.droppable import DroppableAttention, DroppableMlp, Droppables
-from edge.compress.importance import unit_importance
-from edge.compress.supernet import (
+from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
+from edge.compress.methods.wpac.importance import unit_importance
+from edge.compress.methods.wpac.module import NarrowAttention, WpacOptions
+from edge.compress.methods.wpac.supernet import (
     Part,
     block_parts,
     dropped_flops,
@@ -45,7 +46,7 @@ from edge.compress.supernet import (
     supernet_record,
     widths_after,
 )
-from edge.compress.width import NarrowAttention
+from edge.compress.options import option_defaults
 from edge.errors import EdgeError
 from edge.models.info import model_info, original_block_indices
 from edge.progress import log
@@ -209,8 +210,7 @@ class PiadPhase:
 
 def piad_phase(student: nn.Module, config, options: dict) -> PiadPhase:
     """PIAD of ``student``'s wpac blocks (``options``: the wpac step's, for the alignments), or a clear refusal."""
-    from edge.compress.width import DEFAULTS
-
+    defaults = option_defaults(WpacOptions)
     if not any(isinstance(getattr(b, "attn", None), NarrowAttention) for b in student.blocks):
         raise EdgeError("--piad: the model has no width-compressed (wpac) blocks",
                         expected="an artifact of `edge compress MODEL --plan wpac:keep=1` (or wpac:macs=1)",
@@ -218,8 +218,8 @@ def piad_phase(student: nn.Module, config, options: dict) -> PiadPhase:
     if config.piad_epochs > config.epochs:
         raise EdgeError(f"--piad-epochs {config.piad_epochs} is more than the {config.epochs} epoch(s) of the "
                         "schedule: the dropout list would not reach its target", fix="pass --piad-epochs <= --epochs")
-    return PiadPhase(student, config, align=int(options.get("align", DEFAULTS["align"])),
-                     mlp_align=int(options.get("mlp_align", DEFAULTS["mlp_align"])))
+    return PiadPhase(student, config, align=int(options.get("align", defaults["align"])),
+                     mlp_align=int(options.get("mlp_align", defaults["mlp_align"])))
 
 
 __all__ = ["PiadPhase", "growth_steps", "piad_phase", "sampled_drops", "wpac_parts"]
