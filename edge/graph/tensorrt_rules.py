@@ -318,13 +318,15 @@ def _scores_matmul(softmax: onnx.NodeProto, facts: GraphFacts) -> tuple[onnx.Nod
     """The MatMul(Q, K^T) feeding ``softmax`` (through one Mul/Div by a constant), or why there is none."""
     node = facts.producers.get(softmax.input[0])
     if node is not None and node.op_type in ("Mul", "Div") and any(i in facts.constants for i in node.input):
-        node = facts.producers.get(next(i for i in node.input if i not in facts.constants))
+        scaled = next((i for i in node.input if i not in facts.constants), "")
+        node = facts.producers.get(_through_qdq(scaled, facts))
     if node is None or node.op_type != "MatMul":
         return None, f"Softmax reads {node.op_type if node else 'a graph input'}, not MatMul(Q, K^T) (a Cast splits it?)"
     return node, None
 
 
 def _context_matmul(softmax: onnx.NodeProto, facts: GraphFacts) -> tuple[onnx.NodeProto | None, str | None]:
+    """The one MatMul(., V) reading ``softmax`` (through a Q->DQ pair), or why there is none."""
     readers = facts.readers.get(softmax.output[0], [])
     if len(readers) == 1 and readers[0].op_type == "QuantizeLinear":
         dq_readers = [r for out in readers[0].output for r in facts.readers.get(out, [])]
