@@ -94,7 +94,8 @@ class GraphFacts:
                 if value is not None:
                     constants[node.output[0]] = value
         inferred = _inferred(model)
-        return GraphFacts(model, opset, _tensor_types(inferred), _static_shapes(inferred), {o: n for n in graph.node for o in n.output},
+        producers = {o: n for n in graph.node for o in n.output}
+        return GraphFacts(model, opset, _tensor_types(inferred), _static_shapes(inferred), producers,
                           readers, constants)
 
     def value(self, name: str) -> np.ndarray | None:
@@ -321,7 +322,8 @@ def _scores_matmul(softmax: onnx.NodeProto, facts: GraphFacts) -> tuple[onnx.Nod
         scaled = next((i for i in node.input if i not in facts.constants), "")
         node = facts.producers.get(_through_qdq(scaled, facts))
     if node is None or node.op_type != "MatMul":
-        return None, f"Softmax reads {node.op_type if node else 'a graph input'}, not MatMul(Q, K^T) (a Cast splits it?)"
+        source = node.op_type if node else "a graph input"
+        return None, f"Softmax reads {source}, not MatMul(Q, K^T) (a Cast splits it?)"
     return node, None
 
 
@@ -352,7 +354,8 @@ def check_attention(softmax: onnx.NodeProto, label: str, facts: GraphFacts) -> l
         if head is None:
             reason = "the head size is not static"
         elif not (low <= head <= high and head % step == 0):
-            reason = f"head size {head} is outside TensorRT's fused fp16 kernels (a multiple of {step} in [{low}, {high}])"
+            reason = (f"head size {head} is outside TensorRT's fused fp16 kernels (a multiple of {step} in "
+                      f"[{low}, {high}])")
         else:
             return [Finding("attention-fusion", label, f"MatMul -> Softmax -> MatMul with head size {head}: the shape "
                             "TensorRT fuses into one attention kernel", "nothing to do", INFO)]

@@ -77,8 +77,8 @@ _OPS_10_3 = {
     # ConstantOfShape: the table writes "INF64", read as INT64 (as 10.15's table has it)
     ("FP32", "FP16", "BF16", "INT32", "INT64", "BOOL"): (
         "Concat", "Constant", "ConstantOfShape", "Expand", "EyeLike", "Flatten", "Gather", "GatherElements",
-        "GatherND", "Identity", "If", "Loop", "OneHot", "Reshape", "ReverseSequence", "Shape", "Size", "Slice", "Split", "Squeeze", "Tile",
-        "Transpose", "Trilu", "Unsqueeze", "Where",
+        "GatherND", "Identity", "If", "Loop", "OneHot", "Reshape", "ReverseSequence", "Shape", "Size", "Slice",
+        "Split", "Squeeze", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
     ),
     ("FP32", "FP16"): (
         "DeformConv", "GridSample", "Mish", "NonMaxSuppression", "NonZero", "RoiAlign",

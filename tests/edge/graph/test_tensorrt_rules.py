@@ -209,7 +209,8 @@ def test_gemm_alpha_beta_not_one():
 def test_attention_split_by_a_cast_is_reported_as_information_only():
     model = attention_graph()
     node(model, "softmax").input[0] = "scaled_fp32"
-    model.graph.node.insert(3, helper.make_node("Cast", ["scaled"], ["scaled_fp32"], name="island", to=TensorProto.FLOAT))
+    cast = helper.make_node("Cast", ["scaled"], ["scaled_fp32"], name="island", to=TensorProto.FLOAT)
+    model.graph.node.insert(3, cast)
     findings = check_model(model)
     attention = [f for f in findings if f.rule == "attention-fusion"]
     assert errors(findings) == [] and attention[0].severity == INFO and "not in the fusable shape" in attention[0].what
@@ -265,8 +266,8 @@ def test_edge_bundle_refuses_a_graph_that_breaks_a_rule_unless_told(tmp_path):
     assert "[gemm-alpha-beta] head" in str(refused.value) and "--no-trt-check" in str(refused.value)
     assert not (tmp_path / "bundle").exists()  # nothing written
     said = []
-    make_bundle([tmp_path / "broken.onnx"], tmp_path / "bundle", BundleConfig(precisions=("fp32",), check_tensorrt=False),
-                progress=said.append)
+    make_bundle([tmp_path / "broken.onnx"], tmp_path / "bundle",
+                BundleConfig(precisions=("fp32",), check_tensorrt=False), progress=said.append)
     assert (tmp_path / "bundle" / "graphs/broken/fp32.onnx").is_file()
     assert any("broken.fp32: breaks 1 rule(s) of TensorRT 10.3" in line for line in said)
     onnx.save(attention_graph(), tmp_path / "good.onnx")

@@ -6,7 +6,8 @@ the writers those commands call (edge.export, edge.graph.clean, edge.precision.q
 4-block tiny ViT, uncompressed and compressed by each method (block approximation, depthwise
 convolution, attention removal, width pruning), with few calibration images, and the quantize
 options the README names (--softmax fp32, --placement skip, --unquantized fp32) on the uncompressed
-one; each graph is checked for TensorRT 10.3 and 10.16. tests/test_readme.py checks the README's own graphs the same way.
+one; each graph is checked for TensorRT 10.3 and 10.16. tests/test_readme.py checks the README's own
+graphs the same way.
 """
 
 from __future__ import annotations
