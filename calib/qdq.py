@@ -157,11 +157,24 @@ def _with_opset(model: onnx.ModelProto, opset: int, source: str) -> onnx.ModelPr
     if current >= opset:
         return model
     try:
-        return version_converter.convert_version(model, opset)
+        raised = version_converter.convert_version(model, opset)
     except Exception as e:  # noqa: BLE001 - the converter raises several types
         raise CalibError(f"{source} (opset {current}) cannot be raised to opset {opset} for float16 Q/DQ scales",
                          found=str(e)[:300],
                          fix="pass --unquantized fp32 to keep the unquantized ops in float32") from e
+    return with_needed_ir_version(raised)
+
+
+def with_needed_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` at the lowest IR version its opsets allow, or its own if higher.
+
+    onnx's version converter raises the opset and keeps the IR version: opset 19 from an opset 17
+    export stayed at IR 8, below the IR 9 that ONNX's version table (``onnx.helper.VERSION_TABLE``)
+    gives opset 19, a graph out of the ONNX spec.
+    """
+    needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    model.ir_version = max(model.ir_version, needed)
+    return model
 
 
 def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibration: Calibration, *,
@@ -190,6 +203,7 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibr
         raise CalibError(f"the int8 graph of {source} breaks TensorRT's Q/DQ rules ({len(problems)} places)",
                          found="; ".join(problems[:5]), fix="nothing was written; report this graph as a bug")
     _copy_metadata(model, quantized)
+    with_needed_ir_version(quantized)
     report = {"calibration": {"seconds": round(time.perf_counter() - start, 2),
                               "cache": str(cache_path) if cache_path else None, "cache_hit": cache_hit},
               "quantized_nodes": {op: sum(1 for n in model.graph.node if n.name in plan and n.op_type == op)

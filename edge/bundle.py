@@ -31,6 +31,7 @@ import jetson
 from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
+from edge.graph.tensorrt_support import DEFAULT_TENSORRT
 from jetson.bundle import (
     CACHES,
     GRAPH_PRECISION,
@@ -63,6 +64,9 @@ class BundleConfig:
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     protocol: Protocol = field(default_factory=Protocol)
+    tf32: bool = True                   # False: every build config clears TF32 (edge bundle --no-tf32)
+    tensorrt: str = DEFAULT_TENSORRT    # the TensorRT whose ONNX parser rules every packed graph must pass
+    check_tensorrt: bool = True         # False: pack graphs that break those rules (edge bundle --no-trt-check)
 
     def check(self) -> None:
         if not self.precisions:
@@ -218,11 +222,12 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
             for precision in config.precisions:
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
+                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
                 inputs_io, _ = _graph_io(tmp / relative)
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
                                   optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
-                                  timing_cache=timing, plugins=tuple(plugins))
+                                  timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
                                         calibration=(made or {}).get("calibration"), source=str(graph.path)))
@@ -238,6 +243,23 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     if tar:
         manifest["tar"] = str(write_tar(out))
     return manifest
+
+
+def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
+    """The TensorRT parser rules on a packed graph (edge.graph.tensorrt_rules): a graph breaking one is refused
+    with the findings, before a device spends minutes on a build that fails; with the check off, it is said."""
+    from edge.graph.tensorrt_rules import check_file, refusal
+
+    report = check_file(graph, config.tensorrt)
+    if report["passed"]:
+        return
+    if config.check_tensorrt:
+        report["graph"] = variant
+        raise refusal([report], config.tensorrt,
+                      fix="nothing was written; fix the graph (the fix of each finding above), or pack it anyway "
+                          "with --no-trt-check")
+    progress(f"{variant}: breaks {report['errors']} rule(s) of TensorRT {config.tensorrt}'s ONNX parser; packed "
+             f"anyway (--no-trt-check); `edge check` lists them")
 
 
 def write_tar(folder: Path) -> Path:

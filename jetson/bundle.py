@@ -26,7 +26,7 @@ Both go through this module, so the format has one definition. A bundle is a fol
                              "optimization_level": 3, "tiling_optimization_level": null, "batch": null,
                              "min_batch": null, "opt_batch": null, "max_batch": null,
                              "timing_cache": null | "caches/...", "plugins": ["plugins/x.so"],
-                             "calibration_cache": null | "caches/..."}}],
+                             "calibration_cache": null | "caches/...", "tf32": true}}],
      "files": {"graphs/baseline/fp16.onnx": {"sha256": "...", "bytes": 12345}, "jetson/runner.py": {...}}}
 
 ``files`` lists every file of the bundle but ``manifest.json``, with its sha256 and size. The runner
@@ -79,6 +79,9 @@ class BuildSpec:
     timing_cache: str | None = None
     plugins: tuple[str, ...] = ()
     calibration_cache: str | None = None
+    #: fp32 matrix products in TF32 (TensorRT's default; about 1e-3 relative from ONNX Runtime); False clears
+    #: BuilderFlag.TF32 (trtexec --noTF32)
+    tf32: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -81,6 +81,8 @@ class Knobs(Protocol):
     def optimization_level(self) -> int: ...
     @property
     def tiling_optimization_level(self) -> int | None: ...
+    @property
+    def tf32(self) -> bool: ...
 
 
 def configure_builder(config: tensorrt.IBuilderConfig, spec: Knobs, features: TensorRTFeatures) -> dict:
@@ -105,6 +107,9 @@ def configure_builder(config: tensorrt.IBuilderConfig, spec: Knobs, features: Te
             honoured["tiling_optimization_level"] = spec.tiling_optimization_level
         else:
             ignored["tiling_optimization_level"] = f"TensorRT {features.version} has no tiling optimisation (10.8+)"
+    if not spec.tf32:  # TensorRT sets TF32 by default: fp32 matrix products in TF32 (about 1e-3 relative)
+        config.clear_flag(trt.BuilderFlag.TF32)
+    honoured["tf32"] = spec.tf32
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     return {"honoured": honoured, "not_available": ignored}
 

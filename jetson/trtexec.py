@@ -133,6 +133,8 @@ def build_argv(binary: str, graph: Path, engine: Path, spec: BuildSpec, version:
         else:
             notes["--tilingOptimizationLevel"] = (f"exists from TensorRT 10.8; trtexec {release} stops on it "
                                                   "(\"Unknown option\")")
+    if not spec.tf32:
+        argv.append("--noTF32")
     if timing_cache is not None:
         argv.append(f"--timingCacheFile={timing_cache}")
     argv += [f"--staticPlugins={p}" for p in plugins]

@@ -246,6 +246,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def __init__(self) -> None:
             self.pools: dict = {}
             self.flags: list[str] = []
+            self.cleared_flags: list[str] = []
             self.profiling_verbosity = None
             self.profiles: list[IOptimizationProfile] = []
             self.timing_cache: ITimingCache | None = None
@@ -261,6 +262,9 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         def set_flag(self, flag) -> None:
             self.flags.append(repr(flag))
+
+        def clear_flag(self, flag) -> None:  # pyCore: IBuilderConfig.clear_flag (TF32 is set by default)
+            self.cleared_flags.append(repr(flag))
 
         def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
             self.profiles.append(profile)
@@ -363,6 +367,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                   for mode, tensors in (("INPUT", network.inputs), ("OUTPUT", network.outputs)) for t in tensors]
             request = {"flags": network.flags, "precision": getattr(network, "precision", None),
                        "pools": config.pools, "builder_flags": config.flags,
+                       "cleared_flags": config.cleared_flags,
                        "optimization_level": config.builder_optimization_level,
                        "profiles": [p.shapes for p in config.profiles],
                        "calibrator": type(config.int8_calibrator).__name__

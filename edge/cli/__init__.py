@@ -11,6 +11,7 @@ from edge.cli import (
     analyze,
     build,
     bundle,
+    check,
     clean,
     compress,
     deploy,
@@ -29,7 +30,7 @@ from edge.cli import finetune as finetune_cmd
 from edge.errors import PLEASE_REPORT, EdgeError, InternalError
 from jetson.errors import JetsonError
 
-COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, plan, export, clean, verify, quantize,
+COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, plan, export, clean, verify, quantize, check,
             build, profile, pipeline, bundle, deploy)
 
 

@@ -14,6 +14,7 @@ EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant 
 
 def register(subparsers) -> None:
     from edge.bundle import BundleConfig
+    from edge.graph.tensorrt_support import PARSERS
     from jetson.bundle import PRECISIONS, Protocol
 
     parser = add_command(
@@ -50,6 +51,13 @@ def register(subparsers) -> None:
                         help="device default: time for at least this many seconds")
     parser.add_argument("--idle", type=config_type(Protocol, "--idle", "idle_s"), default=Protocol.idle_s,
                         help="device default: idle power window, s")
+    parser.add_argument("--no-tf32", dest="tf32", action="store_false",
+                        help="build configs with TF32 off: fp32 matrix products in full fp32 (TensorRT's default "
+                             "TF32 is about 1e-3 relative from ONNX Runtime)")
+    parser.add_argument("--trt", choices=sorted(PARSERS), default=BundleConfig.tensorrt,
+                        help="the TensorRT whose ONNX parser rules every packed graph must pass (edge check)")
+    parser.add_argument("--no-trt-check", dest="check_tensorrt", action="store_false",
+                        help="pack graphs that break those rules (the findings are still counted in the manifest)")
     parser.add_argument("--tar", action="store_true", help="also write OUT.tar.gz")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.set_defaults(run=run)
@@ -71,7 +79,8 @@ def run(args) -> int:
     config = BundleConfig(precisions=args.precision, data=args.data, samples=args.samples,
                           workspace_mib=args.workspace, optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
-                          plugins=tuple(args.plugin), protocol=protocol)
+                          plugins=tuple(args.plugin), protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
+                          check_tensorrt=args.check_tensorrt)
     graphs, source = bundle_inputs(args.inputs)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))

@@ -70,6 +70,9 @@ class BuildConfig:
     calibration_samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     calibration_cache: str | None = None
     verbose: bool = False
+    #: fp32 matrix products in TF32 (TensorRT's default: about 1e-3 relative from ONNX Runtime); False clears
+    #: BuilderFlag.TF32 (`edge build --no-tf32`, trtexec --noTF32)
+    tf32: bool = True
 
     def check(self) -> None:
         if self.precision not in PRECISIONS:
@@ -383,6 +386,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         "runtime": {"tensorrt": features.version, **device},
         "precision": config.precision,
         "strongly_typed": strongly_typed,
+        "tf32": config.tf32,
         "shapes": {**_io_shapes(network), **shape_info},
         "knobs": knobs,
         "config": asdict(config),

@@ -64,6 +64,8 @@ def trtexec_command(onnx_path: str, engine_path: str, config: BuildConfig, binar
         argv += _weak_typing(onnx_path, config, version)
     if config.tiling_optimization_level is not None:
         argv.append(f"--tilingOptimizationLevel={config.tiling_optimization_level}")
+    if not config.tf32:
+        argv.append("--noTF32")
     if config.timing_cache:
         argv.append(f"--timingCacheFile={config.timing_cache}")
     argv += [f"--staticPlugins={p}" for p in config.plugins]

@@ -52,6 +52,17 @@ def test_quantizes_on_the_images_handed_in_and_caches_their_ranges(tmp_path):
     assert again.SerializeToString() == quantized.SerializeToString()
 
 
+def test_float16_qdq_raises_the_ir_version_with_the_opset(tmp_path):
+    """Opset 19 (float16 scales) needs IR 9 (onnx.helper.VERSION_TABLE); torch's opset-17 export is IR 8, and the
+    version converter kept it: the int8 graph was opset 19 at IR 8, out of the ONNX spec (issue 29, point 9)."""
+    export_like = two_layer_graph()
+    export_like.ir_version = 8   # what torch.onnx writes at opset 17
+    quantized, _ = quantize_int8(export_like, "two_layers", QdqConfig(), Calibration(images))
+    opset = next(o.version for o in quantized.opset_import if o.domain in ("", "ai.onnx"))
+    assert opset == 19 and quantized.ir_version >= 9 == helper.find_min_ir_version_for(list(quantized.opset_import))
+    onnx.checker.check_model(quantized, full_check=True)
+
+
 def test_bad_input_is_a_calib_error():
     calibration = Calibration(images)
     with pytest.raises(CalibError, match="calibration method 'kl' is unknown"):
