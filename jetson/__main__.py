@@ -16,9 +16,14 @@ from jetson.runner import BACKENDS, ENERGY, EXIT_USAGE, RunOptions, run
 EXAMPLES = """examples (in the bundle folder):
   python3 -m jetson run                                  # TensorRT, the bundle's protocol, results/ here
   python3 -m jetson run --backend ort --iterations 50    # ONNX Runtime where TensorRT is absent
-  sudo python3 -m jetson run --power-mode 15W --lock-clocks --duration 30
+  python3 -m jetson run --power-mode 15W --lock-clocks --duration 30   # never under sudo: see below
   python3 -m jetson run --variant baseline.fp16 --out /tmp/results --force
-  python3 -m jetson run --builder trtexec                # engines built by JetPack's trtexec"""
+  python3 -m jetson run --builder trtexec                # engines built by JetPack's trtexec
+
+--power-mode and --lock-clocks call nvpmodel and jetson_clocks through `sudo -n`; the login user
+needs this one sudoers line (sudo visudo -f /etc/sudoers.d/edge-jetson), else the run is refused
+before anything is built:
+  USER ALL=(root) NOPASSWD: /usr/sbin/nvpmodel, /usr/bin/jetson_clocks"""
 
 
 def _positive_int(text: str) -> int:

@@ -60,7 +60,14 @@ from typing import Any, TextIO
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
-from jetson.power import NVPMODEL_CONF, DeviceSettings, Interrupted, query_power_mode
+from jetson.power import (
+    NVPMODEL_CONF,
+    DeviceSettings,
+    Interrupted,
+    check_not_under_sudo,
+    check_power_rights,
+    query_power_mode,
+)
 from jetson.stats import latency_stats
 
 RUN_FORMAT, RESULT_FORMAT, FORMAT_VERSION = "edge-jetson-run", "edge-jetson-result", 1
@@ -205,6 +212,8 @@ class Runner:
 
     # what the run needs, checked before anything runs
     def prepare(self) -> None:
+        check_not_under_sudo()
+        check_power_rights(self.options.power_mode, self.options.lock_clocks)
         verify_bundle(self.bundle)
         count = len(self.bundle.variants)
         self.log(f"bundle {self.bundle.root}: {count} variant{'s' * (count != 1)}, sha256 {self.bundle.sha256[:16]}, "

@@ -101,7 +101,7 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert main(["bundle", str(run), "--out", str(bundle), "--precision", "fp32", "--warmup", "2", "--iterations",
                  "20", "--duration", "0.35", "--idle", "0.3"]) == 0
     capsys.readouterr()
-    remote = tmp_path / "remote" / "x y;touch PWNED"
+    remote = device.home / "remote" / "x y;touch PWNED"
     code = main(["deploy", str(bundle), "--host", str(device.host), *ssh_args(server), "--backend", "ort",
                  "--power-mode", "15W", "--lock-clocks", "--nvpmodel-conf", str(device.fakes.nvpmodel_conf),
                  "--remote-dir", str(remote), "--report", str(run), "--json"])
@@ -111,7 +111,7 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert summary["failed"] == [] and summary["report"] == str(run / "report.json")
     # the quoted remote folder holds the bundle; nothing was injected
     assert (remote / "manifest.json").read_bytes() == (bundle / "manifest.json").read_bytes()
-    assert not list(tmp_path.rglob("PWNED")) and not (device.home / "PWNED").exists()
+    assert not list(tmp_path.rglob("PWNED")) and not list(device.home.rglob("PWNED"))
     # results and logs fetched into RUN_DIR/device/LABEL
     results = run / "device" / device.host.label / "results"
     assert statuses(results) == {"original.fp32": "done", "lin.fp32": "done"}
@@ -147,8 +147,15 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert "power mode 25W (set to 15W for the run), clocks locked" in markdown
     assert "On the devices" in (run / "report.html").read_text()
     calls = device.fakes.calls()
-    assert ["nvpmodel", "-m", "0"] in calls and calls[-3:-1] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
-    assert calls[-1][:2] == ["jetson_clocks", "--restore"]
+    assert ["nvpmodel", "-m", "0"] in calls and calls[-2:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
+    assert calls[-3][:2] == ["jetson_clocks", "--restore"]  # clocks restored first, then the mode (reverse order)
+    # the login user is not root: the two tools ran as root through `sudo -n`, everything else as the user
+    changes = [c for c in device.fakes.call_entries() if c["argv"][:2] == ["nvpmodel", "-m"]
+               or c["argv"][0] == "jetson_clocks"]
+    assert len(changes) == 5 and all(c["euid"] == 0 for c in changes)  # store, -m 0, lock, restore, -m 1
+    assert {c["euid"] for c in device.fakes.call_entries() if c not in changes} == {device.uid}
+    # results/ on the device and every file in it stay the login user's
+    assert {p.stat().st_uid for p in [remote / "results", *(remote / "results").rglob("*")]} == {device.uid}
 
 
 def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd, tmp_path):
@@ -161,7 +168,7 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
     archive = tmp_path / "bundle.tar.gz"
     (tmp_path / "made" / "bundle.tar.gz").rename(archive)  # only the archive is left on the host
     shutil.rmtree(tmp_path / "made")
-    remote = tmp_path / "remote" / "it's here"
+    remote = device.home / "remote" / "it's here"
     first = only(deploy(archive, [device.host], config(server, remote_dir=str(remote)), out=tmp_path / "out"))
     assert first["status"] == "ok", first["error"]
     assert first["copy"]["archive"] == str(archive) and first["copy"]["bytes_sent"] == archive.stat().st_size
@@ -254,8 +261,8 @@ def test_a_device_fault_in_mid_benchmark_keeps_partial_results_and_logs_and_puts
     assert (results / "logs" / "a.fp32.tegrastats.log").is_file()
     calls = target.fakes.calls()
     assert ["nvpmodel", "-m", "0"] in calls  # 15W for the run
-    assert calls[-3:-1] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]  # the original mode (25W) again
-    assert calls[-1][:2] == ["jetson_clocks", "--restore"]
+    assert calls[-3][:2] == ["jetson_clocks", "--restore"]  # the clocks, then
+    assert calls[-2:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]  # the original mode (25W) again
 
 
 def test_an_interrupted_deploy_run_again_continues_without_redoing_what_is_done(sshd, bundle, tmp_path):
@@ -263,7 +270,7 @@ def test_an_interrupted_deploy_run_again_continues_without_redoing_what_is_done(
     dropped session does), the second continues in the same remote folder."""
     server = sshd({"FAKE_DEVICE_SIGTERM_AFTER": "30"}, {})
     stopping, healthy = server.devices
-    remote = tmp_path / "remote"
+    remote = stopping.home / "remote"  # both ports log in as the same user
     first = only(deploy(bundle, [stopping.host], config(server, remote_dir=str(remote)), out=tmp_path / "out"))
     assert first["runner_exit_code"] == 143 and "interrupted by SIGTERM" in first["error"]
     fetched = tmp_path / "out" / stopping.host.label / "results"
@@ -326,8 +333,8 @@ def test_a_tampered_bundle_is_refused_naming_the_file_before_any_device_sees_it(
 
 def test_an_unwritable_remote_folder_is_named(sshd, bundle, tmp_path):
     server = sshd({})
-    (tmp_path / "a-file").write_text("not a folder")
-    remote = tmp_path / "a-file" / "bundle"
+    (server.devices[0].home / "a-file").write_text("not a folder")
+    remote = server.devices[0].home / "a-file" / "bundle"
     device = only(deploy(bundle, [server.devices[0].host], config(server, remote_dir=str(remote)),
                          out=tmp_path / "out"))
     assert device["error_kind"] == "remote dir" and f"cannot write the remote folder '{remote}'" in device["error"]
@@ -346,7 +353,7 @@ def test_a_fleet_of_three_where_one_fails_reports_each_device(sshd, bundle, tmp_
     out = capsys.readouterr()
     assert code == 1
     assert f"1 of 3 devices failed: {bad.host.label}" in out.out
-    assert f"{bad.host}: failed (root@127.0.0.1:{bad.port}: some variants failed" in out.out
+    assert f"{bad.host}: failed ({bad.host}: some variants failed" in out.out
     for device in (good, other):
         assert (device.home / "edge-bundles" / "bundle" / "manifest.json").is_file()  # each device its own copy
         assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done", "b.fp32": "done"}
