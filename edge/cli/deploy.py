@@ -41,7 +41,11 @@ def register(subparsers) -> None:
         "stop the others, and an engine built on one device is reused on those of the same identity.\n"
         "--latency-table MODEL: instead of a bundle, the latency grid of MODEL's parts (edge.latency) is\n"
         "bundled, run there, and each device's table written to OUT/devices/LABEL/latency-table.json.\n"
-        "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input.", EXAMPLES)
+        "Results that come back are checked before anything is written: a link, a name outside results/ or\n"
+        "malformed JSON is refused (exit 2, the file named). Each failed device's error (the device's own\n"
+        "message) is printed on stderr.\n"
+        "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input or\n"
+        "refused results.", EXAMPLES)
     parser.add_argument("bundle", nargs="?", type=ExistingPath(),
                         help="a bundle folder written by `edge bundle`, or its .tar.gz (--tar): copied "
                              "whole and unpacked on the device, after its members are checked here")
@@ -123,6 +127,7 @@ def run(args) -> int:
     result = deploy(args.bundle, hosts, config, out=results_folder(args),
                     progress=lambda message: print(message, file=sys.stderr, flush=True))
     result["report"] = report_devices(args.report, result["out"]) if args.report else None
+    print_device_errors(result["devices"])
     lines = [f"{d['host']}: {d['status']}" + (f" ({d['error'].splitlines()[0]})" if d["error"] else "")
              for d in result["devices"]]
     lines.append(f"results in {result['out']}" + (f"; report {result['report']}" if result["report"] else ""))
@@ -130,7 +135,28 @@ def run(args) -> int:
         lines.append(f"{len(result['failed'])} of {len(result['devices'])} devices failed: "
                      + ", ".join(result["failed"]))
     emit(result, args.json, "\n".join(lines))
-    return 1 if result["failed"] else 0
+    return deploy_exit_status(result["devices"])
+
+
+def print_device_errors(devices: list[dict]) -> None:
+    """Each failed device's whole error on stderr: the device's own words (its refusal, the value asked and
+    the alternatives, the fix), not only a line of the summary or a file in its folder."""
+    import sys
+
+    for device in devices:
+        if device["error"]:
+            print(f"edge deploy: {device['host']} failed ({device['error_kind']}):\n  "
+                  + device["error"].replace("\n", "\n  "), file=sys.stderr)
+
+
+def deploy_exit_status(devices: list[dict]) -> int:
+    """0 every device done; 2 a device sent results that were refused (a link, a name outside results/,
+    malformed JSON: nothing written); 1 some other device failure."""
+    from edge.deploy.untrusted import REFUSED
+
+    if any(d["error_kind"] == REFUSED for d in devices):
+        return 2
+    return 1 if any(d["status"] != "ok" for d in devices) else 0
 
 
 def results_folder(args):

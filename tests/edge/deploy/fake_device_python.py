@@ -6,6 +6,8 @@ with faults and fakes that the test's sshd puts in the device's environment:
   (a device fault in mid-benchmark);
 - ``FAKE_DEVICE_SIGTERM_AFTER=N``: the process sends itself SIGTERM at inference N+1 (a deploy
   stopped in mid-run);
+- ``FAKE_DEVICE_PAUSE_AT=N``: at inference N+1 the runner creates ``FAKE_DEVICE_HOME/paused`` and waits
+  until that file is removed (a test does something mid-benchmark, e.g. kills the SSH client);
 - ``FAKE_DEVICE_TENSORRT=1``: tests/fake_tensorrt.py's FakeTensorRT 10.3 as ``tensorrt`` and its
   FakeCudaRuntime as the CUDA binding, on an Orin Nano (``FAKE_DEVICE_SM_COUNT=16``: an AGX Orin's
   16 SMs, another device identity).
@@ -15,6 +17,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,7 +29,8 @@ def install_faults() -> None:
 
     fail_after = int(os.environ.get("FAKE_DEVICE_FAIL_AFTER", "0"))
     sigterm_after = int(os.environ.get("FAKE_DEVICE_SIGTERM_AFTER", "0"))
-    if not (fail_after or sigterm_after):
+    pause_at = int(os.environ.get("FAKE_DEVICE_PAUSE_AT", "0"))
+    if not (fail_after or sigterm_after or pause_at):
         return
     real, calls = OrtBackend.infer, [0]
 
@@ -36,6 +40,11 @@ def install_faults() -> None:
             raise JetsonError(f"fake device fault at inference {calls[0]}")
         if sigterm_after and calls[0] == sigterm_after + 1:
             os.kill(os.getpid(), signal.SIGTERM)
+        if pause_at and calls[0] == pause_at + 1:
+            marker = Path(os.environ["FAKE_DEVICE_HOME"]) / "paused"
+            marker.touch()
+            while marker.exists():
+                time.sleep(0.02)
         real(self)
 
     OrtBackend.infer = infer

@@ -7,42 +7,20 @@ import shutil
 import socket
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
-from edge.deploy import DeployConfig, RunnerOptions, checked_source, deploy, parse_host, read_hosts
-from edge.deploy.device import DeviceDeploy
+from edge.deploy import RunnerOptions, checked_source, deploy, parse_host, read_hosts
+from edge.deploy.device import RUNNER_LOCK, RUNNER_OUTPUT, DeviceDeploy
 from edge.errors import EdgeError
-from jetson.bundle import Protocol, read_bundle
+from jetson.bundle import read_bundle
 from jetson.energy import Window, rail_energy
 from jetson.sampler import read_sampler_log
 from tests.conftest import TINY
-from tests.edge.deploy.sshd import keygen, start_sshd, why_no_sshd
+from tests.edge.deploy.conftest import PROTOCOL, config, only, ssh_args, statuses
+from tests.edge.deploy.sshd import keygen
 from tests.edge.trt.test_build import tiny_onnx
-
-PROTOCOL = Protocol(warmup=2, iterations=20, idle_s=0.3)
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    """``sshd(faults, ...)``: a started server with one device per argument (its extra environment)."""
-    reason = why_no_sshd()
-    if reason:
-        pytest.skip(reason)
-    servers = []
-
-    def start(*faults: dict):
-        servers.append(start_sshd(tmp_path / f"sshd{len(servers)}", list(faults) or [{}]))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
-
 
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory):
@@ -62,32 +40,6 @@ variants:
 """)
     assert main(["pipeline", "--recipe", str(root / "recipe.yaml"), "--out", str(root / "run")]) == 0
     return root / "run"
-
-
-@pytest.fixture
-def bundle(tmp_path) -> Path:
-    """Two tiny variants (a, b: other weights), fp32, a short protocol."""
-    b = onnx.load(str(tiny_onnx(tmp_path / "b.onnx")))
-    b.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones(8, np.float32), "b1"))
-    onnx.save(b, str(tmp_path / "b.onnx"))
-    graphs = [tiny_onnx(tmp_path / "a.onnx"), tmp_path / "b.onnx"]
-    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=PROTOCOL))
-    return tmp_path / "bundle"
-
-
-def ssh_args(server) -> list[str]:
-    return ["--identity", str(server.user_key), "--known-hosts", str(server.known_hosts), "--connect-timeout", "5",
-            "--remote-python", str(server.python)]
-
-
-def config(server, **changes) -> DeployConfig:
-    runner = changes.pop("runner", RunnerOptions(backend="ort"))
-    return DeployConfig(ssh=server.options(**changes.pop("ssh", {})), runner=runner,
-                        remote_python=str(server.python), **changes)
-
-
-def statuses(results: Path) -> dict:
-    return {k: v["status"] for k, v in json.loads((results / "run.json").read_text())["variants"].items()}
 
 
 def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, capsys):
@@ -173,7 +125,8 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
     assert first["status"] == "ok", first["error"]
     assert first["copy"]["archive"] == str(archive) and first["copy"]["bytes_sent"] == archive.stat().st_size
     assert not (tmp_path / "bundle").exists()  # never unpacked here
-    assert [p.name for p in remote.iterdir() if p.name.startswith(".")] == []  # the uploaded archive removed
+    hidden = {p.name for p in remote.iterdir() if p.name.startswith(".")}
+    assert hidden <= {RUNNER_OUTPUT, RUNNER_LOCK}  # the uploaded archive removed (the runner's output and lock kept)
     assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done"}
     # a file damaged on the device: the archive is sent and unpacked again, and checked; then nothing is sent
     (remote / "jetson" / "runner.py").write_text("damaged")
@@ -188,11 +141,6 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
 
 
 # faults, each a test
-
-def only(result: dict) -> dict:
-    assert len(result["devices"]) == 1
-    return result["devices"][0]
-
 
 @pytest.mark.parametrize("listening", [False, True], ids=["closed-port", "silent-host"])
 def test_an_unreachable_host_fails_clearly_within_the_connect_timeout(sshd, bundle, tmp_path, listening):
