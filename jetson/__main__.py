@@ -50,9 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "(its output in results/logs/ID.trtexec.log); each has engines of its own in the cache")
     runner.add_argument("--trtexec", metavar="PATH", help="the trtexec to build with (default: trtexec on PATH, "
                                                           "else /usr/src/tensorrt/bin/trtexec)")
-    runner.add_argument("--warmup", type=_positive_int, help="untimed inferences first (default: the bundle's)")
-    runner.add_argument("--iterations", type=_positive_int, help="timed inferences (at least)")
-    runner.add_argument("--duration", dest="duration_s", type=float, help="time for at least this many seconds")
+    runner.add_argument("--warmup", type=_positive_int, help="untimed calls first, at least (default: the bundle's)")
+    runner.add_argument("--warmup-time", dest="warmup_s", type=float,
+                        help="untimed seconds first, at least (default: the bundle's; trtexec's 0.2)")
+    runner.add_argument("--iterations", type=_positive_int, help="timed calls, at least; alone (without --duration) "
+                                                                 "it is the whole timed window")
+    runner.add_argument("--duration", dest="duration_s", type=float,
+                        help="time for at least this many seconds, also with energy (default: the bundle's, "
+                             "trtexec's 3 s, 10 s with energy)")
     runner.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
                         help="TensorRT: enqueue each inference instead of replaying a CUDA graph")
     runner.add_argument("--idle", dest="idle_s", type=float, help="seconds of idle power sampled before the timing")
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = RunOptions(
             bundle=args.bundle or default_bundle(), out=args.out, backend=args.backend, warmup=args.warmup,
+            warmup_s=args.warmup_s,
             iterations=args.iterations, duration_s=args.duration_s, cuda_graph=args.cuda_graph, idle_s=args.idle_s,
             energy=args.energy, power_mode=args.power_mode, lock_clocks=args.lock_clocks,
             variants=tuple(args.variants), cache_dir=args.cache_dir, cuda=args.cuda, threads=args.threads,

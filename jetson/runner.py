@@ -85,6 +85,7 @@ class RunOptions:
     out: Path | None = None
     backend: str = "tensorrt"
     warmup: int | None = None
+    warmup_s: float | None = None
     iterations: int | None = None
     duration_s: float | None = None
     cuda_graph: bool | None = None
@@ -115,13 +116,16 @@ class RunOptions:
             raise JetsonError(f"--energy {self.energy!r}", expected=f"one of {', '.join(ENERGY)}")
 
     def protocol(self, bundle: Bundle) -> Protocol:
-        """The bundle's protocol with this run's overrides (--iterations without --duration drops the duration)."""
+        """The bundle's protocol with this run's overrides: --duration or --iterations is the whole timed window
+        (--iterations without --duration drops the durations, the energy one too)."""
         base = bundle.protocol
         overrides: dict[str, Any] = {k: v for k, v in (("warmup", self.warmup), ("iterations", self.iterations),
-                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s))
+                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s),
+                                                        ("warmup_s", self.warmup_s))
                                      if v is not None}
         if self.duration_s is not None or self.iterations is not None:
             overrides["duration_s"] = self.duration_s
+            overrides["energy_duration_s"] = None
         if self.duration_s is not None and self.iterations is None:
             overrides["iterations"] = 1
         return replace(base, **overrides)
@@ -185,6 +189,7 @@ class Measurement:
     """What a benchmark measured so far: kept by the caller, so an interrupted one still reports."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    warmup_calls: int = 0
     warmup_seconds: float = 0.0
     seconds: float = 0.0
     power: dict | None = None
@@ -373,16 +378,19 @@ class Runner:
             self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
-            self.log(f"{variant.id}: benchmarking ({self.protocol.warmup} warm-up, {self.protocol.iterations} "
-                     f"iterations" + (f", at least {self.protocol.duration_s:g} s" if self.protocol.duration_s else "")
-                     + ")")
+            timed_s = self.protocol.timed_s(self.energy_on())
+            self.log(f"{variant.id}: benchmarking (warm-up {self.protocol.warmup} calls and "
+                     f"{self.protocol.warmup_s or 0:g} s, then {self.protocol.iterations} calls"
+                     + (f" and at least {timed_s:g} s" if timed_s else "") + ")")
             self.benchmark(backend, variant, measured)
             result = self.result(variant, backend, measured, engine, partial=False)
             entry["status"] = "done"
             self.log(f"{variant.id}: median {result['latency']['median_ms']:.3f} ms, p99 "
                      f"{result['latency']['p99_ms']:.3f} ms over {result['latency']['iterations']} iterations"
-                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_inference_mj']:.2f} "
-                        f"mJ per inference" if result["power"] and result["power"]["total_rail"] else ""))
+                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_image_mj']:.2f} "
+                        f"mJ per image" if result["power"] and result["power"]["total_rail"] else ""))
+            if result["power"] and not result["power"]["reliable"]:
+                self.log(f"{variant.id}: energy unreliable: {result['power']['unreliable']}")
             write_json(self.result_path(variant), result)
         except JetsonError as e:
             self.log(f"{variant.id}: failed: {e}")
@@ -494,7 +502,9 @@ class Runner:
             start, end = self._timed(backend, measured)
             sampler.wait_past(end)
             samples = sampler.samples()
-        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle).to_json()
+        batch = int(backend.describe().get("batch") or 1)
+        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle, batch=batch,
+                                   interval_ms=protocol.tegrastats_interval_ms).to_json()
         measured.power.update(tegrastats_log=str(log_path.relative_to(self.out)), timed_window_s=[start, end],
                               idle_window_s=[idle.start_s, idle.end_s] if idle else None)
 
@@ -502,14 +512,15 @@ class Runner:
         """Warm up, then time; the monotonic start and end of the timed window."""
         protocol = self.protocol
         t0 = time.perf_counter()
-        for _ in range(protocol.warmup):
+        while measured.warmup_calls < protocol.warmup or time.perf_counter() - t0 < (protocol.warmup_s or 0.0):
             backend.infer()
-        measured.warmup_seconds = time.perf_counter() - t0
+            measured.warmup_calls += 1
+            measured.warmup_seconds = time.perf_counter() - t0
+        timed_s = protocol.timed_s(self.energy_on())
         latencies = measured.latencies_ms
         window_start = time.monotonic()
         started = time.perf_counter()
-        while len(latencies) < protocol.iterations or (protocol.duration_s
-                                                       and time.perf_counter() - started < protocol.duration_s):
+        while len(latencies) < protocol.iterations or time.perf_counter() - started < timed_s:
             t = time.perf_counter()
             backend.infer()
             latencies.append((time.perf_counter() - t) * 1000.0)
@@ -528,7 +539,7 @@ class Runner:
             "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
             "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,
             "latency": latency_stats(latencies, batch) if latencies else None,
-            "warmup": {"iterations": self.protocol.warmup, "seconds": measured.warmup_seconds},
+            "warmup": {"iterations": measured.warmup_calls, "seconds": measured.warmup_seconds},
             "seconds": measured.seconds,
             "weight_bytes": backend.weight_bytes() if backend is not None else None,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -14,7 +14,9 @@ from jetson.bundle import Protocol
 from tests.edge.deploy.sshd import start_sshd, why_no_sshd
 from tests.edge.trt.test_build import tiny_onnx
 
-PROTOCOL = Protocol(warmup=2, iterations=20, idle_s=0.3)
+# short: 2 warm-up calls and 20 timed ones, no warm-up or timed durations (trtexec's 0.2 s and 3 s, 10 s with energy,
+# are the defaults; tests of the protocol itself are in tests/jetson/test_protocol.py)
+PROTOCOL = Protocol(warmup=2, warmup_s=None, iterations=20, duration_s=None, energy_duration_s=None, idle_s=0.3)
 
 
 @pytest.fixture

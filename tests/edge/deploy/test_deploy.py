@@ -51,7 +51,7 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     run = Path(shutil.copytree(pipeline_run, tmp_path / "run"))
     bundle = tmp_path / "bundle"
     assert main(["bundle", str(run), "--out", str(bundle), "--precision", "fp32", "--warmup", "2", "--iterations",
-                 "20", "--duration", "0.35", "--idle", "0.3"]) == 0
+                 "20", "--duration", "0.35", "--energy-duration", "0.35", "--warmup-time", "0", "--idle", "0.3"]) == 0
     capsys.readouterr()
     remote = device.home / "remote" / "x y;touch PWNED"
     code = main(["deploy", str(bundle), "--host", str(device.host), *ssh_args(server), "--backend", "ort",
@@ -87,11 +87,13 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
         # energy per inference: the trapezoidal integral of the replayed trace over the timed window
         power = result["power"]
         samples = read_sampler_log(results / power["tegrastats_log"])
-        again = rail_energy(samples, "VDD_IN", Window(*power["timed_window_s"]), power["inferences"],
-                            Window(*power["idle_window_s"]))
-        assert row["energy"]["per_inference_mj"] == pytest.approx(again.energy_per_inference_mj, rel=1e-12)
-        assert row["energy"]["above_idle_per_inference_mj"] == pytest.approx(
-            again.energy_above_idle_per_inference_mj, rel=1e-12)
+        again = rail_energy(samples, "VDD_IN", Window(*power["timed_window_s"]), power["calls"],
+                            Window(*power["idle_window_s"]), batch=power["batch"])
+        assert row["energy"]["per_image_mj"] == pytest.approx(again.energy_per_image_mj, rel=1e-12)
+        assert row["energy"]["above_idle_per_image_mj"] == pytest.approx(
+            again.energy_above_idle_per_image_mj, rel=1e-12)
+        assert row["energy"]["per_call_mj"] == pytest.approx(again.energy_per_call_mj, rel=1e-12)
+        assert row["energy"]["reliable"] is False  # 0.35 s: a few samples, marked in the report with a *
         assert 4800 < row["energy"]["mean_power_mw"] < 6200  # the trace's VDD_IN lies between 4.8 and 6.2 W
     markdown = (run / "report.md").read_text()
     assert "## On the devices" in markdown and "| original | fp32 | onnxruntime | done |" in markdown.replace(
