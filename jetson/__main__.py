@@ -1,5 +1,6 @@
 """``python3 -m jetson run``: benchmark a bundle on this device (run from inside the bundle folder, or
-pass ``--bundle``). The formats of its results and its exit codes: jetson.runner."""
+pass ``--bundle``). The formats of its results and its exit codes: jetson.runner. ``python3 -m jetson
+check``: is this device ready (jetson.check)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 from jetson.bundle import MANIFEST
+from jetson.check import MIN_AVAILABLE_MIB, MIN_DISK_MIB, CheckOptions, report, run_checks, table
 from jetson.cuda import BINDINGS
 from jetson.engine import BUILDERS
 from jetson.errors import JetsonError
@@ -76,7 +78,37 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--layer-runs", type=_positive_int, default=20,
                         help="TensorRT: extra runs with per-layer profiling (0: none)")
     runner.add_argument("--force", action="store_true", help="recompute variants whose results exist")
+    add_check_parser(commands)
     return parser
+
+
+def add_check_parser(commands: argparse._SubParsersAction) -> None:
+    check = commands.add_parser("check", help="is this device ready? Python, L4T, TensorRT, CUDA, sudo rights, "
+                                              "tegrastats, power modes, memory, swap, disk, CMA",
+                                description="Each check ok, warn, fail (with its fix) or skip; exit 1 when one "
+                                            "fails. Nothing is built or written.")
+    check.add_argument("--backend", choices=BACKENDS, default="tensorrt")
+    check.add_argument("--cuda", choices=BINDINGS, help="check only this CUDA binding")
+    check.add_argument("--power-mode", help="the power mode the run will ask for (checks it and the sudo rights)")
+    check.add_argument("--lock-clocks", action="store_true", help="the run will lock the clocks (checks sudo rights)")
+    check.add_argument("--nvpmodel-conf", type=Path, help="the nvpmodel configuration (default /etc/nvpmodel.conf)")
+    check.add_argument("--energy", choices=ENERGY, default="auto", help="off: tegrastats is not needed")
+    check.add_argument("--min-memory-mib", type=_positive_int, default=MIN_AVAILABLE_MIB,
+                       help="memory that must be available (default: the 2 GiB builder workspace)")
+    check.add_argument("--min-disk-mib", type=_positive_int, default=MIN_DISK_MIB,
+                       help="free disk in the current folder")
+    check.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+
+
+def check_main(args: argparse.Namespace) -> int:
+    import json
+
+    options = CheckOptions(backend=args.backend, cuda=args.cuda, power_mode=args.power_mode,
+                           lock_clocks=args.lock_clocks, nvpmodel_conf=args.nvpmodel_conf, energy=args.energy,
+                           min_available_mib=args.min_memory_mib, min_disk_mib=args.min_disk_mib)
+    result = report(run_checks(options))
+    print(json.dumps(result, indent=1) if args.json else table(result["checks"]))
+    return 0 if result["ok"] else 1
 
 
 def default_bundle() -> Path:
@@ -87,6 +119,8 @@ def default_bundle() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "check":
+        return check_main(args)
     try:
         options = RunOptions(
             bundle=args.bundle or default_bundle(), out=args.out, backend=args.backend, warmup=args.warmup,

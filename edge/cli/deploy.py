@@ -22,7 +22,8 @@ EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # Tenso
   edge deploy bundles/demo --hosts fleet.txt --identity ~/.ssh/jetson_ed25519 --report runs/demo
   edge deploy bundles/demo --host nvidia@new-board --accept-new-host-key --backend ort
   edge deploy bundles/demo.tar.gz --host nvidia@jetson --builder trtexec   # unpacked on the device
-  edge deploy --latency-table fmnist-deit-tiny --host nvidia@jetson --power-mode MAXN_SUPER --out tables/nano"""
+  edge deploy --latency-table fmnist-deit-tiny --host nvidia@jetson --power-mode MAXN_SUPER --out tables/nano
+  edge deploy --check --host nvidia@jetson --power-mode 15W --lock-clocks     # is the device ready? nothing copied"""
 
 
 def register(subparsers) -> None:
@@ -84,6 +85,10 @@ def register(subparsers) -> None:
     parser.add_argument("--report", metavar="RUN_DIR", type=ExistingFolder(),
                         help="a pipeline run folder whose report gains the device "
                                                              "results")
+    parser.add_argument("--check", action="store_true",
+                        help="only check each device, copying and building nothing: SSH, Python, L4T/JetPack, "
+                             "TensorRT, the CUDA binding, sudo rights for --power-mode/--lock-clocks, tegrastats, "
+                             "power modes, memory, swap, disk, CMA; exit 1 when a check fails (its fix is printed)")
     parser.add_argument("--latency-table", metavar="MODEL", type=Model(),
                         help="time the parts of this model (name or compressed artifact) on the devices instead of "
                              "a bundle: one latency table per device")
@@ -117,6 +122,8 @@ def run(args) -> int:
         runner=RunnerOptions(backend=args.backend, builder=args.builder, power_mode=args.power_mode,
                              lock_clocks=args.lock_clocks, nvpmodel_conf=args.nvpmodel_conf),
         remote_dir=args.remote_dir, remote_python=args.remote_python)
+    if args.check:
+        return check_devices(hosts, config, args.json)
     if args.latency_table:
         return latency_tables(args, hosts, config)
     if args.bundle is None:
@@ -136,6 +143,21 @@ def run(args) -> int:
                      + ", ".join(result["failed"]))
     emit(result, args.json, "\n".join(lines))
     return deploy_exit_status(result["devices"])
+
+
+def check_devices(hosts, config, as_json: bool) -> int:
+    """``--check``: each host's checks as a table (or JSON); 1 when one failed, 0 when all passed."""
+    from edge.deploy.preflight import preflight
+    from edge.errors import EdgeError
+    from jetson.check import table
+
+    if not hosts:
+        raise EdgeError("no device given", fix="pass --host user@address (repeatable) or --hosts FILE")
+    result = preflight(hosts, config.ssh, config.remote_python, config.runner)
+    human = "\n\n".join(f"{h['host']}: {'ready' if h['ok'] else 'NOT READY'}\n" + table(h["checks"])
+                         for h in result["hosts"])
+    emit(result, as_json, human)
+    return 0 if result["ok"] else 1
 
 
 def print_device_errors(devices: list[dict]) -> None:

@@ -9,8 +9,9 @@ The devices log in as a NON-ROOT user, :data:`DEVICE_USER` (created here once, i
 a Jetson: the fakes of nvpmodel and jetson_clocks refuse that user as the real ones do, and a
 sudoers rule (one file per server in /etc/sudoers.d, removed when it stops) lets it run exactly
 those two fakes of each device as root through ``sudo -n``; a device started with
-``{NO_SUDOERS_RULE: "1"}`` has no rule. The fakes and their folder belong to root (a tool the
-user could rewrite would be a way to root); the device's home belongs to the user.
+``{NO_SUDOERS_RULE: "1"}`` has no rule, one with ``{NO_TEGRASTATS: "1"}`` no tegrastats. The fakes
+and their folder belong to root (a tool the user could rewrite would be a way to root); the
+device's home belongs to the user.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ SSHD = Path("/usr/sbin/sshd")
 FAKE_PYTHON = Path(__file__).parent / "fake_device_python.py"
 DEVICE_USER = "edge-device"
 NO_SUDOERS_RULE = "NO_SUDOERS_RULE"  # a device option (not an environment variable): no sudoers rule for it
+NO_TEGRASTATS = "NO_TEGRASTATS"      # a device option: no tegrastats on its PATH
 SUDOERS_DIR = Path("/etc/sudoers.d")
 DEVICE_SHELL = """#!/bin/sh
 # FAKE device login for the deploy tests: the original command, run in this device's home folder.
@@ -208,11 +210,14 @@ def start_sshd(root: Path, faults: list[dict[str, str]]) -> SshServer:
     for n, extra in enumerate(faults):
         extra = dict(extra)
         rule = extra.pop(NO_SUDOERS_RULE, "") != "1"
+        tegrastats = extra.pop(NO_TEGRASTATS, "") != "1"
         port, home = free_port(), shared / f"device{n}"
         home.mkdir()
         os.chown(home, user.pw_uid, user.pw_gid)
         fakes = install_fakes(shared / f"device{n}-tools", python=interpreter.python,
                               site_packages=interpreter.site_packages)
+        if not tegrastats:
+            (fakes.bin_dir / "tegrastats").unlink()
         env = {**fakes.variables(), "PATH": f"{fakes.bin_dir}:/usr/local/bin:/usr/bin:/bin",
                "FAKE_DEVICE_HOME": str(home), "EDGE_JETSON_CACHE": str(home / "engine-cache"), **extra}
         devices.append(Device(port, home, fakes, env, rule))
