@@ -12,7 +12,6 @@ contiguous-memory (CMA) pool. The report's format: :func:`report` (``edge-jetson
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import sys
@@ -275,13 +274,10 @@ def run_checks(options: CheckOptions) -> list[Check]:
     return [check() for check in checks]
 
 
-def in_container() -> bool:
-    """Whether this process runs in a container (Docker's /.dockerenv, Podman's /run/.containerenv)."""
-    return os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
-
-
 def report(checks: list[Check]) -> dict:
     """The checks as JSON: ``ok`` is false when any failed."""
+    from jetson.device import in_container
+
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "ok": not any(c.status == "fail" for c in checks),
             "hostname": platform.node(), "machine": platform.machine(), "container": in_container(),
             "checks": [asdict(c) for c in checks]}

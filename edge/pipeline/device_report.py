@@ -19,8 +19,9 @@ FORMAT = "edge-device-report"
 MIN_SAMPLES = 20  # jetson.energy.MIN_ENERGY_SAMPLES (a test holds them equal; this module imports no device code)
 FORMAT_VERSION = 1
 LATENCY_KEYS = ("iterations", "median_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "cv")
-DEVICE_KEYS = ("device_model", "l4t", "hostname", "machine", "python", "tensorrt", "gpu", "compute_capability",
-               "sm_count", "memory_gib", "cuda_driver", "cuda_runtime", "cuda_binding", "power_mode", "identity")
+DEVICE_KEYS = ("device_model", "l4t", "hostname", "machine", "python", "container", "tensorrt", "gpu",
+               "compute_capability", "sm_count", "memory_gib", "cuda_driver", "cuda_runtime", "cuda_binding",
+               "power_mode", "identity")
 
 
 def _energy(power: dict | None) -> dict | None:
@@ -134,7 +135,9 @@ def device_lines(device: dict) -> list[str]:
                      f"{d.get('tensorrt') or '-'}, CUDA {d.get('cuda_runtime') or '-'}, GPU {d.get('gpu') or '-'}"
                      f" ({d.get('sm_count') or '-'} SMs), power mode {mode or '-'}"
                      + (f" (set to {asked} for the run)" if asked else "")
-                     + (", clocks locked" if settings.get("clocks_locked") else ""))
+                     + (", clocks locked" if settings.get("clocks_locked") else "")
+                     + (", in a container (the board's device tree is masked there: its engines are its own)"
+                        if d.get("container") else ""))
     if device["error"]:
         words.append("error: " + device["error"].splitlines()[0])
     return ["; ".join(words) + "."]
