@@ -287,8 +287,9 @@ class DeviceDeploy:
         summary = _read_json(self.out / RESULTS / "run.json") or {}
         if isinstance(summary.get("error"), str):
             return summary["error"]
-        failed = [f"{variant_id}: {entry['error']}" for variant_id, entry in (summary.get("variants") or {}).items()
-                  if isinstance(entry, dict) and entry.get("status") == "failed" and isinstance(entry.get("error"), str)]
+        variants = (summary.get("variants") or {}).items()
+        failed = [f"{variant_id}: {entry['error']}" for variant_id, entry in variants if isinstance(entry, dict)
+                  and entry.get("status") == "failed" and isinstance(entry.get("error"), str)]
         return "\n".join(failed) or None
 
     def fetch_after_failure(self) -> None:

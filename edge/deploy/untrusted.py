@@ -90,6 +90,56 @@ def check_results(folder: Path, host: object) -> None:
             if result.get("format") != RESULT_FORMAT:
                 raise refused(host, f"results/{name} is not a variant result of the device runner",
                               expected=f"format {RESULT_FORMAT!r}", found=repr(result.get("format"))[:100])
+            check_fields(result, RESULT_FIELDS, f"results/{name}", host)
+    check_fields(summary, RUN_FIELDS, f"results/{RUN_SUMMARY}", host)
+
+
+NUMBER = (int, float)
+TEXT = (str, type(None))
+OBJECT = (dict, type(None))
+#: what the host reads of the runner's files (edge.deploy, the pipeline's device report), by type; a field may
+#: be absent, never of another type
+RUN_FIELDS = {"error": TEXT, "device": OBJECT, "settings": OBJECT, "partial": (bool,), "exit_code": (int, type(None)),
+              "backend": TEXT, "finished": TEXT}
+RESULT_FIELDS = {"variant": TEXT, "precision": TEXT, "backend": TEXT, "partial": (bool,), "error": TEXT,
+                 "latency": OBJECT, "gpu_latency": OBJECT, "power": OBJECT, "engine": OBJECT,
+                 "peak_rss_mb": (int, float, type(None)), "device_memory": (int, float, dict, type(None))}
+LATENCY_FIELDS = ("iterations", "median_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "cv")
+POWER_FIELDS = {"total_rail": TEXT, "rails": (dict,), "calls": (int,), "batch": (int,), "samples_timed": (int,),
+                "reliable": (bool,), "unreliable": TEXT, "peak_ram_used_mb": NUMBER, "ram_total_mb": NUMBER,
+                "tegrastats_log": TEXT}
+
+
+def check_fields(data: dict, fields: dict[str, tuple], where: str, host: object) -> None:
+    """Each of ``fields`` present in ``data`` of its type (a bool is no number), latency figures numbers and
+    power rails objects of numbers; else a refusal naming the file and the field."""
+    for name, types in fields.items():
+        if name in data:
+            _expect(data[name], types, f"{where}: {name}", host)
+    for name in ("latency", "gpu_latency"):
+        if isinstance(data.get(name), dict):
+            for key in LATENCY_FIELDS:
+                _expect(data[name].get(key), NUMBER + (type(None),), f"{where}: {name}.{key}", host)
+    if isinstance(data.get("power"), dict):
+        power = data["power"]
+        for key, types in POWER_FIELDS.items():
+            if key in power:
+                _expect(power[key], types, f"{where}: power.{key}", host)
+        for rail, figures in (power.get("rails") or {}).items():
+            _expect(figures, (dict,), f"{where}: power.rails.{rail}", host)
+            for key, value in figures.items():
+                if key != "rail":
+                    _expect(value, NUMBER + (type(None),), f"{where}: power.rails.{rail}.{key}", host)
+
+
+def _expect(value: object, types: tuple, where: str, host: object) -> None:
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise refused(host, f"{where} is {type(value).__name__} {str(value)[:60]!r}", expected=names)
 
 
 def plain_result_file(folder: Path, name: object) -> Path | None:

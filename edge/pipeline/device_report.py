@@ -30,7 +30,8 @@ def _energy(power: dict | None) -> dict | None:
     total = power["rails"][power["total_rail"]]
     return {"rail": power["total_rail"], "per_image_mj": total["energy_per_image_mj"],
             "above_idle_per_image_mj": total["energy_above_idle_per_image_mj"],
-            "per_call_mj": total["energy_per_call_mj"], "above_idle_per_call_mj": total["energy_above_idle_per_call_mj"],
+            "per_call_mj": total["energy_per_call_mj"],
+            "above_idle_per_call_mj": total["energy_above_idle_per_call_mj"],
             "batch": power["batch"], "calls": power["calls"],
             "mean_power_mw": total["mean_power_mw"], "idle_power_mw": total["idle_power_mw"],
             "samples": power["samples_timed"], "reliable": power["reliable"], "unreliable": power["unreliable"],

@@ -11,7 +11,7 @@ from edge.pipeline import device_report
 from jetson.bundle import ENERGY_DURATION_S, Protocol, read_bundle
 from jetson.energy import MIN_ENERGY_SAMPLES
 from jetson.errors import JetsonError
-from jetson.runner import Measurement, RunOptions, Runner
+from jetson.runner import Measurement, Runner, RunOptions
 
 
 class OneMillisecondBackend:

@@ -4,7 +4,8 @@ the results) sends the real results altered as HOSTILE_CASE says; every other ca
 Cases: ``absolute-link`` (results/a.fp32.json sent as a link to HOSTILE_TARGET), ``relative-link`` (the same
 as a relative link that climbs out), ``dotdot-name`` (an extra file ``results/../../../escaped.json``),
 ``absolute-name`` (an extra file named by the absolute path HOSTILE_TARGET), ``malformed-json``
-(results/run.json is not JSON), ``result-name-dotdot`` (run.json names ``../../victim.json`` as a result).
+(results/run.json is not JSON), ``wrong-type`` (a latency figure of results/a.fp32.json is text),
+``result-name-dotdot`` (run.json names ``../../victim.json`` as a result).
 """
 
 import io
@@ -32,6 +33,10 @@ def hostile_results(case: str, target: str) -> None:
                 archive.addfile(info)
             elif case == "malformed-json" and name == "results/run.json":
                 add_bytes(archive, name, b'{"format": "edge-jetson-run", "variants": {half')
+            elif case == "wrong-type" and name == "results/a.fp32.json":
+                result = json.loads(path.read_text())
+                result["latency"]["median_ms"] = "fast"
+                add_bytes(archive, name, json.dumps(result).encode())
             elif case == "result-name-dotdot" and name == "results/run.json":
                 summary = json.loads(path.read_text())
                 summary["variants"]["a.fp32"]["result"] = "../../victim.json"

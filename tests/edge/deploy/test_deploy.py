@@ -22,6 +22,7 @@ from tests.edge.deploy.conftest import PROTOCOL, config, only, ssh_args, statuse
 from tests.edge.deploy.sshd import keygen
 from tests.edge.trt.test_build import tiny_onnx
 
+
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory):
     """A small pipeline run of the reference architecture (scaled down): two variants, a report."""

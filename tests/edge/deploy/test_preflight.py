@@ -62,7 +62,7 @@ def test_check_on_the_loopback_devices_every_field_and_a_failing_case_per_check(
     hosts = [arg for device in server.devices for arg in ("--host", str(device.host))] + ["--host", unreachable]
     conf = str(server.devices[0].fakes.nvpmodel_conf)
     code = main(["deploy", "--check", *hosts, *ssh_args(server), "--power-mode", "15W", "--lock-clocks",
-                 "--nvpmodel-conf", conf, "--json"])
+                 "--nvpmodel-conf", conf, "--json", "--connect-timeout", "60"])  # seven at once on two busy cores
     assert code == 1
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] is False

@@ -25,6 +25,7 @@ CASES = {  # the case: what the refusal names
     "absolute-name": "a name outside results/",
     "malformed-json": "results/run.json is not valid JSON",
     "result-name-dotdot": "results/run.json names '../../victim.json' as the result of 'a.fp32'",
+    "wrong-type": "results/a.fp32.json: latency.median_ms is str 'fast'",
 }
 
 
@@ -53,10 +54,10 @@ def tree(folder: Path, run_folder: Path) -> dict:
 
 def test_hostile_results_are_refused_with_exit_2_naming_the_file_and_nothing_outside_changes(sshd, bundle, tmp_path,
                                                                                            hostile_bin, capsys):
-    """Six devices, each sending its results back altered by a hostile `tar`: links out of the run folder, names
-    with '..', an absolute name, malformed JSON, a result file named outside results/. Each is refused, named,
-    without a traceback; the victim file (which a naive fetch would overwrite or read) and everything else
-    outside the run folder stays as it was; nothing of the refused results is written."""
+    """Seven devices, each sending its results back altered by a hostile `tar`: links out of the run folder, names
+    with '..', an absolute name, malformed JSON, a figure of the wrong type, a result file named outside results/.
+    Each is refused, named, without a traceback; the victim file (which a naive fetch would overwrite or read) and
+    everything else outside the run folder stays as it was; nothing of the refused results is written."""
     victim = tmp_path / "victim.json"
     victim.write_text('{"precious": true}\n')
     server = sshd(*({"HOSTILE_CASE": case, "HOSTILE_TARGET": str(victim), "PATH": f"{hostile_bin}:/usr/bin:/bin"}
@@ -64,7 +65,8 @@ def test_hostile_results_are_refused_with_exit_2_naming_the_file_and_nothing_out
     out = tmp_path / "run"
     before = tree(tmp_path, out)
     hosts = [arg for device in server.devices for arg in ("--host", str(device.host))]
-    code = main(["deploy", str(bundle), *hosts, *ssh_args(server), "--backend", "ort", "--out", str(out), "--json"])
+    code = main(["deploy", str(bundle), *hosts, *ssh_args(server), "--backend", "ort", "--out", str(out), "--json",
+                 "--connect-timeout", "60"])  # seven devices at once on two busy cores: no unreachable by load
     printed = capsys.readouterr()
     assert code == 2, printed.err
     assert "Traceback" not in printed.err
@@ -118,10 +120,10 @@ def test_a_client_killed_mid_benchmark_leaves_the_runner_running_and_a_second_de
     device = server.devices[0]
     remote = device.home / "bundle"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    client = subprocess.Popen([sys.executable, "-c", "import sys; from edge.cli import main; sys.exit(main())", "deploy", str(bundle), "--host", str(device.host),
-                               *ssh_args(server), "--backend", "ort", "--remote-dir", str(remote),
-                               "--out", str(tmp_path / "first")], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    edge = [sys.executable, "-c", "import sys; from edge.cli import main; sys.exit(main())"]
+    client = subprocess.Popen([*edge, "deploy", str(bundle), "--host", str(device.host), *ssh_args(server),
+                               "--backend", "ort", "--remote-dir", str(remote), "--out", str(tmp_path / "first")],
+                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = device.home / "paused"
     try:
         deadline = time.monotonic() + 120
