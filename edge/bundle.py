@@ -4,9 +4,10 @@ The inputs are graphs: ONNX files (the variant is the file's name) or :class:`So
 and a file). A bundle packages files and knows no pipeline run folder: the CLI asks edge.pipeline
 for a run's graphs (each variant's cleaned static-batch graph) and passes them on, with the
 manifest's ``source`` saying where they came from. Each variant is written at every precision asked
-for: fp32 is the graph itself, fp16 and int8 (Q/DQ) are made by edge.quantize (int8 calibrates on
-``--data``/``--samples``, recorded in the manifest), and each carries its TensorRT build config. The device-side package ``jetson/`` is copied in, so the
-bundle runs with ``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
+for: fp32 is the graph itself, fp16 and int8 (Q/DQ) are made by edge.precision.quantize (int8
+calibrates on ``--data``/``--samples``, recorded in the manifest), and each carries its TensorRT
+build config. The device-side package ``jetson/`` is copied in, so the bundle runs with
+``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
 is defined once, in :mod:`jetson.bundle`.
 
 The bundle is written into a temporary folder beside ``--out`` and renamed at the end, so an
@@ -140,13 +141,13 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     if _check_convertible(source, precision) == GRAPH_PRECISION[precision]:
         shutil.copyfile(source.path, out)
         return None
-    from edge.quantize import quantize_file
+    from edge.precision.quantize import quantize_file
 
     progress(f"{source.name}: making the {precision} graph")
     if precision == "fp16":
         result = quantize_file(source.path, out, "fp16", check_data=config.check_data)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
-    from calib.qdq import Int8Config
+    from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
                            check_data=config.check_data, progress=progress)

@@ -1,6 +1,6 @@
 """Engines built by NVIDIA's ``trtexec`` (``python3 -m jetson run --builder trtexec``) from a bundle's
 build config, for the TensorRT version trtexec itself reports; shared with ``edge build --trtexec``
-(edge.trt.trtexec), which imports the version logic from here.
+(edge.trt.trtexec_command), which imports the version logic from here.
 
 Which flags exist depends on trtexec's version (``samples/common/sampleOptions.cpp`` of each
 release): ``--tilingOptimizationLevel`` from 10.8 (10.3 stops with "Unknown option"); 11 dropped

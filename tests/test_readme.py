@@ -406,7 +406,7 @@ def check_outputs(outcome: Outcome, cwd: Path) -> None:
     if out is None:
         return
     if verb == "build" and "--trtexec" in argv:
-        from edge.trt.trtexec import find_trtexec
+        from edge.trt.trtexec_command import find_trtexec
 
         if find_trtexec() is None:     # then it prints the equivalent command and writes nothing
             assert "trtexec --onnx=" in outcome.result.stdout, outcome.explain()

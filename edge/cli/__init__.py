@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         status = InternalError.exit_code
     finally:
         from edge import distributed
-        from edge.compare import log_ort_messages
+        from edge.check.compare import log_ort_messages
 
         log_ort_messages(f"edge {args.command}")  # ONNX Runtime's notes: to a log file, with their count
         several = distributed.shutdown(synchronise=finished)  # under torchrun: all leave the group together

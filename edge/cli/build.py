@@ -85,7 +85,7 @@ def run(args) -> int:
 
 def _calibration_images(model, source: str, data: str, samples: int):
     """--weakly-typed int8: the seeded, class-balanced images `edge quantize` calibrates on (imported when used)."""
-    from calib.data import calibration_images
+    from edge.precision.calibration import calibration_images
 
     return calibration_images(model, source, data, samples)
 
@@ -96,9 +96,9 @@ def _trtexec(args, config) -> int:
     from pathlib import Path
 
     from edge.fileio import write_atomic
-    from edge.profile.trtexec import trtexec_result
+    from edge.profile.trtexec_output import trtexec_result
     from edge.trt.builder import select_onnx
-    from edge.trt.trtexec import as_shell, find_trtexec, left_out, shape_arguments, trtexec_command
+    from edge.trt.trtexec_command import as_shell, find_trtexec, left_out, shape_arguments, trtexec_command
 
     binary = find_trtexec()
     version = _trtexec_version(binary)
@@ -146,7 +146,7 @@ def _trtexec(args, config) -> int:
 
 def _trtexec_version(binary: str | None) -> tuple[int, ...] | None:
     """trtexec's version from its banner; else the TensorRT this Python loads (JetPack ships them together)."""
-    from edge.trt.trtexec import trtexec_version
+    from edge.trt.trtexec_command import trtexec_version
 
     if binary is not None:
         version = trtexec_version(binary)

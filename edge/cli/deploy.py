@@ -28,8 +28,8 @@ EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # Tenso
 
 def register(subparsers) -> None:
     from edge.deploy.ssh import SshOptions, parse_host
-    from edge.latency.device import PRECISIONS as LATENCY_PRECISIONS
-    from edge.latency.device import DeviceTableConfig
+    from edge.latency.device_table import PRECISIONS as LATENCY_PRECISIONS
+    from edge.latency.device_table import DeviceTableConfig
     from edge.latency.grid import GRIDS, GridConfig
 
     parser = add_command(
@@ -206,7 +206,7 @@ def latency_tables(args, hosts, config) -> int:
 
     from edge.compress.load import load_model
     from edge.errors import EdgeError
-    from edge.latency.device import DeviceTableConfig, deploy_table
+    from edge.latency.device_table import DeviceTableConfig, deploy_table
     from edge.latency.grid import GridConfig
 
     if args.bundle is not None or args.report:

@@ -13,8 +13,9 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
 
 def register(subparsers) -> None:
     from calib.placement import PLACEMENTS
-    from calib.qdq import METHODS, Int8Config
-    from edge.fp16 import Fp16Config
+    from calib.qdq import METHODS
+    from edge.precision.fp16 import Fp16Config
+    from edge.precision.int8 import Int8Config
 
     parser = add_command(
         subparsers, "quantize", "convert a float32 ONNX graph to fp16, or to int8 with Q/DQ nodes (for TensorRT)",
@@ -64,9 +65,9 @@ def _short(precision: str) -> str:
 def run(args) -> int:
     import sys
 
-    from calib.qdq import Int8Config
-    from edge.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
-    from edge.quantize import quantize_file
+    from edge.precision.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
+    from edge.precision.int8 import Int8Config
+    from edge.precision.quantize import quantize_file
 
     full = {"fp16": "float16", "fp32": "float32"}
     fp16 = Fp16Config(block_list=(*DEFAULT_BLOCK_LIST, *args.keep_fp32), keep_head_fp32=not args.fp16_head,

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jetson
-from edge.deploy.device import RunnerOptions
+from edge.deploy.device_deploy import RunnerOptions
 from edge.deploy.ssh import Connection, DeployError, Host, SshOptions, remote_words
 from jetson.check import FORMAT, STATUSES
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.deploy.device import RECORD, RESULTS
+from edge.deploy.device_deploy import RECORD, RESULTS
 from edge.deploy.untrusted import plain_result_file
 
 RUN_SUMMARY = "run.json"  # results/run.json: the device runner's summary, naming each variant's result file

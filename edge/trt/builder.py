@@ -13,7 +13,7 @@ for it (``strongly_typed=False``) and refused with a clear message where the fla
 unit tests swap a fake module in as ``sys.modules["tensorrt"]``.
 
 The legacy calibrator calibrates on images the caller supplies (``calibration_images``: ``edge
-build`` passes ``calib.data.calibration_images``), so this package never imports ``calib``.
+build`` passes ``edge.precision.calibration.calibration_images``), so this package never reads a data set.
 """
 
 from __future__ import annotations
@@ -128,9 +128,9 @@ def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
 
 def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> tuple[onnx.ModelProto, str, dict]:
     """The ONNX the builder parses: for strongly typed builds, the variant of the asked precision."""
-    from edge.fp16 import convert_to_fp16
     from edge.onnx_metadata import set_precision_metadata, source_precision
-    from edge.quantize import load_onnx
+    from edge.precision.fp16 import convert_to_fp16
+    from edge.precision.quantize import load_onnx
 
     model = load_onnx(model_path)
     have = source_precision(model)
@@ -291,7 +291,8 @@ def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: o
     if calibration_images is None:
         raise EdgeError("a weakly typed int8 build calibrates in TensorRT, and build_engine was given no "
                         "calibration_images", expected="a function (model, source, data, samples) -> float32 images",
-                        fix="pass calibration_images=calib.data.calibration_images (what `edge build` does)")
+                        fix="pass calibration_images=edge.precision.calibration.calibration_images "
+                            "(what `edge build` does)")
     from edge.trt.calibrator import make_entropy_calibrator
 
     images = calibration_images(model, source, config.calibration_data, config.calibration_samples)
@@ -307,7 +308,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     folder, plugins, calibration images) is checked before TensorRT starts its minutes-long build,
     so a missing part never throws a built engine away. ``device`` replaces the identity read with
     cuda-python (tests). ``calibration_images`` is needed only by a weakly typed int8 build from a
-    float32 graph (the legacy calibrator); ``edge build`` passes ``calib.data.calibration_images``.
+    float32 graph (the legacy calibrator); ``edge build`` passes ``edge.precision.calibration.calibration_images``.
     """
     config = config or BuildConfig()
     config.check()

@@ -1,6 +1,6 @@
 """``edge bundle``: from ONNX files and (through the CLI, which asks edge.pipeline for the graphs) from a
 pipeline run folder, with a manifest whose checksums the device runner checks, written atomically; fp16
-and int8 graphs made by edge.quantize on real images."""
+and int8 graphs made by edge.precision.quantize on real images."""
 
 import json
 import tarfile

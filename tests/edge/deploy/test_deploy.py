@@ -12,7 +12,7 @@ import pytest
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
 from edge.deploy import RunnerOptions, checked_source, deploy, parse_host, read_hosts
-from edge.deploy.device import RUNNER_LOCK, RUNNER_OUTPUT, DeviceDeploy
+from edge.deploy.device_deploy import RUNNER_LOCK, RUNNER_OUTPUT, DeviceDeploy
 from edge.errors import EdgeError
 from jetson.bundle import read_bundle
 from jetson.energy import Window, rail_energy

@@ -9,8 +9,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import edge.graph.passes
+from edge.check.compare import ort_session, run_ort
 from edge.cli import build_parser, main
-from edge.compare import ort_session, run_ort
 from edge.errors import EdgeError, InternalError
 from edge.graph import DEFAULT_PASSES, PASSES, InPlacePass, PassRegistry, PassResult, clean_graph
 from edge.graph.util import bypass, same_op_pairs
