@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import secrets
 import shutil
 import signal
 import tarfile
@@ -29,10 +30,12 @@ from jetson import archive as archive_module
 from jetson.bundle import MANIFEST, OWNED, Bundle
 
 RECORD, LOG, RESULTS = "deploy.json", "deploy.log", "results"
-# in the remote folder: the runner writes its output to a file there, never into the SSH channel, so a
-# client that goes away (a laptop closed, ssh killed) leaves it running to the end; and it holds a lock
-# there, so a second deploy waits for a runner still running instead of benchmarking beside it
-RUNNER_OUTPUT, RUNNER_LOCK = ".edge-runner.log", ".edge-runner.lock"
+# in the remote folder: the runner writes its output to a file there (one per deploy), never into the SSH
+# channel, so a client that goes away (a laptop closed, ssh killed) leaves it running to the end; it holds a
+# lock there, so a second deploy waits for a runner still running instead of benchmarking beside it; and
+# before it lets go of the lock its results are packed (one tar per deploy), so each deploy fetches its own
+# run's results even when another deploy's runner starts the moment the lock is free
+RUNNER_LOCK = ".edge-runner.lock"
 WAITING = "edge deploy: waiting for the runner an earlier deploy started in this folder to finish"
 NO_REMOTE_DIR = 90  # the exit status of the listing command when the remote folder cannot be written
 RUNNER_EXIT = {1: "some variants failed (the others ran)", 2: "the runner refused the bundle or an option",
@@ -86,6 +89,7 @@ class DeviceDeploy:
     cache_root: str | None = None
     engines_received: list[str] = field(default_factory=list)
     started: str = field(default_factory=lambda: _now())
+    token: str = field(default_factory=lambda: secrets.token_hex(8))  # names this deploy's files on the device
 
     def __post_init__(self) -> None:
         self.connection = Connection(self.host, self.ssh)
@@ -222,18 +226,31 @@ class DeviceDeploy:
             self.say("could not read the device identity (no engine is shared with it): "
                      + done.stderr.decode(errors="replace").strip()[-300:])
 
+    @property
+    def runner_output(self) -> str:
+        """This deploy's file of the runner's output in the remote folder (removed once shown)."""
+        return f".edge-runner.{self.token}.log"
+
+    @property
+    def results_snapshot(self) -> str:
+        """This deploy's tar of ``results/`` as its runner left them, in the remote folder (removed once fetched)."""
+        return f".edge-results.{self.token}.tar"
+
     def runner_command(self) -> str:
-        """``python3 -m jetson run`` in the remote folder, its output to :data:`RUNNER_OUTPUT` (shown after it
-        ends), under :data:`RUNNER_LOCK` when the device has ``flock``; a missing Python is exit 127."""
+        """``python3 -m jetson run`` in the remote folder, its output to :attr:`runner_output` (shown after it
+        ends), then ``results/`` packed into :attr:`results_snapshot`, both under :data:`RUNNER_LOCK` when the
+        device has ``flock``; a missing Python is exit 127."""
         python = remote_words(self.remote_python)
         run = remote_words(self.remote_python, "-m", "jetson", *self.runner.argv())
-        lock, output = remote_words(RUNNER_LOCK), remote_words(RUNNER_OUTPUT)
+        lock, output = remote_words(RUNNER_LOCK), remote_words(self.runner_output)
+        snapshot, part = remote_words(self.results_snapshot), remote_words(f"{self.results_snapshot}.part")
+        locked = remote_words("sh", "-c", f"{run} >{output} 2>&1 </dev/null; status=$?; "
+                                          f"tar -cf {part} {RESULTS} 2>/dev/null && mv -f -- {part} {snapshot}; "
+                                          "exit $status")
         return (f"cd -- {remote_words(self.remote_dir)} || exit 1; command -v {python} >/dev/null || exit 127; "
                 f"if command -v flock >/dev/null; then "
-                f"flock -n {lock} true || echo {remote_words(WAITING)} >&2; "
-                f"flock {lock} {run} >{output} 2>&1 </dev/null; "
-                f"else {run} >{output} 2>&1 </dev/null; fi; "
-                f"status=$?; cat {output} >&2; exit $status")
+                f"flock -n {lock} true || echo {remote_words(WAITING)} >&2; flock {lock} {locked}; "
+                f"else {locked}; fi; status=$?; cat {output} >&2; rm -f -- {output}; exit $status")
 
     def run_runner(self) -> None:
         """``python3 -m jetson run`` in the remote folder; its output to ``deploy.log``."""
@@ -259,8 +276,10 @@ class DeviceDeploy:
         """Bring ``REMOTE_DIR/results`` back into ``out/results`` (replaced whole); False when there is none.
         Nothing the device sends is trusted (edge.deploy.untrusted): a link, a name outside ``results/``
         or malformed JSON is refused (DeployError of kind ``refused results``) and nothing is written."""
-        done = self.connection.run(f"cd -- {remote_words(self.remote_dir)} && test -d {RESULTS} && "
-                                   f"tar -cf - {RESULTS}", check=False)
+        snapshot = remote_words(self.results_snapshot)  # this deploy's run, else results/ as they are now
+        done = self.connection.run(f"cd -- {remote_words(self.remote_dir)} || exit 1; if test -f {snapshot}; then "
+                                   f"cat {snapshot} && rm -f -- {snapshot}; else test -d {RESULTS} && "
+                                   f"tar -cf - {RESULTS}; fi", check=False)
         if done.returncode != 0 or not done.stdout:
             return False
         self.out.mkdir(parents=True, exist_ok=True)

@@ -165,3 +165,18 @@ def test_a_signal_mid_benchmark_puts_mode_and_clocks_back(fake_jetson, signum, c
     stored = calls[1][2]
     assert calls[-3:] == [["jetson_clocks", "--restore", stored], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
     assert query_power_mode() == PowerMode(1, "25W")
+
+
+def test_a_runner_started_under_sudo_is_refused_naming_the_sudoers_line(bundle, monkeypatch, capsys):
+    """Under sudo HOME moves (the engine cache, a `pip install --user` binding) and results/ would be root's:
+    refused before anything runs, with the line that makes sudo unnecessary for the two tools."""
+    from jetson.runner import RunOptions, run
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a runner under sudo runs as root")
+    monkeypatch.setenv("SUDO_USER", "nvidia")
+    assert run(RunOptions(bundle=bundle, backend="ort", energy="off")) == 2
+    summary = (bundle / "results" / "run.json").read_text()
+    assert "the runner was started with sudo (by nvidia)" in summary
+    assert "nvidia ALL=(root) NOPASSWD: " in summary and "/jetson_clocks" in summary
+    assert not (bundle / "results" / "a.fp32.json").exists()

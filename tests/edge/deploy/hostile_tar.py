@@ -1,5 +1,6 @@
-"""FAKE `tar` of a hostile device for the deploy tests: ``tar -cf - results`` (what edge deploy runs to fetch
-the results) sends the real results altered as HOSTILE_CASE says; every other call is the real tar's.
+"""FAKE `tar` of a hostile device for the deploy tests: ``tar -cf FILE results`` (what edge deploy runs to pack
+the results to fetch, FILE ``-`` or a file) packs the real results altered as HOSTILE_CASE says; every other call
+is the real tar's.
 
 Cases: ``absolute-link`` (results/a.fp32.json sent as a link to HOSTILE_TARGET), ``relative-link`` (the same
 as a relative link that climbs out), ``dotdot-name`` (an extra file ``results/../../../escaped.json``),
@@ -22,8 +23,8 @@ def add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
-def hostile_results(case: str, target: str) -> None:
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as archive:
+def hostile_results(case: str, target: str, out) -> None:
+    with tarfile.open(fileobj=out, mode="w|") as archive:
         for path in sorted(Path("results").rglob("*")):
             name = path.as_posix()
             if case in ("absolute-link", "relative-link") and name == "results/a.fp32.json":
@@ -50,8 +51,13 @@ def hostile_results(case: str, target: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[1:] == ["-cf", "-", "results"]:
-        hostile_results(os.environ["HOSTILE_CASE"], os.environ["HOSTILE_TARGET"])
+    if len(argv) == 4 and argv[1] == "-cf" and argv[3] == "results":
+        case, target = os.environ["HOSTILE_CASE"], os.environ["HOSTILE_TARGET"]
+        if argv[2] == "-":
+            hostile_results(case, target, sys.stdout.buffer)
+        else:
+            with open(argv[2], "wb") as out:
+                hostile_results(case, target, out)
         return
     os.execv("/bin/tar", ["tar", *argv[1:]])
 

@@ -12,7 +12,7 @@ import pytest
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
 from edge.deploy import RunnerOptions, checked_source, deploy, parse_host, read_hosts
-from edge.deploy.device_deploy import RUNNER_LOCK, RUNNER_OUTPUT, DeviceDeploy
+from edge.deploy.device_deploy import RUNNER_LOCK, DeviceDeploy
 from edge.errors import EdgeError
 from jetson.bundle import read_bundle
 from jetson.energy import Window, rail_energy
@@ -129,7 +129,7 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
     assert first["copy"]["archive"] == str(archive) and first["copy"]["bytes_sent"] == archive.stat().st_size
     assert not (tmp_path / "bundle").exists()  # never unpacked here
     hidden = {p.name for p in remote.iterdir() if p.name.startswith(".")}
-    assert hidden <= {RUNNER_OUTPUT, RUNNER_LOCK}  # the uploaded archive removed (the runner's output and lock kept)
+    assert hidden == {RUNNER_LOCK}  # the uploaded archive, the runner's output and the results' tar removed
     assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done"}
     # a file damaged on the device: the archive is sent and unpacked again, and checked; then nothing is sent
     (remote / "jetson" / "runner.py").write_text("damaged")

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from edge.cli import main
 from edge.deploy import RunnerOptions, deploy
+from edge.deploy.device_deploy import RUNNER_LOCK
 from tests.edge.deploy.conftest import config, only, ssh_args, statuses
 from tests.edge.deploy.sshd import DEVICE_USER, NO_SUDOERS_RULE, device_interpreter
 
@@ -150,3 +152,43 @@ def test_a_client_killed_mid_benchmark_leaves_the_runner_running_and_a_second_de
     results = tmp_path / "second" / device.host.label / "results"
     assert statuses(results) == {"a.fp32": "cached", "b.fp32": "cached"}
     assert {v: (results / f"{v}.json").read_bytes() for v in done_before} == done_before
+
+
+def runners_holding_or_waiting(user: str) -> int:
+    """The device user's `flock .edge-runner.lock ...` processes: the runner holding the lock and any waiting."""
+    done = subprocess.run(["pgrep", "-u", user, "-f", f"^flock {RUNNER_LOCK} "], capture_output=True, text=True)
+    return len(done.stdout.split())
+
+
+def test_a_second_deploy_while_the_first_runner_still_runs_waits_for_it_and_recomputes_nothing(sshd, bundle,
+                                                                                              tmp_path):
+    """The first deploy's client is gone but its runner still benchmarks: a second deploy does not benchmark beside
+    it (the two would share the GPU and the power rails); it waits for the lock, then finds every variant done."""
+    server = sshd({"FAKE_DEVICE_PAUSE_AT": "10"})
+    device = server.devices[0]
+    remote = device.home / "bundle"
+    options = config(server, remote_dir=str(remote), runner=RunnerOptions(backend="ort"))
+    first = threading.Thread(target=deploy, args=(bundle, [device.host], options), kwargs={"out": tmp_path / "first"})
+    first.start()
+    marker = device.home / "paused"
+    wait_for(marker.exists, "the first runner to reach its benchmark")
+    second: dict = {}
+    waiting = threading.Thread(target=lambda: second.update(only(deploy(bundle, [device.host], options,
+                                                                        out=tmp_path / "second"))))
+    waiting.start()
+    wait_for(lambda: runners_holding_or_waiting(DEVICE_USER) == 2, "the second runner to wait for the lock")
+    marker.unlink()  # the first runner goes on and finishes; then the second takes the lock
+    first.join(timeout=120)
+    waiting.join(timeout=120)
+    assert second["status"] == "ok", second["error"]
+    log = (tmp_path / "second" / device.host.label / "deploy.log").read_text()
+    assert "waiting for the runner an earlier deploy started in this folder" in log
+    assert statuses(tmp_path / "first" / device.host.label / "results") == {"a.fp32": "done", "b.fp32": "done"}
+    assert statuses(tmp_path / "second" / device.host.label / "results") == {"a.fp32": "cached", "b.fp32": "cached"}
+
+
+def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
