@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TensorRT: enqueue each inference instead of replaying a CUDA graph")
     runner.add_argument("--idle", dest="idle_s", type=float, help="seconds of idle power sampled before the timing")
     runner.add_argument("--energy", choices=ENERGY, default="auto",
-                        help="sample tegrastats for energy per inference (auto: when tegrastats is on PATH)")
+                        help="sample tegrastats for energy per call and per image (auto: when tegrastats is on PATH)")
     runner.add_argument("--power-mode", help="nvpmodel mode by name (e.g. 15W, MAXN_SUPER) for the run, put back after")
     runner.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")
     runner.add_argument("--nvpmodel-conf", type=Path, default=RunOptions.nvpmodel_conf,

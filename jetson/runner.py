@@ -16,7 +16,8 @@ clock, ``warmup``, ``seconds``, ``weight_bytes``, ``peak_rss_mb``, ``clock``) an
 ``bundle_sha256``, ``config`` and ``config_key`` (what was asked: backend, protocol, power
 settings), ``partial`` (true when the benchmark stopped early: then ``error`` says why and
 ``latency`` covers what was measured, or is null), ``power`` (jetson.energy's PowerSummary:
-energy per inference total and above idle, per rail, peak RAM and temperatures, plus
+energy per call (per batch) and per image, total and above idle, per rail, whether enough tegrastats
+samples stand behind it (``reliable``), peak RAM and temperatures, plus
 ``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,

@@ -85,7 +85,7 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
         assert row["latency"]["median_ms"] == result["latency"]["median_ms"] > 0
         assert row["latency"]["p99_ms"] == result["latency"]["p99_ms"]
         assert row["memory"]["peak_ram_used_mb"] == result["power"]["peak_ram_used_mb"] > 0
-        # energy per inference: the trapezoidal integral of the replayed trace over the timed window
+        # energy per image and per call: the trapezoidal integral of the replayed trace over the timed window
         power = result["power"]
         samples = read_sampler_log(results / power["tegrastats_log"])
         again = rail_energy(samples, "VDD_IN", Window(*power["timed_window_s"]), power["calls"],
