@@ -16,7 +16,8 @@ clock, ``warmup``, ``seconds``, ``weight_bytes``, ``peak_rss_mb``, ``clock``) an
 ``bundle_sha256``, ``config`` and ``config_key`` (what was asked: backend, protocol, power
 settings), ``partial`` (true when the benchmark stopped early: then ``error`` says why and
 ``latency`` covers what was measured, or is null), ``power`` (jetson.energy's PowerSummary:
-energy per inference total and above idle, per rail, peak RAM and temperatures, plus
+energy per call (per batch) and per image, total and above idle, per rail, whether enough tegrastats
+samples stand behind it (``reliable``), peak RAM and temperatures, plus
 ``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
@@ -60,7 +61,14 @@ from typing import Any, TextIO
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
-from jetson.power import NVPMODEL_CONF, DeviceSettings, Interrupted, query_power_mode
+from jetson.power import (
+    NVPMODEL_CONF,
+    DeviceSettings,
+    Interrupted,
+    check_not_under_sudo,
+    check_power_rights,
+    query_power_mode,
+)
 from jetson.stats import latency_stats
 
 RUN_FORMAT, RESULT_FORMAT, FORMAT_VERSION = "edge-jetson-run", "edge-jetson-result", 1
@@ -78,6 +86,7 @@ class RunOptions:
     out: Path | None = None
     backend: str = "tensorrt"
     warmup: int | None = None
+    warmup_s: float | None = None
     iterations: int | None = None
     duration_s: float | None = None
     cuda_graph: bool | None = None
@@ -108,13 +117,16 @@ class RunOptions:
             raise JetsonError(f"--energy {self.energy!r}", expected=f"one of {', '.join(ENERGY)}")
 
     def protocol(self, bundle: Bundle) -> Protocol:
-        """The bundle's protocol with this run's overrides (--iterations without --duration drops the duration)."""
+        """The bundle's protocol with this run's overrides: --duration or --iterations is the whole timed window
+        (--iterations without --duration drops the durations, the energy one too)."""
         base = bundle.protocol
         overrides: dict[str, Any] = {k: v for k, v in (("warmup", self.warmup), ("iterations", self.iterations),
-                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s))
+                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s),
+                                                        ("warmup_s", self.warmup_s))
                                      if v is not None}
         if self.duration_s is not None or self.iterations is not None:
             overrides["duration_s"] = self.duration_s
+            overrides["energy_duration_s"] = None
         if self.duration_s is not None and self.iterations is None:
             overrides["iterations"] = 1
         return replace(base, **overrides)
@@ -178,6 +190,7 @@ class Measurement:
     """What a benchmark measured so far: kept by the caller, so an interrupted one still reports."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    warmup_calls: int = 0
     warmup_seconds: float = 0.0
     seconds: float = 0.0
     power: dict | None = None
@@ -205,6 +218,8 @@ class Runner:
 
     # what the run needs, checked before anything runs
     def prepare(self) -> None:
+        check_not_under_sudo()
+        check_power_rights(self.options.power_mode, self.options.lock_clocks)
         verify_bundle(self.bundle)
         count = len(self.bundle.variants)
         self.log(f"bundle {self.bundle.root}: {count} variant{'s' * (count != 1)}, sha256 {self.bundle.sha256[:16]}, "
@@ -364,16 +379,19 @@ class Runner:
             self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
-            self.log(f"{variant.id}: benchmarking ({self.protocol.warmup} warm-up, {self.protocol.iterations} "
-                     f"iterations" + (f", at least {self.protocol.duration_s:g} s" if self.protocol.duration_s else "")
-                     + ")")
+            timed_s = self.protocol.timed_s(self.energy_on())
+            self.log(f"{variant.id}: benchmarking (warm-up {self.protocol.warmup} calls and "
+                     f"{self.protocol.warmup_s or 0:g} s, then {self.protocol.iterations} calls"
+                     + (f" and at least {timed_s:g} s" if timed_s else "") + ")")
             self.benchmark(backend, variant, measured)
             result = self.result(variant, backend, measured, engine, partial=False)
             entry["status"] = "done"
             self.log(f"{variant.id}: median {result['latency']['median_ms']:.3f} ms, p99 "
                      f"{result['latency']['p99_ms']:.3f} ms over {result['latency']['iterations']} iterations"
-                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_inference_mj']:.2f} "
-                        f"mJ per inference" if result["power"] and result["power"]["total_rail"] else ""))
+                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_image_mj']:.2f} "
+                        f"mJ per image" if result["power"] and result["power"]["total_rail"] else ""))
+            if result["power"] and not result["power"]["reliable"]:
+                self.log(f"{variant.id}: energy unreliable: {result['power']['unreliable']}")
             write_json(self.result_path(variant), result)
         except JetsonError as e:
             self.log(f"{variant.id}: failed: {e}")
@@ -485,7 +503,9 @@ class Runner:
             start, end = self._timed(backend, measured)
             sampler.wait_past(end)
             samples = sampler.samples()
-        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle).to_json()
+        batch = int(backend.describe().get("batch") or 1)
+        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle, batch=batch,
+                                   interval_ms=protocol.tegrastats_interval_ms).to_json()
         measured.power.update(tegrastats_log=str(log_path.relative_to(self.out)), timed_window_s=[start, end],
                               idle_window_s=[idle.start_s, idle.end_s] if idle else None)
 
@@ -493,14 +513,15 @@ class Runner:
         """Warm up, then time; the monotonic start and end of the timed window."""
         protocol = self.protocol
         t0 = time.perf_counter()
-        for _ in range(protocol.warmup):
+        while measured.warmup_calls < protocol.warmup or time.perf_counter() - t0 < (protocol.warmup_s or 0.0):
             backend.infer()
-        measured.warmup_seconds = time.perf_counter() - t0
+            measured.warmup_calls += 1
+            measured.warmup_seconds = time.perf_counter() - t0
+        timed_s = protocol.timed_s(self.energy_on())
         latencies = measured.latencies_ms
         window_start = time.monotonic()
         started = time.perf_counter()
-        while len(latencies) < protocol.iterations or (protocol.duration_s
-                                                       and time.perf_counter() - started < protocol.duration_s):
+        while len(latencies) < protocol.iterations or time.perf_counter() - started < timed_s:
             t = time.perf_counter()
             backend.infer()
             latencies.append((time.perf_counter() - t) * 1000.0)
@@ -519,7 +540,7 @@ class Runner:
             "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
             "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,
             "latency": latency_stats(latencies, batch) if latencies else None,
-            "warmup": {"iterations": self.protocol.warmup, "seconds": measured.warmup_seconds},
+            "warmup": {"iterations": measured.warmup_calls, "seconds": measured.warmup_seconds},
             "seconds": measured.seconds,
             "weight_bytes": backend.weight_bytes() if backend is not None else None,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

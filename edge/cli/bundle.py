@@ -44,11 +44,18 @@ def register(subparsers) -> None:
     parser.add_argument("--plugin", action="append", default=[], type=ExistingFile(),
                         help="a TensorRT plugin library to ship (repeatable)")
     parser.add_argument("--warmup", type=config_type(Protocol, "--warmup"), default=Protocol.warmup,
-                        help="device default: warm-up inferences")
+                        help="device default: warm-up calls, at least")
+    parser.add_argument("--warmup-time", type=config_type(Protocol, "--warmup-time", "warmup_s"),
+                        default=Protocol.warmup_s, help="device default: warm-up seconds, at least (trtexec's 0.2)")
     parser.add_argument("--iterations", type=config_type(Protocol, "--iterations"), default=Protocol.iterations,
-                        help="device default: timed inferences")
+                        help="device default: timed calls, at least (trtexec's 10)")
     parser.add_argument("--duration", type=config_type(Protocol, "--duration", "duration_s"),
-                        help="device default: time for at least this many seconds")
+                        default=Protocol.duration_s, help="device default: time for at least this many seconds "
+                                                          "(trtexec's 3)")
+    parser.add_argument("--energy-duration", type=config_type(Protocol, "--energy-duration", "energy_duration_s"),
+                        default=Protocol.energy_duration_s,
+                        help="device default: time for at least this many seconds when energy is measured (10: "
+                             "about 100 tegrastats samples; under 20 samples the energy is marked unreliable)")
     parser.add_argument("--idle", type=config_type(Protocol, "--idle", "idle_s"), default=Protocol.idle_s,
                         help="device default: idle power window, s")
     parser.add_argument("--no-tf32", dest="tf32", action="store_false",
@@ -72,8 +79,8 @@ def run(args) -> int:
     from jetson.errors import JetsonError
 
     try:
-        protocol = Protocol(warmup=args.warmup, iterations=args.iterations, duration_s=args.duration,
-                            idle_s=args.idle)
+        protocol = Protocol(warmup=args.warmup, warmup_s=args.warmup_time, iterations=args.iterations,
+                            duration_s=args.duration, energy_duration_s=args.energy_duration, idle_s=args.idle)
     except JetsonError as e:
         raise EdgeError(e.what, expected=e.expected) from e
     config = BundleConfig(precisions=args.precision, data=args.data, samples=args.samples,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import secrets
 import shutil
 import signal
 import tarfile
@@ -23,11 +24,19 @@ from pathlib import Path
 from typing import IO
 
 from edge.deploy.ssh import SSH_FAILED, Connection, DeployError, Host, SshOptions, remote_words, ssh_failure
+from edge.deploy.untrusted import REFUSED, check_results, checked_members, plain_result_file
 from edge.fileio import write_json_atomic
 from jetson import archive as archive_module
 from jetson.bundle import MANIFEST, OWNED, Bundle
 
 RECORD, LOG, RESULTS = "deploy.json", "deploy.log", "results"
+# in the remote folder: the runner writes its output to a file there (one per deploy), never into the SSH
+# channel, so a client that goes away (a laptop closed, ssh killed) leaves it running to the end; it holds a
+# lock there, so a second deploy waits for a runner still running instead of benchmarking beside it; and
+# before it lets go of the lock its results are packed (one tar per deploy), so each deploy fetches its own
+# run's results even when another deploy's runner starts the moment the lock is free
+RUNNER_LOCK = ".edge-runner.lock"
+WAITING = "edge deploy: waiting for the runner an earlier deploy started in this folder to finish"
 NO_REMOTE_DIR = 90  # the exit status of the listing command when the remote folder cannot be written
 RUNNER_EXIT = {1: "some variants failed (the others ran)", 2: "the runner refused the bundle or an option",
                3: "the runner hit a bug"}
@@ -80,6 +89,7 @@ class DeviceDeploy:
     cache_root: str | None = None
     engines_received: list[str] = field(default_factory=list)
     started: str = field(default_factory=lambda: _now())
+    token: str = field(default_factory=lambda: secrets.token_hex(8))  # names this deploy's files on the device
 
     def __post_init__(self) -> None:
         self.connection = Connection(self.host, self.ssh)
@@ -216,13 +226,37 @@ class DeviceDeploy:
             self.say("could not read the device identity (no engine is shared with it): "
                      + done.stderr.decode(errors="replace").strip()[-300:])
 
+    @property
+    def runner_output(self) -> str:
+        """This deploy's file of the runner's output in the remote folder (removed once shown)."""
+        return f".edge-runner.{self.token}.log"
+
+    @property
+    def results_snapshot(self) -> str:
+        """This deploy's tar of ``results/`` as its runner left them, in the remote folder (removed once fetched)."""
+        return f".edge-results.{self.token}.tar"
+
+    def runner_command(self) -> str:
+        """``python3 -m jetson run`` in the remote folder, its output to :attr:`runner_output` (shown after it
+        ends), then ``results/`` packed into :attr:`results_snapshot`, both under :data:`RUNNER_LOCK` when the
+        device has ``flock``; a missing Python is exit 127."""
+        python = remote_words(self.remote_python)
+        run = remote_words(self.remote_python, "-m", "jetson", *self.runner.argv())
+        lock, output = remote_words(RUNNER_LOCK), remote_words(self.runner_output)
+        snapshot, part = remote_words(self.results_snapshot), remote_words(f"{self.results_snapshot}.part")
+        locked = remote_words("sh", "-c", f"{run} >{output} 2>&1 </dev/null; status=$?; "
+                                          f"tar -cf {part} {RESULTS} 2>/dev/null && mv -f -- {part} {snapshot}; "
+                                          "exit $status")
+        return (f"cd -- {remote_words(self.remote_dir)} || exit 1; command -v {python} >/dev/null || exit 127; "
+                f"if command -v flock >/dev/null; then "
+                f"flock -n {lock} true || echo {remote_words(WAITING)} >&2; flock {lock} {locked}; "
+                f"else {locked}; fi; status=$?; cat {output} >&2; rm -f -- {output}; exit $status")
+
     def run_runner(self) -> None:
         """``python3 -m jetson run`` in the remote folder; its output to ``deploy.log``."""
         self.stage = "run"
         self.say(f"running {self.remote_python} -m jetson run --backend {self.runner.backend}")
-        command = (f"cd -- {remote_words(self.remote_dir)} && "
-                   f"exec {remote_words(self.remote_python, '-m', 'jetson', *self.runner.argv())}")
-        done = self.connection.run(command, timeout=None, check=False)
+        done = self.connection.run(self.runner_command(), timeout=None, check=False)
         self.exit_code = done.returncode
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / LOG).write_bytes(done.stdout + done.stderr)
@@ -239,16 +273,26 @@ class DeviceDeploy:
                           f"to {self.out / RESULTS}", found="\n".join(last) or None)
 
     def fetch(self) -> bool:
-        """Bring ``REMOTE_DIR/results`` back into ``out/results`` (replaced whole); False when there is none."""
-        done = self.connection.run(f"cd -- {remote_words(self.remote_dir)} && test -d {RESULTS} && "
-                                   f"tar -cf - {RESULTS}", check=False)
+        """Bring ``REMOTE_DIR/results`` back into ``out/results`` (replaced whole); False when there is none.
+        Nothing the device sends is trusted (edge.deploy.untrusted): a link, a name outside ``results/``
+        or malformed JSON is refused (DeployError of kind ``refused results``) and nothing is written."""
+        snapshot = remote_words(self.results_snapshot)  # this deploy's run, else results/ as they are now
+        done = self.connection.run(f"cd -- {remote_words(self.remote_dir)} || exit 1; if test -f {snapshot}; then "
+                                   f"cat {snapshot} && rm -f -- {snapshot}; else test -d {RESULTS} && "
+                                   f"tar -cf - {RESULTS}; fi", check=False)
         if done.returncode != 0 or not done.stdout:
             return False
         self.out.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".fetch.", dir=self.out))
         try:
-            with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as archive:
-                archive.extractall(staging, filter="data")
+            try:
+                with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as archive:
+                    members = checked_members(archive, RESULTS, self.host)
+                    archive.extractall(staging, members=members, filter="data")
+            except (tarfile.TarError, OSError) as e:
+                raise DeployError(REFUSED, f"{self.host}: the results it sent cannot be unpacked: refused, nothing "
+                                  "of them was written", found=f"{type(e).__name__}: {e}"[:300]) from e
+            check_results(staging / RESULTS, self.host)
             if (self.out / RESULTS).exists():
                 shutil.rmtree(self.out / RESULTS)
             (staging / RESULTS).replace(self.out / RESULTS)
@@ -256,12 +300,26 @@ class DeviceDeploy:
             shutil.rmtree(staging, ignore_errors=True)
         return True
 
+    def device_said(self) -> str | None:
+        """What the runner said of its failure, from the fetched run summary: its error (a refusal: an unknown
+        power mode with the known ones, a missing tool, no sudo rule), else each failed variant's."""
+        summary = _read_json(self.out / RESULTS / "run.json") or {}
+        if isinstance(summary.get("error"), str):
+            return summary["error"]
+        variants = (summary.get("variants") or {}).items()
+        failed = [f"{variant_id}: {entry['error']}" for variant_id, entry in variants if isinstance(entry, dict)
+                  and entry.get("status") == "failed" and isinstance(entry.get("error"), str)]
+        return "\n".join(failed) or None
+
     def fetch_after_failure(self) -> None:
-        """What the failed runner left: its results marked partial and its logs (nothing if the device is gone)."""
+        """What the failed runner left: its results marked partial and its logs (nothing if the device is gone);
+        results that are refused are a failure of their own (raised)."""
         try:
             if self.fetch():
                 self.say(f"partial results and logs fetched to {self.out / RESULTS}")
         except DeployError as e:
+            if e.kind == REFUSED:
+                raise
             self.say(f"could not fetch results after the failure: {e.what}")
 
     def deploy(self, *, upload: bool = True, before_run: Callable[[DeviceDeploy], None] | None = None) -> None:
@@ -274,8 +332,11 @@ class DeviceDeploy:
                 before_run(self)
             try:
                 self.run_runner()
-            except DeployError:
+            except DeployError as e:
                 self.fetch_after_failure()
+                said = self.device_said()
+                if said:
+                    raise DeployError(e.kind, e.what, found=said, fix=e.fix) from e
                 raise
             self.stage = "fetch"
             self.fetch()
@@ -292,7 +353,8 @@ class DeviceDeploy:
         run = _read_json(folder / "run.json")
         variants = {}
         for variant_id, entry in (run or {}).get("variants", {}).items():
-            variants[variant_id] = {**entry, "data": _read_json(folder / entry.get("result", ""))}
+            path = plain_result_file(folder, entry.get("result"))
+            variants[variant_id] = {**entry, "data": _read_json(path) if path else None}
         return {"run": run, "variants": variants}
 
     def record(self) -> dict:
@@ -318,9 +380,10 @@ def _owned_by_nobody(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def _signal_name(number: int) -> str:

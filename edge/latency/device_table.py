@@ -42,7 +42,8 @@ class DeviceTableConfig:
     grid: GridConfig = field(default_factory=GridConfig)
     precision: str | None = None      # None: fp16 on TensorRT, fp32 on ONNX Runtime
     threads: int | None = option(None, minimum=1, maximum=MAX_THREADS)   # ONNX Runtime on the device
-    protocol: Protocol = field(default_factory=lambda: Protocol(warmup=20, iterations=200, idle_s=0.0))
+    protocol: Protocol = field(default_factory=lambda: Protocol(warmup=20, iterations=200, duration_s=None,
+                                                                energy_duration_s=None, idle_s=0.0))
 
     def resolved_precision(self, backend: str) -> str:
         precision = self.precision or ("fp16" if backend == "tensorrt" else "fp32")

@@ -99,21 +99,25 @@ def test_energy_from_the_replayed_tegrastats_trace_and_the_power_mode_put_back(b
     result = json.loads((bundle / "results" / "a.fp32.json").read_text())
     power = result["power"]
     assert power["total_rail"] == "VDD_IN" and set(power["rails"]) == {"VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"}
-    assert power["inferences"] == result["latency"]["iterations"] and power["samples_idle"] >= 2
+    assert power["calls"] == result["latency"]["iterations"] and power["batch"] == 1 and power["samples_idle"] >= 2
+    # 0.35 s timed (--duration, which also sets the energy window): a few samples, so marked unreliable
+    assert power["reliable"] is False and "fewer than 20" in power["unreliable"]
+    assert "a.fp32: energy unreliable: only" in (bundle / "results" / "logs" / "run.log").read_text()
     # the figures are the trapezoidal integral of the samples the log holds, over the recorded windows
     samples = read_sampler_log(bundle / "results" / power["tegrastats_log"])
     timed, idle = Window(*power["timed_window_s"]), Window(*power["idle_window_s"])
-    again = rail_energy(samples, "VDD_IN", timed, power["inferences"], idle)
+    again = rail_energy(samples, "VDD_IN", timed, power["calls"], idle)
     assert power["rails"]["VDD_IN"]["energy_mj"] == pytest.approx(again.energy_mj, rel=1e-12)
-    assert power["rails"]["VDD_IN"]["energy_above_idle_per_inference_mj"] == pytest.approx(
-        again.energy_above_idle_per_inference_mj, rel=1e-12)
+    assert power["rails"]["VDD_IN"]["energy_above_idle_per_image_mj"] == pytest.approx(
+        again.energy_above_idle_per_image_mj, rel=1e-12)
     # the replayed trace's VDD_IN lies between 4.8 and 6.2 W: so does the mean power
     assert 4800 < power["rails"]["VDD_IN"]["mean_power_mw"] < 6200
     calls = fake_jetson.calls()
     summary = json.loads((bundle / "results" / "run.json").read_text())
     assert summary["device"]["power_mode"] == {"name": "25W", "id": 1}  # the fake's mode before the run
-    assert calls[calls.index(["nvpmodel", "-m", "0"]) + 1:][-3:] == [  # 15W for the run, then 25W again
-        ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"], ["jetson_clocks", "--restore", calls[-1][2]]]
+    stored = next(c[2] for c in calls if c[:2] == ["jetson_clocks", "--store"])
+    assert calls[calls.index(["nvpmodel", "-m", "0"]) + 1:][-3:] == [  # 15W for the run; the clocks, then 25W again
+        ["jetson_clocks", "--restore", stored], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
     assert summary["settings"]["power_mode"] == {"id": 0, "name": "15W"} and summary["settings"]["clocks_locked"]
 
 

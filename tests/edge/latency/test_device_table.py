@@ -20,7 +20,7 @@ from jetson.bundle import Protocol
 from tests.conftest import TINY
 from tests.edge.deploy.sshd import start_sshd, why_no_sshd
 
-PROTOCOL = Protocol(warmup=1, iterations=3, idle_s=0.0)
+PROTOCOL = Protocol(warmup=1, warmup_s=None, iterations=3, duration_s=None, energy_duration_s=None, idle_s=0.0)
 
 
 @pytest.fixture
