@@ -58,6 +58,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from jetson.accuracy_gate import check_accuracy
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
@@ -379,12 +380,14 @@ class Runner:
             self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
+            accuracy = check_accuracy(backend, self.bundle, variant, self.log)  # jetson.accuracy_gate
             timed_s = self.protocol.timed_s(self.energy_on())
             self.log(f"{variant.id}: benchmarking (warm-up {self.protocol.warmup} calls and "
                      f"{self.protocol.warmup_s or 0:g} s, then {self.protocol.iterations} calls"
                      + (f" and at least {timed_s:g} s" if timed_s else "") + ")")
             self.benchmark(backend, variant, measured)
             result = self.result(variant, backend, measured, engine, partial=False)
+            result["accuracy"], entry["accuracy"] = accuracy, accuracy and accuracy["status"]
             entry["status"] = "done"
             self.log(f"{variant.id}: median {result['latency']['median_ms']:.3f} ms, p99 "
                      f"{result['latency']['p99_ms']:.3f} ms over {result['latency']['iterations']} iterations"
