@@ -1,0 +1,164 @@
+"""The accuracy gate (jetson.accuracy_gate): the comparison and its thresholds, batching, and the runner marking
+a variant whose engine computes wrong outputs ``wrong`` while the others go on (FakeTensorRT's
+FAKE_TENSORRT_WRONG_OUTPUTS; ONNX Runtime runs for real)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.bundle import BundleConfig, make_bundle
+
+from jetson.accuracy_gate import (
+    PASS,
+    THRESHOLDS,
+    WRONG,
+    GateSpec,
+    Thresholds,
+    judge,
+    run_in_batches,
+    thresholds_for,
+)
+from jetson.bundle import Protocol, read_bundle
+from jetson.errors import JetsonError
+from jetson.runner import RunOptions, run
+from tests.edge.trt.test_build import tiny_onnx
+from tests.fake_tensorrt import WRONG_OUTPUTS
+
+
+def logits(images=32, classes=10, seed=0):
+    return np.random.default_rng(seed).standard_normal((images, classes)).astype(np.float32)
+
+
+def test_identical_outputs_pass_with_zero_error():
+    ref = logits()
+    verdict = judge({"logits": ref.copy()}, {"logits": ref}, THRESHOLDS["fp32"], "a.fp32")
+    assert verdict["status"] == PASS and verdict["failures"] == []
+    assert verdict["top1_agreement"] == 1.0 and verdict["max_abs_error"] == 0.0 and verdict["max_rel_error"] == 0.0
+
+
+def test_tf32_sized_noise_passes_fp32_but_not_fp32_without_tf32():
+    ref = logits()
+    scale = float(np.abs(ref).max())
+    noisy = ref + np.float32(3e-3 * scale) * np.sign(logits(seed=1))  # 3e-3 of the scale: TF32's order, x3
+    assert judge({"logits": noisy}, {"logits": ref}, thresholds_for("fp32", tf32=True), "a.fp32")["status"] == PASS
+    strict = judge({"logits": noisy}, {"logits": ref}, thresholds_for("fp32", tf32=False), "a.fp32")
+    assert strict["status"] == WRONG and strict["failures"] == ["logits: max rel error 0.003 > 0.001"]
+    assert strict["max_rel_error"] == pytest.approx(3e-3, rel=1e-3)
+
+
+def test_fp16_error_bound_and_int8_judged_by_agreement_only():
+    ref = logits()
+    off = ref * 1.2  # 20 % of the scale everywhere, the same arg-max
+    assert judge({"logits": off}, {"logits": ref}, thresholds_for("fp16"), "a.fp16")["status"] == WRONG
+    int8 = judge({"logits": off}, {"logits": ref}, thresholds_for("int8"), "a.int8")
+    assert int8["status"] == PASS and int8["top1_agreement"] == 1.0
+
+
+def test_top1_agreement_below_the_threshold_is_wrong():
+    ref = logits(images=10)
+    flipped = ref.copy()
+    flipped[:3] = -flipped[:3]  # 3 of 10 images get another top-1: agreement 0.7
+    verdict = judge({"logits": flipped}, {"logits": ref}, Thresholds(0.8, None), "a.int8")
+    assert verdict["status"] == WRONG and verdict["top1_agreement"] == pytest.approx(0.7)
+    assert verdict["failures"] == ["logits: top-1 agreement 0.700 < 0.8"]
+
+
+def test_nan_outputs_are_wrong_even_where_no_error_bound_applies():
+    ref = logits()
+    broken = ref.copy()
+    broken[0, 0] = np.nan
+    broken[1, 1] = np.inf
+    verdict = judge({"logits": broken}, {"logits": ref}, Thresholds(None, None), "a.int8")
+    assert verdict["status"] == WRONG
+    assert verdict["outputs"]["logits"]["non_finite"] == 2
+    assert "logits: 2 non-finite values (NaN or infinity)" in verdict["failures"]
+    assert np.isfinite(verdict["max_abs_error"])  # figures of the finite values: JSON holds them
+
+
+def test_features_without_a_class_axis_are_judged_by_error_alone():
+    ref = logits()[:, :1]
+    verdict = judge({"feature": ref}, {"feature": ref}, THRESHOLDS["fp16"], "a.fp16")
+    assert verdict["status"] == PASS and verdict["top1_agreement"] is None
+
+
+def test_a_shape_mismatch_is_an_error_naming_the_variant_and_the_output():
+    with pytest.raises(JetsonError, match=r"b\.fp16: the engine's output 'logits' has shape \[32, 5\]") as e:
+        judge({"logits": logits(classes=5)}, {"logits": logits()}, THRESHOLDS["fp16"], "b.fp16")
+    assert "make the bundle again" in e.value.fix
+    with pytest.raises(JetsonError, match=r"b\.fp16: the engine has no output 'logits'"):
+        judge({"other": logits()}, {"logits": logits()}, THRESHOLDS["fp16"], "b.fp16")
+
+
+def test_batches_of_a_fixed_engine_batch_pad_the_last_chunk_and_drop_the_padding():
+    images = np.arange(10, dtype=np.float32).reshape(10, 1)
+    seen = []
+
+    def engine(chunk):
+        seen.append(chunk["x"][:, 0].tolist())
+        return {"y": chunk["x"] * 2}
+
+    out = run_in_batches(engine, {"x": images}, 4, "a.fp32")
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 9, 9]]  # the last chunk padded with its last image
+    assert out["y"][:, 0].tolist() == [2 * i for i in range(10)]
+
+
+def test_an_output_without_the_batch_first_is_refused():
+    with pytest.raises(JetsonError, match="output 'y' has shape \\[3\\]"):
+        run_in_batches(lambda chunk: {"y": np.zeros(3)}, {"x": np.zeros((4, 1))}, 4, "a.fp32")
+
+
+def test_thresholds_from_a_manifest_are_type_checked():
+    spec = {"inputs": {"x": "gate/inputs/1.npy"}, "reference": {"y": "gate/a/reference_0.npy"}, "images": 4,
+            "data": "random", "source": "a.onnx", "thresholds": {"min_top1_agreement": "high", "max_rel_error": 1}}
+    with pytest.raises(JetsonError, match="threshold min_top1_agreement is 'high'"):
+        GateSpec.from_json(spec, "variant a")
+
+
+def test_the_bundle_carries_images_and_the_source_graphs_float32_outputs(bundle):
+    loaded = read_bundle(bundle)
+    gate = loaded.variants[0].gate
+    assert gate is not None and gate.images == 32 and gate.data == "fmnist-mini:test"
+    assert gate.thresholds == THRESHOLDS["fp32"]
+    images = np.load(bundle / gate.inputs["input"])
+    reference = np.load(bundle / gate.reference["logits"])
+    assert images.shape == (32, 16) and images.dtype == np.float32 and reference.shape == (32, 4)
+    assert loaded.variants[1].gate.inputs == gate.inputs  # equal images written once
+
+
+def test_ort_engines_pass_the_gate_for_real(bundle):
+    assert run(RunOptions(bundle=bundle, backend="ort", energy="off")) == 0
+    for variant in ("a.fp32", "b.fp32"):
+        accuracy = json.loads((bundle / "results" / f"{variant}.json").read_text())["accuracy"]
+        assert accuracy["status"] == PASS and accuracy["top1_agreement"] == 1.0
+        assert accuracy["max_rel_error"] < 1e-5 and accuracy["images"] == 32
+
+
+@pytest.fixture
+def two_graphs(tmp_path) -> Path:
+    """Variants a (batch 1) and b (static batch 3: the gate's 32 images in 11 chunks, the last one padded)."""
+    graphs = [tiny_onnx(tmp_path / "a.onnx"), tiny_onnx(tmp_path / "b.onnx", batch="3")]
+    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=Protocol(
+        warmup=2, warmup_s=None, iterations=20, duration_s=None, energy_duration_s=None, idle_s=0.3)))
+    return tmp_path / "bundle"
+
+
+def test_a_fake_engine_with_wrong_outputs_is_marked_wrong_and_the_others_go_on(two_graphs, fake_device, tmp_path,
+                                                                                  monkeypatch):
+    bundle = two_graphs
+    monkeypatch.setenv(WRONG_OUTPUTS, "b.fp32")
+    assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache")) == 0
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    assert {i: (v["status"], v["accuracy"]) for i, v in summary["variants"].items()} == {
+        "a.fp32": ("done", PASS), "b.fp32": ("done", WRONG)}
+    right = json.loads((bundle / "results" / "a.fp32.json").read_text())
+    wrong = json.loads((bundle / "results" / "b.fp32.json").read_text())
+    assert right["accuracy"]["status"] == PASS and right["accuracy"]["max_rel_error"] < 1e-6
+    assert wrong["accuracy"]["status"] == WRONG and wrong["accuracy"]["top1_agreement"] < 0.2
+    assert any("top-1 agreement" in f for f in wrong["accuracy"]["failures"])
+    assert wrong["accuracy"]["batch"] == 3 and wrong["accuracy"]["images"] == 32
+    assert wrong["latency"]["iterations"] == 20  # measured (and shown as wrong), not a lost variant
+    assert fake_device.cuda.leaks() == {}
+    log = (bundle / "results" / "logs" / "run.log").read_text()
+    assert "b.fp32: accuracy gate wrong on 32 images" in log and "its latency is no speedup" in log
