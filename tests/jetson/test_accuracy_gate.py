@@ -3,6 +3,7 @@ a variant whose engine computes wrong outputs ``wrong`` while the others go on (
 FAKE_TENSORRT_WRONG_OUTPUTS; ONNX Runtime runs for real)."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,73 @@ def test_a_fake_engine_with_wrong_outputs_is_marked_wrong_and_the_others_go_on(t
     assert fake_device.cuda.leaks() == {}
     log = (bundle / "results" / "logs" / "run.log").read_text()
     assert "b.fp32: accuracy gate wrong on 32 images" in log and "its latency is no speedup" in log
+
+
+def test_the_report_shows_the_wrong_variant_and_the_host_accepts_the_gates_fields(two_graphs, fake_device, tmp_path,
+                                                                                   monkeypatch):
+    from edge.deploy.results import FetchedDevice, fetched_devices
+    from edge.deploy.untrusted import check_results
+    from edge.pipeline.device_report import device_html, device_markdown, device_section
+
+    monkeypatch.setenv(WRONG_OUTPUTS, "b.fp32")
+    assert run(RunOptions(bundle=two_graphs, energy="off", cache_dir=tmp_path / "cache")) == 0
+    check_results(two_graphs / "results", "nvidia@jetson")  # the runner's own fields pass the host's check
+    device = tmp_path / "fetched" / "jetson"
+    device.mkdir(parents=True)
+    (device / "deploy.json").write_text(json.dumps({"host": "nvidia@jetson", "label": "jetson", "status": "ok",
+                                                    "error": None}))
+    (device / "results").symlink_to(two_graphs / "results")
+    fetched = fetched_devices(tmp_path / "fetched")
+    assert [type(f) for f in fetched] == [FetchedDevice]
+    section = device_section(fetched, tmp_path)
+    assert section["wrong"] == ["jetson: b.fp32"]
+    rows = {v["id"]: v["accuracy"] for v in section["devices"][0]["variants"]}
+    assert rows["a.fp32"]["status"] == "pass" and rows["b.fp32"]["status"] == "wrong"
+    markdown = "\n".join(device_markdown(section))
+    assert "| jetson | b | fp32 | tensorrt | wrong | wrong (top-1 " in markdown
+    assert "| jetson | a | fp32 | tensorrt | done | pass (top-1 1.000, rel 0) |" in markdown
+    assert "Wrong: jetson: b.fp32: the engine computes other outputs than its graph, so its latency is no " \
+           "speedup" in markdown
+    assert "<td class=\"text\">wrong</td>" in device_html(section)
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("status", "fine", "accuracy.status is str 'fine'"),
+    ("max_rel_error", "0.1", "accuracy.max_rel_error is str '0.1'"),
+    ("failures", ["ok", 3], "accuracy.failures[1] is int '3'"),
+    ("outputs", {"logits": {"non_finite": "none"}}, "accuracy.outputs.logits.non_finite is str 'none'"),
+])
+def test_hostile_gate_fields_are_refused_naming_the_file_and_field(bundle, tmp_path, field, value, named):
+    from edge.deploy.ssh import DeployError
+    from edge.deploy.untrusted import check_results
+
+    assert run(RunOptions(bundle=bundle, backend="ort", energy="off")) == 0
+    path = bundle / "results" / "a.fp32.json"
+    result = json.loads(path.read_text())
+    result["accuracy"][field] = value
+    path.write_text(json.dumps(result))
+    with pytest.raises(DeployError, match=re.escape(f"results/a.fp32.json: {named}")):
+        check_results(bundle / "results", "nvidia@jetson")
+
+
+def test_a_run_summary_with_an_unknown_verdict_is_refused(bundle):
+    from edge.deploy.ssh import DeployError
+    from edge.deploy.untrusted import check_results
+
+    assert run(RunOptions(bundle=bundle, backend="ort", energy="off", variants=("a.fp32",))) == 0
+    path = bundle / "results" / "run.json"
+    summary = json.loads(path.read_text())
+    summary["variants"]["a.fp32"]["accuracy"] = {"status": "pass"}
+    path.write_text(json.dumps(summary))
+    with pytest.raises(DeployError, match=r"run.json: variants.a.fp32.accuracy is dict"):
+        check_results(bundle / "results", "nvidia@jetson")
+
+
+def test_gate_images_0_bundles_no_gate_and_the_runner_says_so(tmp_path, capsys):
+    make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle", BundleConfig(
+        precisions=("fp32",), gate_images=0, protocol=Protocol(iterations=2, duration_s=None, warmup_s=None,
+                                                               energy_duration_s=None)))
+    assert not (tmp_path / "bundle" / "gate").exists() and read_bundle(tmp_path / "bundle").variants[0].gate is None
+    assert run(RunOptions(bundle=tmp_path / "bundle", backend="ort", energy="off")) == 0
+    assert json.loads((tmp_path / "bundle" / "results" / "a.fp32.json").read_text())["accuracy"] is None
+    assert "a.fp32: no accuracy gate" in capsys.readouterr().err
