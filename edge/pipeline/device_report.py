@@ -112,8 +112,8 @@ def _wrong(variant: dict) -> bool:
     return (variant.get("accuracy") or {}).get("status") == WRONG
 
 
-COLUMNS = ("device", "variant", "precision", "backend", "status", "accuracy gate", "median ms", "p90 ms", "p99 ms", "CV %",
-           "energy/image mJ", "above idle mJ", "mean power W", "peak RAM MB", "runner RSS MB")
+COLUMNS = ("device", "variant", "precision", "backend", "status", "accuracy gate", "median ms", "p90 ms", "p99 ms",
+           "CV %", "energy/image mJ", "above idle mJ", "mean power W", "peak RAM MB", "runner RSS MB")
 
 
 def _fmt(value, spec: str) -> str:
