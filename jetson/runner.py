@@ -223,7 +223,7 @@ class Runner:
             except JetsonError as e:
                 raise JetsonError(e.what, expected=e.expected, found=e.found,
                                   fix=f"{e.fix}; or run the same protocol on ONNX Runtime: --backend ort") from e
-            self.cudart = load_cuda_runtime(self.options.cuda)
+            self.cudart = load_cuda_runtime(self.options.cuda, log=self.log)
             from jetson.trt_log import TensorRTLog
 
             self.trt_log = TensorRTLog(load_tensorrt(), self.log)

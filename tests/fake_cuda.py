@@ -59,6 +59,8 @@ class FakeCudaRuntime:
 
     def __init__(self, props: dict | None = None, runtime: int = 12060, local_runtime: int | None = 12060,
                  driver: int = 12060) -> None:
+        """``runtime`` above ``driver`` in its major version is a cuda-python too new for the driver (13.x on
+        JetPack 6): it imports, and every call that needs the driver fails with cudaErrorInsufficientDriver."""
         props = {**ORIN_NANO, **(props or {})}
         self.props = types.SimpleNamespace(**{**props, "name": props["name"].encode()})
         self.runtime, self.local_runtime, self.driver = runtime, local_runtime, driver
@@ -81,6 +83,11 @@ class FakeCudaRuntime:
 
     def cudaDriverGetVersion(self):
         return OK, self.driver
+
+    def cudaGetDeviceCount(self):
+        if self.runtime // 1000 > self.driver // 1000:
+            return cudaError_t.cudaErrorInsufficientDriver, None  # as cuda-python 12.9 answers without a driver
+        return OK, 1
 
     def getLocalRuntimeVersion(self):
         if self.local_runtime is None:  # no libcudart on the library path

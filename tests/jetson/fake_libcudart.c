@@ -24,6 +24,7 @@ const char *cudaGetErrorName(cudaError_t error) {
 
 cudaError_t cudaRuntimeGetVersion(int *version) { *version = 12060; return OK; }
 cudaError_t cudaDriverGetVersion(int *version) { *version = 12080; return OK; }
+cudaError_t cudaGetDeviceCount(int *count) { *count = 1; return OK; }
 
 cudaError_t cudaGetDeviceProperties_v2(void *props, int device) {
     if (device != 0) return INVALID_VALUE;

@@ -215,7 +215,7 @@ def test_a_cached_engine_from_another_device_is_refused(bundle, fake_device, tmp
 def test_another_gpu_gets_another_cache_key(bundle, fake_device, tmp_path, monkeypatch):
     assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",))) == 0
     fake_device.cuda = FakeCudaRuntime(AGX_ORIN)  # 16 SMs, the rest as the Orin Nano
-    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None: fake_device.cuda)
+    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None, log=None: fake_device.cuda)
     assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",),
                           force=True)) == 0
     assert len(list((tmp_path / "cache" / "engines").glob("*.engine"))) == 2
