@@ -37,6 +37,7 @@ from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
 from jetson.engine import network_flags, parser_errors
+from jetson.trt_log import stderr_logger
 
 if TYPE_CHECKING:
     import tensorrt
@@ -213,10 +214,11 @@ def _load_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> dic
         return {"path": None}
     cache_file = Path(path)
     data = cache_file.read_bytes() if cache_file.is_file() else b""
-    cache = config.create_timing_cache(data)
-    accepted = config.set_timing_cache(cache, ignore_mismatch=False)
-    if data and not accepted:
-        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU",
+    cache = config.create_timing_cache(data)  # None: TensorRT cannot read it ("Magic tag does not match")
+    accepted = cache is not None and config.set_timing_cache(cache, ignore_mismatch=False)
+    if not accepted:
+        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU"
+                        + (" (TensorRT cannot read it)" if cache is None else ""),
                         fix="delete it (a new one is written after this build) or pass another --timing-cache")
     return {"path": str(cache_file), "loaded_bytes": len(data), "hit": bool(data)}
 
@@ -334,7 +336,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     model, variant, conversion = select_onnx(model_path, config, strongly_typed)
     model_bytes = model.SerializeToString()
 
-    logger = trt.Logger(trt.Logger.VERBOSE if config.verbose else trt.Logger.WARNING)
+    logger = stderr_logger(verbose=config.verbose)  # never trt.Logger: it prints on stdout, before --json's JSON
     builder = trt.Builder(logger)
     plugins = _load_plugins(builder, logger, config.plugins)
     network = builder.create_network(network_flags(strongly_typed, features))

@@ -1,0 +1,109 @@
+"""TensorRT calls held to what the real bindings do (pyCore.cpp, 10.3): where TensorRT's messages go, and
+the calls that return None instead of raising. Against FakeTensorRT (tests/fake_tensorrt.py)."""
+
+import json
+import sys
+
+import pytest
+
+from edge.cli import main
+from jetson.engine import build_engine_bytes
+from jetson.errors import JetsonError
+from jetson.runner import RunOptions, run
+from jetson.trt_backend import TensorRTEngineBackend
+from tests.edge.trt.test_build import tiny_onnx
+from tests.fake_tensorrt import make_fake_tensorrt
+
+
+@pytest.fixture
+def fake_trt(monkeypatch):
+    def install(**kwargs):
+        module = make_fake_tensorrt("10.3", **kwargs)
+        monkeypatch.setitem(sys.modules, "tensorrt", module)
+        return module
+    return install
+
+
+def spec():
+    from jetson.bundle import BuildSpec
+
+    return BuildSpec(precision="fp32")
+
+
+# D5: trt.Logger is pyCore's DefaultLogger, which writes to std::cout
+
+def test_the_fake_default_logger_prints_on_stdout_as_pycore_does(fake_trt, capfd):
+    trt = fake_trt()
+    trt.Logger(trt.Logger.WARNING).log(trt.ILogger.WARNING, "careful")
+    out, err = capfd.readouterr()
+    assert out.endswith("[TRT] [W] careful\n") and err == ""
+
+
+def test_edge_build_json_keeps_tensorrt_warnings_off_stdout(fake_trt, tmp_path, capfd, monkeypatch):
+    """Issue 29 D5: `edge build --json` prints only JSON on stdout; TensorRT's warning goes to stderr."""
+    from edge.trt import cuda as cuda_module
+    from tests.edge.trt.test_build import NANO_MODEL
+
+    trt = fake_trt()
+    model_file = tmp_path / "device-tree-model"
+    model_file.write_bytes(NANO_MODEL.encode() + b"\x00")
+    monkeypatch.setattr(cuda_module, "DEVICE_TREE_MODEL", str(model_file))
+    monkeypatch.setattr(cuda_module, "load_cudart", lambda: trt.cuda)
+    model = tiny_onnx(tmp_path / "m.onnx")
+    assert main(["build", str(model), "--out", str(tmp_path / "m.engine"), "--json"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["precision"] == "fp32"
+    assert "[TRT] [W] [fake] a warning while building" in err
+
+
+def test_the_device_builder_and_backend_keep_tensorrt_off_stdout(fake_trt, tmp_path, capfd):
+    trt = fake_trt()
+    build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), log=lambda message: None)
+    with pytest.raises(JetsonError, match="could not deserialise"):
+        TensorRTEngineBackend(b"not an engine", trt.cuda, label="garbage")
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "[TRT] [W] [fake] a warning while building" in err and "[TRT] [E] 1: [runtime.cpp::parsePlan" in err
+
+
+# D7: create_execution_context() and create_timing_cache(blob) return None
+
+def test_a_stale_timing_cache_is_replaced_by_an_empty_one_and_said(fake_trt, tmp_path):
+    """A cache from another TensorRT: create_timing_cache returns None ("Magic tag does not match")."""
+    fake_trt()
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(b"\x00\x01 a TensorRT 8.6 timing cache")
+    said = []
+    engine, facts = build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), timing_cache=cache, log=said.append)
+    assert engine.startswith(b"FAKE-ENGINE")
+    assert facts["timing_cache"]["hit"] is False and facts["timing_cache"]["stale"] == "TensorRT cannot read it"
+    assert any("was not used (TensorRT cannot read it" in line and "building with an empty one" in line
+               for line in said)
+    assert cache.read_bytes() == b"FAKE-CACHE:10.3.0.30:5"  # replaced by this build's
+    _, again = build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), timing_cache=cache, log=said.append)
+    assert again["timing_cache"]["hit"] is True and "stale" not in again["timing_cache"]
+
+
+def test_no_execution_context_fails_with_the_reason(fake_trt, tmp_path):
+    trt = fake_trt(fail_contexts=1)
+    engine, _ = build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), log=lambda message: None)
+    with pytest.raises(JetsonError, match="could not create an execution context for a.fp32") as e:
+        TensorRTEngineBackend(engine, trt.cuda, label="a.fp32")
+    assert "1 MiB of device memory" in str(e.value) and "free device memory" in str(e.value)
+    assert trt.cuda.leaks() == {}
+    TensorRTEngineBackend(engine, trt.cuda, label="a.fp32").close()  # the next one gets its memory
+    assert trt.cuda.leaks() == {}
+
+
+def test_a_variant_without_an_execution_context_fails_and_the_run_goes_on(bundle, fake_device, tmp_path,
+                                                                          monkeypatch):
+    """Issue 29 D7 in the runner: one variant failed with TensorRT's reason (not exit 3), the next one done."""
+    trt = make_fake_tensorrt("10.3", fail_contexts=1, cuda=fake_device.cuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache")) == 1
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    assert summary["exit_code"] == 1 and summary["finished"]
+    assert summary["variants"]["a.fp32"]["status"] == "failed"
+    assert "could not create an execution context" in summary["variants"]["a.fp32"]["error"]
+    assert summary["variants"]["b.fp32"]["status"] == "done"
+    assert trt.cuda.leaks() == {}
