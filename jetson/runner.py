@@ -49,17 +49,16 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
+from jetson.interrupt import Interruptions
 from jetson.power import NVPMODEL_CONF, DeviceSettings, Interrupted, query_power_mode
 from jetson.stats import latency_stats
 
@@ -157,22 +156,6 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a dropped SSH session) raise Interrupted for the whole run, as Ctrl-C raises
-    KeyboardInterrupt, so partial results are written and the device is put back."""
-    saved = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-
-
 @dataclass
 class Measurement:
     """What a benchmark measured so far: kept by the caller, so an interrupted one still reports."""
@@ -198,6 +181,7 @@ class Runner:
         self.trtexec: tuple[str, tuple[int, ...]] | None = None  # the binary and its version (--builder trtexec)
         self.device: dict = {}
         self.summary: dict = {}
+        self.interruptions = Interruptions()  # Ctrl-C, SIGTERM, SIGHUP: raised, or noted during TensorRT calls
 
     def log(self, message: str) -> None:
         if self.logger is not None:
@@ -312,7 +296,7 @@ class Runner:
                         "settings": None, "config": None, "config_key": None, "variants": {}, "partial": True,
                         "exit_code": None}
         try:
-            with _signals_interrupt():
+            with self.interruptions.handling():
                 self.prepare()
                 self.summary.update(device=self.device, config=self.config(), config_key=self.config_key())
                 self.log(f"device: {self.device.get('device_model') or self.device.get('machine')}, L4T "
@@ -324,8 +308,9 @@ class Runner:
                         "original_mode": settings.original_mode and asdict(settings.original_mode),
                         "power_mode": settings.power_mode and asdict(settings.power_mode),
                         "clocks_locked": settings.clocks_locked}
-                    for variant in self.selected():
-                        self.run_variant(variant)
+                    with self.interruptions.handling():  # over DeviceSettings' own handlers, which only raise
+                        for variant in self.selected():
+                            self.run_variant(variant)
             failed = any(v["status"] == "failed" for v in self.summary["variants"].values())
             return self.finish(EXIT_FAILED if failed else EXIT_OK, partial=failed)
         except Interrupted as e:
@@ -415,11 +400,12 @@ class Runner:
 
         engine, facts = self.engine(variant)
         plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
-        backend = TensorRTEngineBackend(engine, self.cudart, label=f"{variant.id} ({facts['path']})",
-                                        plugins=plugins, batch=variant.build.batch,
-                                        cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
-                                        precision=variant.precision, device=self.device.get("gpu"),
-                                        logger=self.trt_log.logger if self.trt_log is not None else None)
+        with self.interruptions.deferred():  # TensorRT logs while it deserialises
+            backend = TensorRTEngineBackend(
+                engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
+                batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
+                precision=variant.precision, device=self.device.get("gpu"),
+                logger=self.trt_log.logger if self.trt_log is not None else None)
         return backend, facts
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
@@ -455,9 +441,11 @@ class Runner:
                 plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
             facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
         else:
-            engine, facts = build_engine_bytes(graph, variant.build, plugins=plugins, timing_cache=timing_cache,
-                                               log=self.log,
-                                               logger=self.trt_log.logger if self.trt_log is not None else None)
+            with self.interruptions.deferred():  # a signal cancels the build through its progress monitor
+                engine, facts = build_engine_bytes(
+                    graph, variant.build, plugins=plugins, timing_cache=timing_cache, log=self.log,
+                    logger=self.trt_log.logger if self.trt_log is not None else None,
+                    keep_building=lambda: not self.interruptions.noted)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
                                    variant=variant.id, bundle_sha256=self.bundle.sha256)
         path = cache.store(key, engine, manifest)
@@ -505,6 +493,7 @@ class Runner:
             backend.infer()
             latencies.append((time.perf_counter() - t) * 1000.0)
             measured.seconds = time.perf_counter() - started
+            self.interruptions.check()  # a signal whose exception a TensorRT callback swallowed
         return window_start, time.monotonic()
 
     def result(self, variant: Variant, backend: Any, measured: Measurement, engine: dict | None, *,
@@ -514,7 +503,10 @@ class Runner:
                                                                "precision": variant.precision}
         batch = int(info.get("batch") or 1)
         latencies = measured.latencies_ms
-        extra = backend.report(self.protocol.warmup) if backend is not None and latencies and not partial else {}
+        extra = {}
+        if backend is not None and latencies and not partial:
+            with self.interruptions.deferred():  # the layer profiler's callbacks run in TensorRT's trampolines
+                extra = backend.report(self.protocol.warmup)
         return {
             "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
             "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,
