@@ -237,3 +237,29 @@ def test_bad_options_are_usage_errors(bundle):
                           env=runner_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "invalid choice" in done.stderr
     assert DATA.is_dir()
+
+
+def test_the_runner_finishes_when_its_terminal_is_gone(bundle):
+    """Issue 29 D6: an SSH session without a pty drops, sshd sends no SIGHUP, and the runner's stderr and
+    stdout pipes have no reader any more: every later write to them raises BrokenPipeError. The runner goes
+    on with its log file, finishes both variants and writes run.json with `finished` and `exit_code`."""
+    process = subprocess.Popen([sys.executable, "-m", "jetson", "run", "--backend", "ort", "--duration", "1",
+                                "--energy", "off"], cwd=bundle, env=runner_env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:
+            if "a.fp32: benchmarking" in line:
+                break
+        process.stderr.close()  # the parent (sshd) goes away mid-benchmark
+        process.stdout.close()
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    assert summary["exit_code"] == 0 and summary["finished"] and summary["partial"] is False
+    assert {k: v["status"] for k, v in summary["variants"].items()} == {"a.fp32": "done", "b.fp32": "done"}
+    log = (bundle / "results" / "logs" / "run.log").read_text()
+    assert "the terminal is gone (BrokenPipeError" in log and "b.fp32: median" in log
+    assert json.loads((bundle / "results" / "b.fp32.json").read_text())["partial"] is False
