@@ -1,5 +1,10 @@
 """FakeCudaRuntime: a stand-in for cuda-python's ``cuda.bindings.runtime``, for unit tests of the TensorRT code.
 
+Mirrors cuda-python 12.9 (``cuda-bindings`` 12.9.x, ``cuda/bindings/runtime.pyx``), the 12.x line JetPack 6
+needs: the names, parameter counts and enum values of every call edge makes, and its answers without a
+driver (``cudaGetDeviceCount`` -> ``(cudaErrorInsufficientDriver, None)``). tests/jetson/test_fakes_surface.py
+checks that against the real module wherever cuda-python is installed.
+
 NOT CUDA. It runs no kernel and its clock is made up; it mimics the calls edge makes, with
 cuda-python's conventions (every call returns a tuple whose first item is a ``cudaError_t``;
 handles are integers), so the execution lines of the builder, the calibrator and the TensorRT

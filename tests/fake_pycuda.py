@@ -115,10 +115,10 @@ def fake_pycuda_driver(devices: int = 1) -> types.ModuleType:
 
     class Event:  # no `handle`: pycuda's Event has none
         def __init__(self, flags=None):
-            self.at = None
+            self._at = None
 
         def record(self, stream=None):
-            self.at = driver.clock[0]
+            self._at = driver.clock[0]
             return self
 
         def synchronize(self):
@@ -128,9 +128,9 @@ def fake_pycuda_driver(devices: int = 1) -> types.ModuleType:
             return True
 
         def time_since(self, event):
-            if self.at is None or event.at is None:
+            if self._at is None or event._at is None:
                 raise Error("cuEventElapsedTime failed: device not ready")
-            return self.at - event.at
+            return self._at - event._at
 
         def time_till(self, event):
             return event.time_since(self)

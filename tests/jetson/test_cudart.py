@@ -33,6 +33,12 @@ def fake_libcudart(tmp_path_factory) -> Path:
     return library
 
 
+def hide_cuda_python(monkeypatch) -> None:
+    """``import cuda...`` fails, even where the real cuda-python was imported before (both its layouts)."""
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 def test_memory_copies_and_errors_with_their_names(fake_libcudart):
     cuda = CtypesCudaRuntime(str(fake_libcudart))
     host = np.arange(16, dtype=np.float32)
@@ -96,8 +102,8 @@ def test_without_any_binding_the_error_lists_what_was_tried(monkeypatch):
     with pytest.raises(JetsonError, match="libcudart.so was not found") as e:
         find_libcudart()
     assert "/nonexistent/libcudart.so" in str(e.value)
-    monkeypatch.setitem(__import__("sys").modules, "cuda", None)
-    monkeypatch.setitem(__import__("sys").modules, "pycuda", None)
+    hide_cuda_python(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pycuda", None)
     with pytest.raises(JetsonError, match="no CUDA runtime binding answered") as e:
         load_cuda_runtime()
     assert "cuda-python: cuda-python was not found" in str(e.value) and "pycuda: pycuda was not found" in str(e.value)
@@ -125,7 +131,7 @@ def test_pycuda_speaks_cuda_pythons_conventions_with_events_that_have_no_handle(
     numbers its events itself."""
     driver = install_fake_pycuda(monkeypatch)
     assert not hasattr(driver.Event(), "handle")
-    monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-python absent: pycuda is next
+    hide_cuda_python(monkeypatch)  # cuda-python absent: pycuda is next
     cuda = load_cuda_runtime()
     assert cuda.binding == "pycuda" and cuda.captures_graphs is False and driver.pushed
     host = np.arange(8, dtype=np.float32)

@@ -1,0 +1,181 @@
+"""The fakes held to the real APIs they stand in for (issue 29: fakes written from the same understanding as
+the code agree with the code where both are wrong).
+
+- FakeCudaRuntime (tests/fake_cuda.py) and the two bindings that speak cuda-python's conventions
+  (jetson.cudart.CtypesCudaRuntime, jetson.cuda.PycudaRuntime) against the real cuda-python runtime module
+  (``cuda.bindings.runtime``), where it is installed: every function edge calls exists there with the same
+  number of parameters, the enums edge uses have the same values, and the calls that need no GPU answer in
+  the same shape. Skipped with the reason where cuda-python is absent.
+- The fake pycuda (tests/fake_pycuda.py) against the facts of pycuda's ``wrap_cudadrv.cpp`` written into
+  it (:data:`tests.fake_pycuda.REAL_SURFACE`), and against the real pycuda where it imports (it needs a CUDA
+  driver, ``libcuda``: absent on machines without a GPU).
+"""
+
+import inspect
+import sys
+import types
+from collections import defaultdict
+
+import pytest
+
+from jetson.cuda import PycudaRuntime, check, load_cuda_runtime
+from jetson.cudart import CtypesCudaRuntime
+from tests.fake_cuda import FakeCudaRuntime, cudaError_t
+from tests.fake_pycuda import REAL_SURFACE, fake_pycuda_driver
+
+#: every cuda-python runtime call edge makes (jetson.cuda, jetson.device, jetson.trt_backend, edge.trt)
+EDGE_CALLS = ("cudaRuntimeGetVersion", "cudaDriverGetVersion", "cudaGetDeviceCount", "cudaGetDeviceProperties",
+              "cudaMalloc", "cudaFree", "cudaMemcpy", "cudaStreamCreate", "cudaStreamDestroy",
+              "cudaStreamSynchronize", "cudaEventCreate", "cudaEventDestroy", "cudaEventRecord",
+              "cudaEventElapsedTime", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+              "cudaGraphLaunch", "cudaGraphDestroy", "cudaGraphExecDestroy", "getLocalRuntimeVersion")
+#: the enums edge uses by member name
+EDGE_ENUMS = ("cudaMemcpyKind", "cudaStreamCaptureMode")
+#: what PycudaRuntime does not offer, by design (it says so: ``captures_graphs = False``)
+PYCUDA_LACKS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "cudaGraphLaunch",
+                "cudaGraphDestroy", "cudaGraphExecDestroy", "getLocalRuntimeVersion")
+BINDINGS = {"FakeCudaRuntime": FakeCudaRuntime, "CtypesCudaRuntime": CtypesCudaRuntime,
+            "PycudaRuntime": PycudaRuntime}
+
+
+def real_cuda_python() -> types.ModuleType:
+    return pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed here: `pip install "
+                               "'cuda-python>=12.6,<13'` to hold the fakes to it")
+
+
+def parameters(function) -> int:
+    return len([p for p in inspect.signature(function).parameters.values() if p.name != "self"])
+
+
+def calls_of(name: str) -> tuple[str, ...]:
+    return tuple(c for c in EDGE_CALLS if not (name == "PycudaRuntime" and c in PYCUDA_LACKS))
+
+
+@pytest.mark.parametrize("name", BINDINGS)
+def test_each_binding_has_every_call_edge_makes(name):
+    binding = BINDINGS[name]
+    assert [c for c in calls_of(name) if not callable(getattr(binding, c, None))] == []
+
+
+@pytest.mark.parametrize("name", BINDINGS)
+def test_each_binding_takes_the_parameters_cuda_python_takes(name):
+    real = real_cuda_python()
+    binding = BINDINGS[name]
+    differing = {c: (parameters(getattr(binding, c)), parameters(getattr(real, c))) for c in calls_of(name)
+                 if parameters(getattr(binding, c)) != parameters(getattr(real, c))}
+    assert differing == {}, "call: (parameters here, in cuda-python)"
+
+
+def test_the_fake_enums_have_cuda_pythons_values():
+    real = real_cuda_python()
+    for enum_name in EDGE_ENUMS:
+        for member in getattr(FakeCudaRuntime, enum_name):
+            assert getattr(getattr(real, enum_name), member.name).value == member.value, f"{enum_name}.{member.name}"
+    for member in cudaError_t:
+        assert getattr(real.cudaError_t, member.name).value == member.value, f"cudaError_t.{member.name}"
+
+
+def test_calls_that_need_no_gpu_answer_in_the_same_shape():
+    """Without a driver, cuda-python 12.x answers cudaGetDeviceCount with (cudaErrorInsufficientDriver, None): the
+    fake's answer when its runtime is newer than its driver; cudaRuntimeGetVersion needs no driver."""
+    real = real_cuda_python()
+    fake = FakeCudaRuntime()
+    version = real.cudaRuntimeGetVersion()
+    assert isinstance(version, tuple) and len(version) == len(fake.cudaRuntimeGetVersion()) == 2
+    assert int(version[0]) == 0 and version[1] >= 12000
+    error, count = real.cudaGetDeviceCount()
+    if int(error) == 0:
+        pytest.skip(f"this machine has {count} GPU(s): the no-driver answer cannot be seen")
+    assert (error.name, count) == ("cudaErrorInsufficientDriver", None)
+    too_new = FakeCudaRuntime(runtime=13000, driver=12060).cudaGetDeviceCount()
+    assert (too_new[0].name, too_new[1]) == (error.name, count)
+
+
+def test_the_real_cuda_python_without_a_gpu_is_skipped_by_the_probe(monkeypatch):
+    """What jetson.cuda's probe (issue 29 D8) does with the real module on a machine without a usable driver."""
+    real_cuda_python()
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setattr("jetson.cudart.LIBRARY_NAMES", ("/nonexistent/libcudart.so",))
+    monkeypatch.setattr("ctypes.util.find_library", lambda name: None)
+    error, _ = sys.modules["cuda.bindings.runtime"].cudaGetDeviceCount()
+    if int(error) == 0:
+        pytest.skip("this machine has a GPU")
+    heard = []
+    with pytest.raises(Exception, match="no CUDA runtime binding answered"):
+        load_cuda_runtime(log=heard.append)
+    assert "CUDA binding cuda-python skipped: CUDA call cudaGetDeviceCount failed (cudaErrorInsufficientDriver" \
+        in heard[0]
+
+
+# pycuda
+
+def recorded_driver() -> tuple[object, dict[str, set[str]]]:
+    """The fake pycuda driver behind a recorder: the public names PycudaRuntime uses, per class (on the class
+    or its instances) and on the module ("module")."""
+    driver = fake_pycuda_driver()
+    used: dict[str, set[str]] = defaultdict(set)
+
+    def note(kind: str, name: str) -> None:
+        if not name.startswith("_"):
+            used[kind].add(name)
+
+    class RecordingType(type):
+        def __getattribute__(cls, name):
+            note(type.__getattribute__(cls, "__name__"), name)
+            return super().__getattribute__(name)
+
+    def recording(cls):
+        def instance_getattribute(self, name):
+            note(cls.__name__, name)
+            return cls.__getattribute__(self, name)
+        return RecordingType(cls.__name__, (cls,), {"__getattribute__": instance_getattribute})
+
+    classes = {name: recording(getattr(driver, name)) for name in ("Stream", "Event", "Device")}
+
+    class Module:
+        def __getattribute__(self, name):
+            note("module", name)
+            return classes.get(name) or getattr(driver, name)
+
+    return Module(), used
+
+
+def test_pycuda_runtime_uses_only_what_wrap_cudadrv_binds(monkeypatch):
+    proxy, used = recorded_driver()
+    package = types.ModuleType("pycuda")
+    package.driver = proxy
+    monkeypatch.setitem(sys.modules, "pycuda", package)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", proxy)
+    cuda = PycudaRuntime()
+    check(cuda.cudaGetDeviceCount(), "cudaGetDeviceCount")
+    check(cuda.cudaGetDeviceProperties(0), "cudaGetDeviceProperties")
+    stream = check(cuda.cudaStreamCreate(), "cudaStreamCreate")
+    start, end = check(cuda.cudaEventCreate(), "cudaEventCreate"), check(cuda.cudaEventCreate(), "cudaEventCreate")
+    for event in (start, end):
+        check(cuda.cudaEventRecord(event, stream), "cudaEventRecord")
+    check(cuda.cudaEventElapsedTime(start, end), "cudaEventElapsedTime")
+    check(cuda.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+    cuda.close()
+    for kind in ("Stream", "Event", "Device", "module"):
+        outside = used[kind] - set(REAL_SURFACE[kind]["present"])
+        assert outside == set(), f"PycudaRuntime uses {kind}.{sorted(outside)}, which wrap_cudadrv.cpp does not bind"
+    assert "Event" in used and used["Event"] >= {"record", "time_since"}
+
+
+@pytest.mark.parametrize("kind", ["Stream", "Event", "Device"])
+def test_the_fake_pycuda_has_exactly_the_source_facts(kind):
+    cls = getattr(fake_pycuda_driver(), kind)
+    instance = cls(0) if kind == "Device" else cls()
+    assert [n for n in REAL_SURFACE[kind]["present"] if not hasattr(instance, n)] == []
+    assert [n for n in REAL_SURFACE[kind]["absent"] if hasattr(instance, n)] == []
+
+
+def test_the_source_facts_hold_for_the_real_pycuda():
+    driver = pytest.importorskip("pycuda.driver", reason="pycuda does not import here (it needs the CUDA "
+                                 "driver, libcuda): the fake is held to wrap_cudadrv.cpp's facts instead",
+                                 exc_type=ImportError)
+    for kind in ("Stream", "Event", "Device"):
+        cls = getattr(driver, kind)
+        assert [n for n in REAL_SURFACE[kind]["present"] if not hasattr(cls, n)] == []
+        assert [n for n in REAL_SURFACE[kind]["absent"] if hasattr(cls, n)] == []
+    assert [n for n in REAL_SURFACE["module"]["present"] if not hasattr(driver, n)] == []
