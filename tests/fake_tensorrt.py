@@ -92,6 +92,8 @@ _DTYPES = {"FLOAT": ("FLOAT", np.float32), "FLOAT16": ("HALF", np.float16), "INT
 FAKE_LAYERS = {"fake gemm": 0.75, "fake norm": 0.25}
 
 
+#: module attributes that only the fake has: what it records for the tests
+FAKE_RECORDS = ("FAKE", "calls", "cuda", "plugin_libraries", "builtin_plugins", "contexts")
 #: the signals a native call holds back from Python until a callback runs (see the module docstring)
 HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 BUILD_STEP_S = 0.05  # one step of a slow fake build
@@ -139,7 +141,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
     m = types.ModuleType("tensorrt")
     m.__version__ = version
     m.FAKE = True
-    m.calls = []  # every notable call, for the tests
+    m.calls = []  # every notable call, for the tests (FAKE_RECORDS: the fake's own module attributes)
     m.cuda = cuda or FakeCudaRuntime()
     m.plugin_libraries = []  # the process-wide plugin registry
     m.builtin_plugins = False  # init_libnvinfer_plugins was called
@@ -303,7 +305,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
     class IBuilderConfig:
         builder_optimization_level = 3  # a class-level property in the real bindings (feature-detected so)
-        logger = None  # the builder's (the fake logs through it)
+        _logger = None  # the builder's (the fake logs through it)
 
         def __init__(self) -> None:
             self.pools: dict = {}
@@ -330,11 +332,11 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         def create_timing_cache(self, data: bytes) -> ITimingCache | None:
             if data and not bytes(data).startswith(b"FAKE-CACHE:"):
-                _log(self.logger, "ERROR", "[timingCache.cpp::load] Error Code 1: Internal Error (Magic tag does not "
+                _log(self._logger, "ERROR", "[timingCache.cpp::load] Error Code 1: Internal Error (Magic tag does not "
                                            "match)")
                 return None
             if data and not bytes(data).startswith(f"FAKE-CACHE:{version}:".encode()):
-                _log(self.logger, "ERROR", "Error Code 1: Internal Error (the timing cache was made by another "
+                _log(self._logger, "ERROR", "Error Code 1: Internal Error (the timing cache was made by another "
                                            "TensorRT version)")
                 return None
             return ITimingCache(data)
@@ -405,7 +407,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
         def create_builder_config(self) -> IBuilderConfig:
             config = IBuilderConfig()
-            config.logger = self.logger
+            config._logger = self.logger
             return config
 
         def create_optimization_profile(self) -> IOptimizationProfile:
@@ -478,7 +480,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.profiler = None
 
         def set_input_shape(self, name: str, shape) -> bool:
-            low, _, high = self.engine.profile_of(name)
+            low, _, high = self.engine._profile_of(name)
             if not all(lo <= int(d) <= hi for lo, d, hi in zip(low, shape, high, strict=True)):
                 return False
             self.input_shapes[name] = [int(d) for d in shape]
@@ -511,7 +513,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
     class ICudaEngine:
         device_memory_size = 1 << 20
-        logger = None  # the runtime's (the fake logs through it)
+        _logger = None  # the runtime's (the fake logs through it)
         device_memory_size_v2 = 1 << 20
 
         def __init__(self, data: bytes) -> None:
@@ -533,7 +535,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def get_tensor_dtype(self, name: str):
             return getattr(m.DataType, self.tensors[name]["dtype"])
 
-        def profile_of(self, name: str) -> list[list[int]]:
+        def _profile_of(self, name: str) -> list[list[int]]:
             profiles = self.request["profiles"]
             shape = self.tensors[name]["shape"]
             return profiles[0][name] if profiles and name in profiles[0] else [shape, shape, shape]
@@ -541,7 +543,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def create_execution_context(self) -> IExecutionContext | None:
             m.contexts += 1
             if m.contexts <= fail_contexts:
-                _log(self.logger, "ERROR", "[fake] Error Code 2: OutOfMemory (Requested size was 1048576 bytes.)")
+                _log(self._logger, "ERROR", "[fake] Error Code 2: OutOfMemory (Requested size was 1048576 bytes.)")
                 return None
             return IExecutionContext(self)
 
@@ -567,7 +569,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                 return None
             _log(self.logger, "INFO", f"Loaded engine size: {len(data) >> 20} MiB")
             engine = ICudaEngine(data)
-            engine.logger = self.logger
+            engine._logger = self.logger
             missing = [p for p in engine.request["plugin_libraries"] if p not in m.plugin_libraries]
             if (engine.request["plugin_layers"] and not m.builtin_plugins) or missing:
                 m.calls.append(("error", "getPluginCreator could not find a plugin creator"))

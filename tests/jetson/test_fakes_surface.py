@@ -9,12 +9,16 @@ the code agree with the code where both are wrong).
 - The fake pycuda (tests/fake_pycuda.py) against the facts of pycuda's ``wrap_cudadrv.cpp`` written into
   it (:data:`tests.fake_pycuda.REAL_SURFACE`), and against the real pycuda where it imports (it needs a CUDA
   driver, ``libcuda``: absent on machines without a GPU).
+- FakeTensorRT (tests/fake_tensorrt.py) against tensorrt-stubs 10.13: it declares no module attribute,
+  class or member that the stubs lack (its own records aside).
 """
 
+import ast
 import inspect
 import sys
 import types
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +26,7 @@ from jetson.cuda import PycudaRuntime, check, load_cuda_runtime
 from jetson.cudart import CtypesCudaRuntime
 from tests.fake_cuda import FakeCudaRuntime, cudaError_t
 from tests.fake_pycuda import REAL_SURFACE, fake_pycuda_driver
+from tests.fake_tensorrt import FAKE_RECORDS, make_fake_tensorrt
 
 #: every cuda-python runtime call edge makes (jetson.cuda, jetson.device, jetson.trt_backend, edge.trt)
 EDGE_CALLS = ("cudaRuntimeGetVersion", "cudaDriverGetVersion", "cudaGetDeviceCount", "cudaGetDeviceProperties",
@@ -179,3 +184,48 @@ def test_the_source_facts_hold_for_the_real_pycuda():
         assert [n for n in REAL_SURFACE[kind]["present"] if not hasattr(cls, n)] == []
         assert [n for n in REAL_SURFACE[kind]["absent"] if hasattr(cls, n)] == []
     assert [n for n in REAL_SURFACE["module"]["present"] if not hasattr(driver, n)] == []
+
+
+# TensorRT: the fake against tensorrt-stubs 10.13 (TensorRT's libraries cannot install here; the stubs are
+# generated from the real bindings and are what mypy checks edge's calls against)
+
+STUBS = Path(__file__).resolve().parents[2] / ".venv" / "tensorrt-stubs"
+
+
+def stub_names() -> tuple[set[str], dict[str, set[str]]]:
+    """The names tensorrt-stubs declares: at module level, and per class."""
+    sources = [STUBS / "tensorrt_bindings" / "tensorrt.pyi", STUBS / "tensorrt" / "__init__.pyi"]
+    if not all(p.is_file() for p in sources):
+        pytest.skip(f"tensorrt-stubs are not installed in {STUBS} (scripts/mypy.sh installs them)")
+    module: set[str] = set()
+    classes: dict[str, set[str]] = {}
+    for source in sources:
+        for node in ast.parse(source.read_text()).body:
+            module.update(declared(node))
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, set()).update(n for child in node.body for n in declared(child))
+    return module, classes
+
+
+def declared(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.ImportFrom):
+        return {alias.asname or alias.name for alias in node.names}
+    return set()
+
+
+@pytest.mark.parametrize("feature_set", ["10.3", "11.0"])
+def test_the_fake_tensorrt_declares_nothing_the_stubs_lack(feature_set):
+    module_names, classes = stub_names()
+    fake = make_fake_tensorrt(feature_set)
+    public = {name: value for name, value in vars(fake).items() if not name.startswith("_") and
+              name not in FAKE_RECORDS}
+    assert sorted(set(public) - module_names) == []
+    extra = {name: sorted({k for k in vars(value) if not k.startswith("_")} - classes[name])
+             for name, value in public.items() if isinstance(value, type) and name in classes}
+    assert {name: names for name, names in extra.items() if names} == {}

@@ -107,3 +107,56 @@ def test_a_variant_without_an_execution_context_fails_and_the_run_goes_on(bundle
     assert "could not create an execution context" in summary["variants"]["a.fp32"]["error"]
     assert summary["variants"]["b.fp32"]["status"] == "done"
     assert trt.cuda.leaks() == {}
+
+
+# FakeTensorRT's callbacks behave as pyCore's trampolines (tests/fake_tensorrt.py names the source)
+
+def test_exceptions_in_callbacks_are_printed_and_dropped_and_a_raising_step_cancels(fake_trt, tmp_path, capfd):
+    trt = fake_trt()
+
+    class RaisingLogger(trt.ILogger):
+        def log(self, severity, msg):
+            raise KeyboardInterrupt  # what a Ctrl-C handler would raise inside the callback
+
+    engine, _ = build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), logger=RaisingLogger(),
+                                   log=lambda message: None)
+    assert engine.startswith(b"FAKE-ENGINE")  # the build went on
+    assert "[ERROR] Exception caught in log(): KeyboardInterrupt" in capfd.readouterr().err
+
+    def raising() -> bool:
+        raise RuntimeError("in step_complete")
+
+    with pytest.raises(JetsonError, match="could not build"):
+        build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), keep_building=raising, log=lambda message: None)
+    assert "[ERROR] Exception caught in step_complete(): RuntimeError: in step_complete" in capfd.readouterr().err
+    assert trt.calls[-1] == ("build cancelled",)
+
+
+def test_a_false_from_step_complete_cancels_the_build(fake_trt, tmp_path):
+    trt = fake_trt(build_seconds=0.2)
+    asked = []
+
+    def keep_building() -> bool:
+        asked.append(True)
+        return len(asked) < 2
+
+    with pytest.raises(JetsonError, match="could not build"):
+        build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), keep_building=keep_building,
+                           log=lambda message: None)
+    assert len(asked) == 2 and trt.calls[-1] == ("build cancelled",)
+
+
+def test_an_exception_in_the_layer_profiler_is_dropped(fake_trt, tmp_path, capfd):
+    trt = fake_trt()
+    engine, _ = build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), log=lambda message: None)
+    backend = TensorRTEngineBackend(engine, trt.cuda, label="a", layer_runs=2)
+
+    class RaisingProfiler(trt.IProfiler):
+        def report_layer_time(self, layer_name, ms):
+            raise ValueError("profiler")
+
+    backend.context.profiler = RaisingProfiler()
+    backend._enqueue()  # the enqueue succeeds; the profiler's exception is printed and dropped
+    backend.close()
+    assert "[ERROR] Exception caught in report_layer_time(): ValueError: profiler" in capfd.readouterr().err
+    assert trt.cuda.leaks() == {}
