@@ -35,7 +35,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class Interruptions:
     """The signals a run has received (the first one is kept in :attr:`signum`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
+        self.signals = signals
         self.signum: int | None = None
         self._deferring = 0
 
@@ -60,12 +61,12 @@ class Interruptions:
 
     @contextmanager
     def handling(self) -> Iterator[None]:
-        """:meth:`handle` for :data:`SIGNALS` inside the block, the previous handlers after it (nestable:
+        """:meth:`handle` for :attr:`signals` (default :data:`SIGNALS`) inside the block, the previous handlers after it (nestable:
         jetson.power.DeviceSettings installs handlers of its own, which the runner overrides inside it)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        saved = {signum: signal.signal(signum, self.handle) for signum in SIGNALS}
+        saved = {signum: signal.signal(signum, self.handle) for signum in self.signals}
         try:
             yield
         finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
 from jetson.engine import network_flags, parser_errors
+from jetson.interrupt import Interruptions
 from jetson.trt_log import stderr_logger
 
 if TYPE_CHECKING:
@@ -105,11 +107,12 @@ class PhaseDisplay:
             print(f"[{elapsed:8.1f} s] {phase}", file=self.stream, flush=True)
 
 
-def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
+def _progress_monitor(display: Callable[[str], None], ctrl_c: Interruptions) -> tensorrt.IProgressMonitor:
     import tensorrt as trt
 
     class Monitor(trt.IProgressMonitor):
-        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven)."""
+        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven). A Ctrl-C
+        cancels the build at the next step (False: stop), as raising from a callback is swallowed."""
 
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
@@ -119,7 +122,7 @@ def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
                 display(f"TensorRT: {phase_name}")
 
         def step_complete(self, phase_name: str, step: int) -> bool:
-            return True  # True: keep building
+            return not ctrl_c.noted  # True: keep building
 
         def phase_finish(self, phase_name: str) -> None:
             pass
@@ -361,10 +364,14 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         knobs["honoured"]["int8_calibrator"] = "IInt8EntropyCalibrator2 (legacy)"
         knobs["honoured"]["calibration_shape"] = shape
     timing = _load_timing_cache(builder_config, config.timing_cache) if features.timing_cache else {"path": None}
-    if features.progress_monitor and isinstance(display, PhaseDisplay):
-        builder_config.progress_monitor = _progress_monitor(display)
+    # Ctrl-C during the build: TensorRT's callbacks swallow a KeyboardInterrupt (jetson.interrupt), so it is
+    # noted, the progress monitor cancels the build, and it is raised when the build returns
+    ctrl_c = Interruptions((signal.SIGINT,))
+    if features.progress_monitor:
+        builder_config.progress_monitor = _progress_monitor(display, ctrl_c)
     display("building the engine (TensorRT tries tactics: minutes on an Orin Nano)")
-    serialized = builder.build_serialized_network(network, builder_config)
+    with ctrl_c.handling(), ctrl_c.deferred():
+        serialized = builder.build_serialized_network(network, builder_config)
     if serialized is None:
         raise EdgeError(f"TensorRT could not build an engine from {model_path}", found="see TensorRT's log above",
                         fix=f"if it ran out of memory, lower --workspace (now {config.workspace_mib} MiB) or close "

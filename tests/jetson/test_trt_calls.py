@@ -160,3 +160,27 @@ def test_an_exception_in_the_layer_profiler_is_dropped(fake_trt, tmp_path, capfd
     backend.close()
     assert "[ERROR] Exception caught in report_layer_time(): ValueError: profiler" in capfd.readouterr().err
     assert trt.cuda.leaks() == {}
+
+
+def test_ctrl_c_during_edge_build_cancels_the_build_and_raises_after_it(tmp_path, monkeypatch):
+    """The host's `edge build` meets D3 too: a KeyboardInterrupt raised into TensorRT's callbacks is swallowed;
+    its handler notes Ctrl-C, the progress monitor cancels, KeyboardInterrupt comes when the build returns."""
+    import signal
+    import threading
+
+    from edge.trt import BuildConfig, build_engine
+    from tests.edge.trt.test_build import FAKE_DEVICE
+
+    trt = make_fake_tensorrt("10.3", build_seconds=30.0)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    main_thread = threading.main_thread().ident
+    timer = threading.Timer(0.3, lambda: signal.pthread_kill(main_thread, signal.SIGINT))  # Ctrl-C, at the main thread
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build_engine(tiny_onnx(tmp_path / "m.onnx"), tmp_path / "m.engine", BuildConfig(),
+                         display=lambda phase: None, device=FAKE_DEVICE)
+    finally:
+        timer.cancel()
+    assert trt.calls[-1] == ("build cancelled",) and not (tmp_path / "m.engine").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
