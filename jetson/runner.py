@@ -344,6 +344,8 @@ class Runner:
                 self.log(f"device: {self.device.get('device_model') or self.device.get('machine')}, L4T "
                          f"{self.device.get('l4t')}, TensorRT {self.trt_version}, power mode "
                          f"{self.device['power_mode'].get('name')}; backend {self.options.backend}")
+                if self.device.get("device_model_note"):
+                    self.log(f"note: {self.device['device_model_note']}")
                 with DeviceSettings(self.options.power_mode, self.options.lock_clocks,
                                     conf=self.options.nvpmodel_conf) as settings:
                     self.summary["settings"] = {

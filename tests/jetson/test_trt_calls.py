@@ -184,3 +184,22 @@ def test_ctrl_c_during_edge_build_cancels_the_build_and_raises_after_it(tmp_path
         timer.cancel()
     assert trt.calls[-1] == ("build cancelled",) and not (tmp_path / "m.engine").exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_a_jetson_whose_device_tree_is_masked_says_engines_are_not_shared(tmp_path, monkeypatch):
+    """Issue 29 (smaller points): in Docker /sys/firmware is masked, /proc/device-tree/model unreadable; the
+    device identity then differs from the same board outside the container, and the record says so."""
+    from jetson import device
+
+    release = tmp_path / "nv_tegra_release"
+    release.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64\n")
+    monkeypatch.setattr(device, "NV_TEGRA_RELEASE", str(release))
+    monkeypatch.setattr(device, "DEVICE_TREE_MODEL", str(tmp_path / "masked" / "model"))
+    record = device.host_record()
+    assert record["l4t"] == "36.4.3" and record["device_model"] is None
+    assert "a container masks /sys/firmware" in record["device_model_note"]
+    assert str(tmp_path / "masked" / "model") in record["device_model_note"]
+    model = tmp_path / "model"
+    model.write_bytes(b"NVIDIA Jetson Orin Nano Developer Kit\x00")
+    monkeypatch.setattr(device, "DEVICE_TREE_MODEL", str(model))
+    assert "device_model_note" not in device.host_record()
