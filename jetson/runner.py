@@ -224,6 +224,7 @@ class Runner:
         self.device: dict = {}
         self.summary: dict = {}
         self.interruptions = Interruptions()  # Ctrl-C, SIGTERM, SIGHUP: raised, or noted during TensorRT calls
+        self.bindings_skipped: list[str] = []
 
     def log(self, message: str) -> None:
         if self.logger is not None:
@@ -249,7 +250,7 @@ class Runner:
             except JetsonError as e:
                 raise JetsonError(e.what, expected=e.expected, found=e.found,
                                   fix=f"{e.fix}; or run the same protocol on ONNX Runtime: --backend ort") from e
-            self.cudart = load_cuda_runtime(self.options.cuda, log=self.log)
+            self.cudart = load_cuda_runtime(self.options.cuda, log=self._binding_skipped)
             from jetson.trt_log import TensorRTLog
 
             self.trt_log = TensorRTLog(load_tensorrt(), self.log)
@@ -258,7 +259,14 @@ class Runner:
         from jetson.device import device_record
 
         self.device = device_record(self.cudart, self.trt_version)
+        if self.options.backend == "tensorrt":
+            self.device["cuda_bindings_skipped"] = self.bindings_skipped
         self.device["power_mode"] = self._power_mode()
+
+    def _binding_skipped(self, why: str) -> None:
+        """A CUDA binding before the one used did not answer (jetson.cuda.load_cuda_runtime): logged and recorded."""
+        self.bindings_skipped.append(why)
+        self.log(why)
 
     def _find_trtexec(self, trt_version: str) -> tuple[str, tuple[int, ...]]:
         """trtexec (--trtexec, PATH, JetPack's) and its version, which must be the Python TensorRT's: an
@@ -440,17 +448,26 @@ class Runner:
             from jetson.ort_backend import OrtBackend
 
             return OrtBackend(graph, precision=variant.precision, threads=self.options.threads), None
+        engine, facts = self.engine(variant)
+        backend = None
+        try:
+            with self.interruptions.deferred():  # TensorRT logs while it deserialises
+                backend = self._tensorrt_backend(variant, engine, facts)
+        except BaseException:
+            if backend is not None:  # made, then the noted signal raised: release its CUDA objects
+                backend.close()
+            raise
+        return backend, facts
+
+    def _tensorrt_backend(self, variant: Variant, engine: bytes, facts: dict) -> Any:
         from jetson.trt_backend import TensorRTEngineBackend
 
-        engine, facts = self.engine(variant)
         plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
-        with self.interruptions.deferred():  # TensorRT logs while it deserialises
-            backend = TensorRTEngineBackend(
-                engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
-                batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
-                precision=variant.precision, device=self.device.get("gpu"),
-                logger=self.trt_log.logger if self.trt_log is not None else None)
-        return backend, facts
+        return TensorRTEngineBackend(
+            engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
+            batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
+            precision=variant.precision, device=self.device.get("gpu"),
+            logger=self.trt_log.logger if self.trt_log is not None else None)
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
         """The variant's engine from the device's cache, else built now (by --builder) and cached."""

@@ -79,8 +79,13 @@ class FakeCudaRuntime:
         self.copies: list[tuple[str, int]] = []  # (kind, bytes)
         self.launches = 0
 
+    def _too_new_for_the_driver(self) -> bool:
+        return self.runtime // 1000 > self.driver // 1000
+
     # identity
     def cudaGetDeviceProperties(self, device: int):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         return (OK, self.props) if device == 0 else (cudaError_t.cudaErrorInvalidValue, None)
 
     def cudaRuntimeGetVersion(self):
@@ -90,7 +95,7 @@ class FakeCudaRuntime:
         return OK, self.driver
 
     def cudaGetDeviceCount(self):
-        if self.runtime // 1000 > self.driver // 1000:
+        if self._too_new_for_the_driver():
             return cudaError_t.cudaErrorInsufficientDriver, None  # as cuda-python 12.9 answers without a driver
         return OK, 1
 
@@ -101,6 +106,8 @@ class FakeCudaRuntime:
 
     # memory
     def cudaMalloc(self, nbytes: int):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         pointer = next(self.handles)
         self.memory[pointer] = bytearray(int(nbytes))
         return OK, pointer
@@ -134,6 +141,8 @@ class FakeCudaRuntime:
 
     # streams and work
     def cudaStreamCreate(self):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         stream = next(self.handles)
         self.streams[stream] = None
         return OK, stream
@@ -162,6 +171,8 @@ class FakeCudaRuntime:
 
     # events
     def cudaEventCreate(self):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         event = next(self.handles)
         self.events[event] = None
         return OK, event

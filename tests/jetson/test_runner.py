@@ -263,3 +263,25 @@ def test_the_runner_finishes_when_its_terminal_is_gone(bundle):
     log = (bundle / "results" / "logs" / "run.log").read_text()
     assert "the terminal is gone (BrokenPipeError" in log and "b.fp32: median" in log
     assert json.loads((bundle / "results" / "b.fp32.json").read_text())["partial"] is False
+
+
+def test_a_cuda_python_too_new_for_the_driver_is_skipped_and_the_run_goes_on(bundle, tmp_path, monkeypatch):
+    """Issue 29 D8 in the runner: `pip install cuda-python` (13.x) on JetPack 6 imports and fails at its first
+    call; the runner goes on with the next binding (here pycuda, played by the fake GPU) and records why."""
+    from jetson import device as device_module
+    from tests.fake_tensorrt import make_fake_tensorrt
+    from tests.jetson.test_cudart import install_fake_cuda_python
+
+    trt = make_fake_tensorrt("10.3")
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    model = tmp_path / "device-tree-model"
+    model.write_bytes(NANO_MODEL.encode() + b"\x00")
+    monkeypatch.setattr(device_module, "DEVICE_TREE_MODEL", str(model))
+    install_fake_cuda_python(monkeypatch, FakeCudaRuntime(runtime=13000, driver=12060))
+    monkeypatch.setattr(cuda_module, "PycudaRuntime", lambda: trt.cuda)
+    assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",))) == 0
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    skipped = summary["device"]["cuda_bindings_skipped"]
+    assert len(skipped) == 1 and skipped[0].startswith("CUDA binding cuda-python skipped: CUDA call "
+                                                       "cudaGetDeviceCount failed (cudaErrorInsufficientDriver (35))")
+    assert summary["variants"]["a.fp32"]["status"] == "done"
