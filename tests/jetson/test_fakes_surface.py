@@ -9,12 +9,17 @@ the code agree with the code where both are wrong).
 - The fake pycuda (tests/fake_pycuda.py) against the facts of pycuda's ``wrap_cudadrv.cpp`` written into
   it (:data:`tests.fake_pycuda.REAL_SURFACE`), and against the real pycuda where it imports (it needs a CUDA
   driver, ``libcuda``: absent on machines without a GPU).
+- The fake libcudart (tests/jetson/fake_libcudart.c), which the ctypes binding is tested against, against
+  the CUDA toolkit's ``cuda_runtime_api.h`` where one is installed: every entry point declared, with the
+  same number of parameters.
 - FakeTensorRT (tests/fake_tensorrt.py) against tensorrt-stubs 10.13: it declares no module attribute,
   class or member that the stubs lack (its own records aside).
 """
 
 import ast
+import glob
 import inspect
+import re
 import sys
 import types
 from collections import defaultdict
@@ -229,3 +234,29 @@ def test_the_fake_tensorrt_declares_nothing_the_stubs_lack(feature_set):
     extra = {name: sorted({k for k in vars(value) if not k.startswith("_")} - classes[name])
              for name, value in public.items() if isinstance(value, type) and name in classes}
     assert {name: names for name, names in extra.items() if names} == {}
+
+
+# the fake libcudart against the CUDA toolkit's header
+
+FAKE_LIBCUDART = Path(__file__).with_name("fake_libcudart.c")
+
+
+def parameter_count(arguments: str) -> int:
+    arguments = re.sub(r"__dv\([^)]*\)", "", arguments).strip()  # C++ default arguments
+    return 0 if arguments in ("", "void") else arguments.count(",") + 1
+
+
+def test_the_fake_libcudart_has_the_signatures_of_cuda_runtime_api_h():
+    headers = sorted(glob.glob("/usr/local/cuda*/include/cuda_runtime_api.h"))
+    if not headers:
+        pytest.skip("no CUDA toolkit here (/usr/local/cuda*/include/cuda_runtime_api.h)")
+    text = Path(headers[0]).read_text()
+    declared = {m.group(1): parameter_count(m.group(2))
+                for m in re.finditer(r"CUDARTAPI\s+(cuda\w+)\s*\(([^;]*?)\)\s*;", text, re.S)}
+    fake = {m.group(1): parameter_count(m.group(2)) for m in re.finditer(
+        r"^(?:cudaError_t|const char \*)\s*(cuda\w+)\(([^)]*)\)", FAKE_LIBCUDART.read_text(), re.M)}
+    assert len(fake) >= 20
+    differing = {name: (count, declared.get(name, declared.get(name.removesuffix("_v2"))))
+                 for name, count in fake.items()
+                 if declared.get(name, declared.get(name.removesuffix("_v2"))) != count}
+    assert differing == {}, f"entry point: (parameters in the fake, in {headers[0]})"
