@@ -61,8 +61,9 @@ class Interruptions:
 
     @contextmanager
     def handling(self) -> Iterator[None]:
-        """:meth:`handle` for :attr:`signals` (default :data:`SIGNALS`) inside the block, the previous handlers after it (nestable:
-        jetson.power.DeviceSettings installs handlers of its own, which the runner overrides inside it)."""
+        """:meth:`handle` for :attr:`signals` (default :data:`SIGNALS`) inside the block, the previous handlers
+        after it (nestable: jetson.power.DeviceSettings installs handlers of its own, which the runner overrides
+        inside it)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
