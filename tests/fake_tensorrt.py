@@ -113,11 +113,11 @@ def _callback(name: str, method, *args, on_exception=None):
     """pyCore's trampoline for a Python callback: a held signal is delivered now (``pthread_sigmask`` runs
     the pending Python handlers before it returns), and any exception is printed and dropped."""
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+        previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
         try:
             return method(*args)
         finally:
-            signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # blocked again inside a native call only
     except BaseException as e:  # noqa: BLE001 - pyCore's catch (...): that is the behaviour mirrored
         print(f"[ERROR] Exception caught in {name}(): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return on_exception

@@ -203,3 +203,14 @@ def test_a_jetson_whose_device_tree_is_masked_says_engines_are_not_shared(tmp_pa
     model.write_bytes(b"NVIDIA Jetson Orin Nano Developer Kit\x00")
     monkeypatch.setattr(device, "DEVICE_TREE_MODEL", str(model))
     assert "device_model_note" not in device.host_record()
+
+
+def test_the_fake_leaves_the_signal_mask_as_it_found_it(fake_trt, tmp_path):
+    """The fake blocks signals only while it stands in for native code: a mask left behind would be inherited
+    by every child process a later test starts (and signals sent to them would never arrive)."""
+    import signal
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    fake_trt(build_seconds=0.1)
+    build_engine_bytes(tiny_onnx(tmp_path / "m.onnx"), spec(), log=lambda message: None, keep_building=lambda: True)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
