@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only this variant (NAME or NAME.PRECISION; repeatable)")
     runner.add_argument("--cache-dir", type=Path, help="engine cache (default: ~/.cache/edge-jetson or "
                                                        "$EDGE_JETSON_CACHE)")
-    runner.add_argument("--cuda", choices=BINDINGS, help="CUDA binding (default: the first that loads)")
+    runner.add_argument("--cuda", choices=BINDINGS,
+                        help="CUDA binding (default: the first, in this order, that answers a trivial call)")
     runner.add_argument("--threads", type=int, help="ONNX Runtime: intra-op threads")
     runner.add_argument("--layer-runs", type=_positive_int, default=20,
                         help="TensorRT: extra runs with per-layer profiling (0: none)")

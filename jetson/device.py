@@ -90,12 +90,21 @@ def in_container() -> bool:
     return any(os.path.exists(marker) for marker in CONTAINER_MARKERS)
 
 
+#: why a Jetson (it has an L4T release) may have no readable device-tree model
+MASKED_MODEL_NOTE = ("the board's model ({path}) cannot be read: a container masks /sys/firmware (Docker does by "
+                     "default). Engines built here record device_model null, so they are not shared with the same "
+                     "board outside the container (nor its engines with this container)")
+
+
 def host_record() -> dict:
     """What every run records, with or without a GPU: the board, L4T, the host, Python and whether it runs
-    in a container (where the board's device tree is masked)."""
-    return {"device_model": device_model(), "l4t": l4t_release(), "hostname": socket.gethostname(),
-            "machine": platform.machine(), "kernel": platform.release(), "python": platform.python_version(),
-            "container": in_container()}
+    in a container (where the board's device tree is masked: then ``device_model_note``, :data:`MASKED_MODEL_NOTE`)."""
+    record = {"device_model": device_model(), "l4t": l4t_release(), "hostname": socket.gethostname(),
+              "machine": platform.machine(), "kernel": platform.release(), "python": platform.python_version(),
+              "container": in_container()}
+    if record["device_model"] is None and record["l4t"] is not None:
+        record["device_model_note"] = MASKED_MODEL_NOTE.format(path=DEVICE_TREE_MODEL)
+    return record
 
 
 def device_record(cudart: Any | None, tensorrt_version: str | None) -> dict:

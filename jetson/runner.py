@@ -50,18 +50,17 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from jetson.accuracy_gate import check_accuracy
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
+from jetson.interrupt import Interruptions
 from jetson.power import (
     NVPMODEL_CONF,
     DeviceSettings,
@@ -134,22 +133,64 @@ class RunOptions:
 
 
 class RunLog:
-    """Lines to stderr and to ``logs/run.log``, each with the time since the run started."""
+    """Lines to ``logs/run.log`` and to stderr, each with the time since the run started.
+
+    The file comes first and never depends on the terminal: when the SSH session that started the runner
+    drops, sshd sends no SIGHUP unless it gave a pty, and the next write to stderr raises BrokenPipeError.
+    Then the run goes on with the file only, and the broken stream's descriptor is pointed at /dev/null
+    (:func:`detach_broken_stream`), so nothing else in the process (a print, TensorRT's std::cerr, Python's
+    flush at exit) meets the broken pipe.
+    """
 
     def __init__(self, path: Path, stream: TextIO | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a")
-        self.stream = stream or sys.stderr
+        self.stream: TextIO | None = stream or sys.stderr
         self.start = time.monotonic()
 
     def __call__(self, message: str) -> None:
         line = f"[{time.monotonic() - self.start:8.1f} s] {message}"
-        print(line, file=self.stream, flush=True)
         self.file.write(line + "\n")
         self.file.flush()
+        self._show(line)
+
+    def _show(self, line: str) -> None:
+        if self.stream is None:
+            return
+        try:
+            print(line, file=self.stream, flush=True)
+        except (OSError, ValueError) as e:  # BrokenPipeError, EIO; ValueError: the stream was closed
+            detach_broken_stream(self.stream)
+            self.stream = None
+            self.file.write(f"[{time.monotonic() - self.start:8.1f} s] the terminal is gone ({type(e).__name__}: "
+                            f"{e}): the run goes on, its lines only in this file\n")
+            self.file.flush()
 
     def close(self) -> None:
         self.file.close()
+
+
+def detach_broken_stream(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (its buffered text then flushes there); nothing for a
+    stream without one."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """``text`` on ``stream`` (stderr), or nowhere when the terminal is gone (a broken pipe is not an error)."""
+    stream = stream or sys.stderr
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        detach_broken_stream(stream)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -168,22 +209,6 @@ def write_json(path: Path, value: Any) -> None:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a dropped SSH session) raise Interrupted for the whole run, as Ctrl-C raises
-    KeyboardInterrupt, so partial results are written and the device is put back."""
-    saved = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
 
 
 @dataclass
@@ -212,6 +237,8 @@ class Runner:
         self.trtexec: tuple[str, tuple[int, ...]] | None = None  # the binary and its version (--builder trtexec)
         self.device: dict = {}
         self.summary: dict = {}
+        self.interruptions = Interruptions()  # Ctrl-C, SIGTERM, SIGHUP: raised, or noted during TensorRT calls
+        self.bindings_skipped: list[str] = []
 
     def log(self, message: str) -> None:
         if self.logger is not None:
@@ -239,7 +266,7 @@ class Runner:
             except JetsonError as e:
                 raise JetsonError(e.what, expected=e.expected, found=e.found,
                                   fix=f"{e.fix}; or run the same protocol on ONNX Runtime: --backend ort") from e
-            self.cudart = load_cuda_runtime(self.options.cuda)
+            self.cudart = load_cuda_runtime(self.options.cuda, log=self._binding_skipped)
             from jetson.trt_log import TensorRTLog
 
             self.trt_log = TensorRTLog(load_tensorrt(), self.log)
@@ -248,7 +275,14 @@ class Runner:
         from jetson.device import device_record
 
         self.device = device_record(self.cudart, self.trt_version)
+        if self.options.backend == "tensorrt":
+            self.device["cuda_bindings_skipped"] = self.bindings_skipped
         self.device["power_mode"] = self._power_mode()
+
+    def _binding_skipped(self, why: str) -> None:
+        """A CUDA binding before the one used did not answer (jetson.cuda.load_cuda_runtime): logged and recorded."""
+        self.bindings_skipped.append(why)
+        self.log(why)
 
     def _find_trtexec(self, trt_version: str) -> tuple[str, tuple[int, ...]]:
         """trtexec (--trtexec, PATH, JetPack's) and its version, which must be the Python TensorRT's: an
@@ -328,20 +362,23 @@ class Runner:
                         "settings": None, "config": None, "config_key": None, "variants": {}, "partial": True,
                         "exit_code": None}
         try:
-            with _signals_interrupt():
+            with self.interruptions.handling():
                 self.prepare()
                 self.summary.update(device=self.device, config=self.config(), config_key=self.config_key())
                 self.log(f"device: {self.device.get('device_model') or self.device.get('machine')}, L4T "
                          f"{self.device.get('l4t')}, TensorRT {self.trt_version}, power mode "
                          f"{self.device['power_mode'].get('name')}; backend {self.options.backend}")
+                if self.device.get("device_model_note"):
+                    self.log(f"note: {self.device['device_model_note']}")
                 with DeviceSettings(self.options.power_mode, self.options.lock_clocks,
                                     conf=self.options.nvpmodel_conf) as settings:
                     self.summary["settings"] = {
                         "original_mode": settings.original_mode and asdict(settings.original_mode),
                         "power_mode": settings.power_mode and asdict(settings.power_mode),
                         "clocks_locked": settings.clocks_locked}
-                    for variant in self.selected():
-                        self.run_variant(variant)
+                    with self.interruptions.handling():  # over DeviceSettings' own handlers, which only raise
+                        for variant in self.selected():
+                            self.run_variant(variant)
             failed = any(v["status"] == "failed" for v in self.summary["variants"].values())
             return self.finish(EXIT_FAILED if failed else EXIT_OK, partial=failed)
         except Interrupted as e:
@@ -432,16 +469,26 @@ class Runner:
             from jetson.ort_backend import OrtBackend
 
             return OrtBackend(graph, precision=variant.precision, threads=self.options.threads), None
+        engine, facts = self.engine(variant)
+        backend = None
+        try:
+            with self.interruptions.deferred():  # TensorRT logs while it deserialises
+                backend = self._tensorrt_backend(variant, engine, facts)
+        except BaseException:
+            if backend is not None:  # made, then the noted signal raised: release its CUDA objects
+                backend.close()
+            raise
+        return backend, facts
+
+    def _tensorrt_backend(self, variant: Variant, engine: bytes, facts: dict) -> Any:
         from jetson.trt_backend import TensorRTEngineBackend
 
-        engine, facts = self.engine(variant)
         plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
-        backend = TensorRTEngineBackend(engine, self.cudart, label=f"{variant.id} ({facts['path']})",
-                                        plugins=plugins, batch=variant.build.batch,
-                                        cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
-                                        precision=variant.precision, device=self.device.get("gpu"),
-                                        logger=self.trt_log.logger if self.trt_log is not None else None)
-        return backend, facts
+        return TensorRTEngineBackend(
+            engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
+            batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
+            precision=variant.precision, device=self.device.get("gpu"),
+            logger=self.trt_log.logger if self.trt_log is not None else None)
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
         """The variant's engine from the device's cache, else built now (by --builder) and cached."""
@@ -476,9 +523,11 @@ class Runner:
                 plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
             facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
         else:
-            engine, facts = build_engine_bytes(graph, variant.build, plugins=plugins, timing_cache=timing_cache,
-                                               log=self.log,
-                                               logger=self.trt_log.logger if self.trt_log is not None else None)
+            with self.interruptions.deferred():  # a signal cancels the build through its progress monitor
+                engine, facts = build_engine_bytes(
+                    graph, variant.build, plugins=plugins, timing_cache=timing_cache, log=self.log,
+                    logger=self.trt_log.logger if self.trt_log is not None else None,
+                    keep_building=lambda: not self.interruptions.noted)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
                                    variant=variant.id, bundle_sha256=self.bundle.sha256)
         path = cache.store(key, engine, manifest)
@@ -529,6 +578,7 @@ class Runner:
             backend.infer()
             latencies.append((time.perf_counter() - t) * 1000.0)
             measured.seconds = time.perf_counter() - started
+            self.interruptions.check()  # a signal whose exception a TensorRT callback swallowed
         return window_start, time.monotonic()
 
     def result(self, variant: Variant, backend: Any, measured: Measurement, engine: dict | None, *,
@@ -538,7 +588,10 @@ class Runner:
                                                                "precision": variant.precision}
         batch = int(info.get("batch") or 1)
         latencies = measured.latencies_ms
-        extra = backend.report(self.protocol.warmup) if backend is not None and latencies and not partial else {}
+        extra = {}
+        if backend is not None and latencies and not partial:
+            with self.interruptions.deferred():  # the layer profiler's callbacks run in TensorRT's trampolines
+                extra = backend.report(self.protocol.warmup)
         return {
             "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
             "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,
@@ -564,7 +617,7 @@ def run(options: RunOptions, log_stream: TextIO | None = None) -> int:
     try:
         runner = Runner(options)
     except JetsonError as e:
-        print(f"jetson run: error: {e}", file=log_stream or sys.stderr)
+        say(f"jetson run: error: {e}", log_stream)
         return EXIT_USAGE
     log = RunLog(runner.out / "logs" / "run.log", log_stream)
     runner.logger = log

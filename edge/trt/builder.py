@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
 from jetson.engine import network_flags, parser_errors
+from jetson.interrupt import Interruptions
+from jetson.trt_log import stderr_logger
 
 if TYPE_CHECKING:
     import tensorrt
@@ -107,11 +110,12 @@ class PhaseDisplay:
             print(f"[{elapsed:8.1f} s] {phase}", file=self.stream, flush=True)
 
 
-def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
+def _progress_monitor(display: Callable[[str], None], ctrl_c: Interruptions) -> tensorrt.IProgressMonitor:
     import tensorrt as trt
 
     class Monitor(trt.IProgressMonitor):
-        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven)."""
+        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven). A Ctrl-C
+        cancels the build at the next step (False: stop), as raising from a callback is swallowed."""
 
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
@@ -121,7 +125,7 @@ def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
                 display(f"TensorRT: {phase_name}")
 
         def step_complete(self, phase_name: str, step: int) -> bool:
-            return True  # True: keep building
+            return not ctrl_c.noted  # True: keep building
 
         def phase_finish(self, phase_name: str) -> None:
             pass
@@ -216,10 +220,11 @@ def _load_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> dic
         return {"path": None}
     cache_file = Path(path)
     data = cache_file.read_bytes() if cache_file.is_file() else b""
-    cache = config.create_timing_cache(data)
-    accepted = config.set_timing_cache(cache, ignore_mismatch=False)
-    if data and not accepted:
-        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU",
+    cache = config.create_timing_cache(data)  # None: TensorRT cannot read it ("Magic tag does not match")
+    accepted = cache is not None and config.set_timing_cache(cache, ignore_mismatch=False)
+    if not accepted:
+        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU"
+                        + (" (TensorRT cannot read it)" if cache is None else ""),
                         fix="delete it (a new one is written after this build) or pass another --timing-cache")
     return {"path": str(cache_file), "loaded_bytes": len(data), "hit": bool(data)}
 
@@ -338,7 +343,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     model, variant, conversion = select_onnx(model_path, config, strongly_typed)
     model_bytes = model.SerializeToString()
 
-    logger = trt.Logger(trt.Logger.VERBOSE if config.verbose else trt.Logger.WARNING)
+    logger = stderr_logger(verbose=config.verbose)  # never trt.Logger: it prints on stdout, before --json's JSON
     builder = trt.Builder(logger)
     plugins = _load_plugins(builder, logger, config.plugins)
     network = builder.create_network(network_flags(strongly_typed, features))
@@ -363,10 +368,14 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         knobs["honoured"]["int8_calibrator"] = "IInt8EntropyCalibrator2 (legacy)"
         knobs["honoured"]["calibration_shape"] = shape
     timing = _load_timing_cache(builder_config, config.timing_cache) if features.timing_cache else {"path": None}
-    if features.progress_monitor and isinstance(display, PhaseDisplay):
-        builder_config.progress_monitor = _progress_monitor(display)
+    # Ctrl-C during the build: TensorRT's callbacks swallow a KeyboardInterrupt (jetson.interrupt), so it is
+    # noted, the progress monitor cancels the build, and it is raised when the build returns
+    ctrl_c = Interruptions((signal.SIGINT,))
+    if features.progress_monitor:
+        builder_config.progress_monitor = _progress_monitor(display, ctrl_c)
     display("building the engine (TensorRT tries tactics: minutes on an Orin Nano)")
-    serialized = builder.build_serialized_network(network, builder_config)
+    with ctrl_c.handling(), ctrl_c.deferred():
+        serialized = builder.build_serialized_network(network, builder_config)
     if serialized is None:
         raise EdgeError(f"TensorRT could not build an engine from {model_path}", found="see TensorRT's log above",
                         fix=f"if it ran out of memory, lower --workspace (now {config.workspace_mib} MiB) or close "

@@ -38,5 +38,5 @@ def fake_device(tmp_path, monkeypatch):
     monkeypatch.setattr(device_module, "DEVICE_TREE_MODEL", str(model))
     trt = make_fake_tensorrt("10.3")
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None: trt.cuda)
+    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None, log=None: trt.cuda)
     return trt

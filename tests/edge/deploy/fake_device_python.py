@@ -95,7 +95,7 @@ def install_tensorrt() -> None:
     trt = make_fake_tensorrt("10.3", cuda=FakeCudaRuntime({**ORIN_NANO, "multiProcessorCount": sm_count}))
     sys.modules["tensorrt"] = trt
     if not install_broken_cuda_python():
-        cuda.load_cuda_runtime = lambda binding=None: trt.cuda
+        cuda.load_cuda_runtime = lambda binding=None, log=None: trt.cuda
     model = Path(os.environ["FAKE_DEVICE_HOME"]) / "device-tree-model"
     model.write_bytes(b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00")
     device.DEVICE_TREE_MODEL = str(model)
