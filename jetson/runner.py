@@ -24,11 +24,13 @@ TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cu
 ``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
 ``python``, TensorRT's Python API, or ``trtexec``, with its argv and version); ONNX Runtime adds
 ``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
+``accuracy``: the accuracy gate's verdict (jetson.accuracy_gate: ``status`` pass | wrong, the figures, the
+failures), null when the bundle carries no gate; a wrong variant still exits 0: its verdict is the news.
 
 ``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
 with the power mode read from ``nvpmodel -q``), ``settings`` (the power mode set and the clocks
 locked, if asked), ``variants`` (per id: ``status`` done | cached | failed | interrupted, ``result``
-file, ``error``), ``partial``, ``exit_code``, ``started`` and ``finished``.
+file, ``error``, ``accuracy`` pass | wrong | null), ``partial``, ``exit_code``, ``started`` and ``finished``.
 
 Re-running continues: a variant whose result file holds the same bundle sha256 and config key and
 is not partial is not recomputed (``status: cached``); ``--force`` recomputes everything.
