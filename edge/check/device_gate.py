@@ -72,7 +72,7 @@ def _dataset_images(model: onnx.ModelProto, data: str, count: int) -> np.ndarray
     dataset = load_dataset(data, "test")
     if len(dataset.images) < count:
         raise EdgeError(f"--gate-images {count}: {data} has only {len(dataset.images)} test images",
-                        fix=f"pass --gate-images {len(dataset.images)} or fewer, or other --check-data")
+                        fix=f"pass --gate-images {len(dataset.images)} or fewer")
     images = ArrayPreprocess(spec)(dataset.images[:count]).numpy().astype(np.float32)
     shape = _sample_shape(inputs[0])
     if int(np.prod(images.shape[1:])) != int(np.prod(shape)):

@@ -233,3 +233,20 @@ def test_gate_images_0_bundles_no_gate_and_the_runner_says_so(tmp_path, capsys):
     assert run(RunOptions(bundle=tmp_path / "bundle", backend="ort", energy="off")) == 0
     assert json.loads((tmp_path / "bundle" / "results" / "a.fp32.json").read_text())["accuracy"] is None
     assert "a.fp32: no accuracy gate" in capsys.readouterr().err
+
+
+def test_edge_bundle_gate_images_sets_the_count(tmp_path, capsys):
+    from edge.cli import main
+
+    graph = tiny_onnx(tmp_path / "a.onnx", batch="4")
+    assert main(["bundle", str(graph), "--out", str(tmp_path / "bundle"), "--precision", "fp32",
+                 "--gate-images", "6", "--json"]) == 0
+    gate = json.loads(capsys.readouterr().out)["variants"][0]["gate"]
+    assert gate["images"] == 6 and gate["thresholds"] == THRESHOLDS["fp32"].to_json()
+    assert np.load(tmp_path / "bundle" / gate["reference"]["logits"]).shape == (6, 4)  # 2 chunks of 4, padded
+
+
+def test_no_tf32_bundles_take_the_strict_fp32_thresholds(tmp_path):
+    make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle",
+                BundleConfig(precisions=("fp32",), tf32=False, gate_images=4))
+    assert read_bundle(tmp_path / "bundle").variants[0].gate.thresholds == THRESHOLDS["fp32-no-tf32"]
