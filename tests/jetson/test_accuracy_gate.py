@@ -250,3 +250,21 @@ def test_no_tf32_bundles_take_the_strict_fp32_thresholds(tmp_path):
     make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle",
                 BundleConfig(precisions=("fp32",), tf32=False, gate_images=4))
     assert read_bundle(tmp_path / "bundle").variants[0].gate.thresholds == THRESHOLDS["fp32-no-tf32"]
+
+
+def test_a_reference_of_another_shape_fails_that_variant_naming_it_and_the_others_go_on(two_graphs, fake_device,
+                                                                                       tmp_path):
+    from jetson.bundle import MANIFEST, sha256_file
+
+    manifest = json.loads((two_graphs / MANIFEST).read_text())
+    relative = manifest["variants"][0]["gate"]["reference"]["logits"]
+    np.save(two_graphs / relative, logits(classes=5))  # as if the gate files belonged to another graph
+    manifest["files"][relative] = {"sha256": sha256_file(two_graphs / relative),
+                                   "bytes": (two_graphs / relative).stat().st_size}
+    (two_graphs / MANIFEST).write_text(json.dumps(manifest))
+    assert run(RunOptions(bundle=two_graphs, energy="off", cache_dir=tmp_path / "cache")) == 1
+    summary = json.loads((two_graphs / "results" / "run.json").read_text())
+    assert summary["variants"]["a.fp32"]["status"] == "failed"
+    assert "a.fp32: the engine's output 'logits' has shape [32, 4], the reference [32, 5]" in \
+        summary["variants"]["a.fp32"]["error"]
+    assert summary["variants"]["b.fp32"]["status"] == "done" and summary["variants"]["b.fp32"]["accuracy"] == PASS
