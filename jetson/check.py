@@ -119,12 +119,15 @@ def check_tensorrt(options: CheckOptions) -> Check:
 
 
 def cuda_binding_answer(name: str) -> tuple[bool, str]:
-    """Whether CUDA binding ``name`` loads and answers a trivial call that needs the driver and the GPU
-    (``cudaGetDeviceProperties(0)``), and in words what it said."""
+    """Whether CUDA binding ``name`` loads and answers a trivial call (:func:`jetson.cuda.try_cuda_binding`,
+    the runner's own probe), then ``cudaGetDeviceProperties(0)``, which needs the driver and the GPU; and in
+    words what it said."""
     from jetson import cuda
 
+    cudart, why_not = cuda.try_cuda_binding(name)
+    if cudart is None:
+        return False, why_not or "did not answer"
     try:
-        cudart = cuda.load_cuda_runtime(name)
         props = cuda.check(cudart.cudaGetDeviceProperties(0), "cudaGetDeviceProperties")
     except JetsonError as e:
         return False, e.what + (f" ({e.found.strip()})" if e.found else "")

@@ -94,8 +94,9 @@ def install_tensorrt() -> None:
     sm_count = int(os.environ.get("FAKE_DEVICE_SM_COUNT", ORIN_NANO["multiProcessorCount"]))
     trt = make_fake_tensorrt("10.3", cuda=FakeCudaRuntime({**ORIN_NANO, "multiProcessorCount": sm_count}))
     sys.modules["tensorrt"] = trt
-    if not install_broken_cuda_python():
+    if not install_broken_cuda_python():  # every binding answers through the fake runtime
         cuda.load_cuda_runtime = lambda binding=None, log=None: trt.cuda
+        cuda.try_cuda_binding = lambda name: (trt.cuda, None)
     model = Path(os.environ["FAKE_DEVICE_HOME"]) / "device-tree-model"
     model.write_bytes(b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00")
     device.DEVICE_TREE_MODEL = str(model)

@@ -100,7 +100,7 @@ def test_check_on_the_loopback_devices_every_field_and_a_failing_case_per_check(
     cuda = failing("cuda-python fails at its first call")
     assert set(cuda) == {"cuda"}
     assert cuda["cuda"]["detail"]["bindings"]["cuda-python"] == {
-        "answers": False, "said": "CUDA call cudaGetDeviceProperties failed (cudaErrorInsufficientDriver (35))"}
+        "answers": False, "said": "CUDA call cudaGetDeviceCount failed (cudaErrorInsufficientDriver (35))"}
     assert "pip install 'cuda-python>=12.6,<13'" in cuda["cuda"]["fix"]
     sudo = failing("no sudo rule")
     assert set(sudo) == {"sudo"}

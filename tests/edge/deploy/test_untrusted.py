@@ -154,10 +154,18 @@ def test_a_client_killed_mid_benchmark_leaves_the_runner_running_and_a_second_de
     assert {v: (results / f"{v}.json").read_bytes() for v in done_before} == done_before
 
 
-def runners_holding_or_waiting(user: str) -> int:
-    """The device user's `flock .edge-runner.lock ...` processes: the runner holding the lock and any waiting."""
+def runners_holding_or_waiting(user: str, folder: Path) -> int:
+    """The device user's `flock .edge-runner.lock ...` processes in ``folder``: the runner holding the lock and
+    any waiting (by working folder: a runner an earlier test left behind in its own folder does not count)."""
     done = subprocess.run(["pgrep", "-u", user, "-f", f"^flock {RUNNER_LOCK} "], capture_output=True, text=True)
-    return len(done.stdout.split())
+    return sum(1 for pid in done.stdout.split() if _cwd(pid) == folder.resolve())
+
+
+def _cwd(pid: str) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:  # it ended meanwhile
+        return None
 
 
 def test_a_second_deploy_while_the_first_runner_still_runs_waits_for_it_and_recomputes_nothing(sshd, bundle,
@@ -176,7 +184,7 @@ def test_a_second_deploy_while_the_first_runner_still_runs_waits_for_it_and_reco
     waiting = threading.Thread(target=lambda: second.update(only(deploy(bundle, [device.host], options,
                                                                         out=tmp_path / "second"))))
     waiting.start()
-    wait_for(lambda: runners_holding_or_waiting(DEVICE_USER) == 2, "the second runner to wait for the lock")
+    wait_for(lambda: runners_holding_or_waiting(DEVICE_USER, remote) == 2, "the second runner to wait for the lock")
     marker.unlink()  # the first runner goes on and finishes; then the second takes the lock
     first.join(timeout=120)
     waiting.join(timeout=120)
