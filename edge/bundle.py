@@ -32,6 +32,7 @@ from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.graph.tensorrt_support import DEFAULT_TENSORRT
+from jetson.accuracy_gate import DEFAULT_GATE_IMAGES
 from jetson.bundle import (
     CACHES,
     GRAPH_PRECISION,
@@ -67,6 +68,9 @@ class BundleConfig:
     tf32: bool = True                   # False: every build config clears TF32 (edge bundle --no-tf32)
     tensorrt: str = DEFAULT_TENSORRT    # the TensorRT whose ONNX parser rules every packed graph must pass
     check_tensorrt: bool = True         # False: pack graphs that break those rules (edge bundle --no-trt-check)
+    # held-out images (of check_data) the device runs each engine on, against the source graph's float32 ONNX
+    # Runtime outputs (jetson.accuracy_gate); 0: no accuracy gate
+    gate_images: int = option(DEFAULT_GATE_IMAGES, minimum=0, maximum=1024)
 
     def check(self) -> None:
         if not self.precisions:
@@ -219,6 +223,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
         for graph in graphs:
+            gate = _write_gate(graph, tmp, config, progress)
             for precision in config.precisions:
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
@@ -230,7 +235,8 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                                   timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
-                                        calibration=(made or {}).get("calibration"), source=str(graph.path)))
+                                        calibration=(made or {}).get("calibration"), source=str(graph.path),
+                                        gate=gate.spec(precision, config.tf32) if gate else None))
                 progress(f"{graph.name}.{precision}: {relative}")
         _copy_package(tmp)
         try:
@@ -243,6 +249,16 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     if tar:
         manifest["tar"] = str(write_tar(out))
     return manifest
+
+
+def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: Callable[[str], None]):
+    """The accuracy gate's files of ``graph`` (its images, its float32 outputs), shared by its precisions."""
+    if not config.gate_images:
+        return None
+    from edge.check.device_gate import write_gate
+
+    progress(f"{graph.name}: accuracy gate: {config.gate_images} images and the source graph's outputs")
+    return write_gate(graph.name, graph.path, out, config.check_data, config.gate_images)
 
 
 def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:

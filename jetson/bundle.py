@@ -9,6 +9,7 @@ Both go through this module, so the format has one definition. A bundle is a fol
       graphs/NAME/PRECISION.onnx   one ONNX graph per variant and precision, its precision inside
       caches/...               timing caches and INT8 calibration caches shipped with it, if any
       plugins/...              TensorRT plugin libraries (.so), if any
+      gate/...                 the accuracy gate's images and reference outputs (.npy; jetson.accuracy_gate)
       jetson/...               the device-side package itself (run with `python3 -m jetson run`)
 
 ``manifest.json`` (format ``edge-jetson-bundle``, version :data:`FORMAT_VERSION`)::
@@ -22,6 +23,10 @@ Both go through this module, so the format has one definition. A bundle is a fol
                    "graph_sha256": "...", "inputs": [{"name": "input", "shape": [1, 1, 28, 28],
                    "dtype": "float32"}], "calibration": null | {...how the int8 graph was calibrated},
                    "source": "runs/x/variants/baseline/model.clean.onnx",
+                   "gate": null | {"inputs": {"input": "gate/inputs/....npy"}, "reference": {"logits":
+                            "gate/baseline/reference_0.npy"}, "images": 32, "data": "fmnist-mini:test",
+                            "source": "...", "thresholds": {"min_top1_agreement": 0.9, "max_rel_error": 0.05,
+                            "max_abs_error": null}},
                    "build": {"precision": "fp16", "strongly_typed": true, "workspace_mib": 2048,
                              "optimization_level": 3, "tiling_optimization_level": null, "batch": null,
                              "min_batch": null, "opt_batch": null, "max_batch": null,
@@ -48,13 +53,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jetson.accuracy_gate import GATE, GateSpec
 from jetson.errors import JetsonError
 
 FORMAT = "edge-jetson-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPHS, CACHES, PLUGINS, PACKAGE = "graphs", "caches", "plugins", "jetson"
-OWNED = (GRAPHS, CACHES, PLUGINS, PACKAGE)
+OWNED = (GRAPHS, CACHES, PLUGINS, PACKAGE, GATE)
 PRECISIONS = ("fp32", "fp16", "int8")
 #: the ONNX precision (edge.precision metadata) each bundle precision's graph has
 GRAPH_PRECISION = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
@@ -155,6 +161,7 @@ class Variant:
     inputs: tuple[dict, ...] = ()
     calibration: dict | None = None
     source: str | None = None
+    gate: GateSpec | None = None  # the accuracy gate (jetson.accuracy_gate); None: the engine is not checked
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -167,7 +174,8 @@ class Variant:
     def to_json(self) -> dict:
         return {"name": self.name, "precision": self.precision, "graph": self.graph,
                 "graph_sha256": self.graph_sha256, "inputs": list(self.inputs), "calibration": self.calibration,
-                "source": self.source, "build": self.build.to_json()}
+                "source": self.source, "build": self.build.to_json(),
+                "gate": self.gate.to_json() if self.gate else None}
 
     @classmethod
     def from_json(cls, data: dict) -> Variant:
@@ -175,7 +183,8 @@ class Variant:
         build["plugins"] = tuple(build.get("plugins", ()))
         return cls(name=data["name"], precision=data["precision"], graph=data["graph"],
                    graph_sha256=data["graph_sha256"], build=BuildSpec(**build), inputs=tuple(data.get("inputs", ())),
-                   calibration=data.get("calibration"), source=data.get("source"))
+                   calibration=data.get("calibration"), source=data.get("source"),
+                   gate=GateSpec.from_json(data["gate"], f"variant {data['name']}") if data.get("gate") else None)
 
 
 @dataclass(frozen=True)
@@ -299,7 +308,8 @@ def verify_bundle(bundle: Bundle, found: dict[str, dict] | None = None) -> None:
                           + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
                           fix="remove the file, or make the bundle again with `edge bundle`")
     for variant in bundle.variants:
-        named = [variant.graph, *variant.build.plugins, variant.build.timing_cache, variant.build.calibration_cache]
+        named = [variant.graph, *variant.build.plugins, variant.build.timing_cache, variant.build.calibration_cache,
+                 *(variant.gate.files() if variant.gate else ())]
         for relative in filter(None, named):
             if relative not in bundle.files:
                 raise JetsonError(f"variant {variant.id} names {relative}, which manifest.json does not list",

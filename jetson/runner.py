@@ -24,11 +24,13 @@ TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cu
 ``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
 ``python``, TensorRT's Python API, or ``trtexec``, with its argv and version); ONNX Runtime adds
 ``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
+``accuracy``: the accuracy gate's verdict (jetson.accuracy_gate: ``status`` pass | wrong, the figures, the
+failures), null when the bundle carries no gate; a wrong variant still exits 0: its verdict is the news.
 
 ``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
 with the power mode read from ``nvpmodel -q``), ``settings`` (the power mode set and the clocks
 locked, if asked), ``variants`` (per id: ``status`` done | cached | failed | interrupted, ``result``
-file, ``error``), ``partial``, ``exit_code``, ``started`` and ``finished``.
+file, ``error``, ``accuracy`` pass | wrong | null), ``partial``, ``exit_code``, ``started`` and ``finished``.
 
 Re-running continues: a variant whose result file holds the same bundle sha256 and config key and
 is not partial is not recomputed (``status: cached``); ``--force`` recomputes everything.
@@ -56,6 +58,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from jetson.accuracy_gate import check_accuracy
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
@@ -416,12 +419,14 @@ class Runner:
             self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
+            accuracy = check_accuracy(backend, self.bundle, variant, self.log)  # jetson.accuracy_gate
             timed_s = self.protocol.timed_s(self.energy_on())
             self.log(f"{variant.id}: benchmarking (warm-up {self.protocol.warmup} calls and "
                      f"{self.protocol.warmup_s or 0:g} s, then {self.protocol.iterations} calls"
                      + (f" and at least {timed_s:g} s" if timed_s else "") + ")")
             self.benchmark(backend, variant, measured)
             result = self.result(variant, backend, measured, engine, partial=False)
+            result["accuracy"], entry["accuracy"] = accuracy, accuracy and accuracy["status"]
             entry["status"] = "done"
             self.log(f"{variant.id}: median {result['latency']['median_ms']:.3f} ms, p99 "
                      f"{result['latency']['p99_ms']:.3f} ms over {result['latency']['iterations']} iterations"

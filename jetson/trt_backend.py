@@ -194,6 +194,16 @@ class TensorRTEngineBackend:
         self.gpu_ms.append(float(check(cudart.cudaEventElapsedTime(self.start_event, self.end_event),
                                        "cudaEventElapsedTime")))
 
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference on ``feeds`` (the accuracy gate's images, each of its input's shape), enqueued directly
+        (never timed, never the CUDA graph): the outputs by name. The inputs stay in the buffers afterwards."""
+        from jetson.accuracy_gate import copy_inputs, read_outputs
+
+        copy_inputs(self, feeds)
+        self._enqueue()
+        check(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+        return read_outputs(self)
+
     def device_memory(self) -> dict:
         engine = self.engine
         size = engine.device_memory_size_v2 if self.features.device_memory_size_v2 else engine.device_memory_size

@@ -34,17 +34,23 @@ batches a legacy calibrator hands over. Plugins: TensorRT's own (``init_libnvinf
 libraries loaded into the plugin registry are per module, as they are per process, and an engine
 that used them does not deserialise in a fresh module that lacks them.
 
-The "engine" it serialises is JSON describing the request, prefixed ``FAKE-ENGINE``.
+The "engine" it serialises is JSON describing the request, prefixed ``FAKE-ENGINE``. Its outputs: an
+enqueue (not a CUDA graph replay) runs the parsed ONNX file in ONNX Runtime on the input buffers and writes
+the output buffers, so the accuracy gate sees what a correct engine computes. ``FAKE_TENSORRT_WRONG_OUTPUTS``
+(comma-separated variant ids ``NAME.PRECISION``, matched against the parsed file ``.../NAME/PRECISION.onnx``)
+makes those engines write their outputs negated: the top-1 becomes the reference's lowest score.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 import types
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -90,6 +96,25 @@ _DTYPES = {"FLOAT": ("FLOAT", np.float32), "FLOAT16": ("HALF", np.float16), "INT
            "INT32": ("INT32", np.int32), "INT64": ("INT64", np.int64), "BOOL": ("BOOL", np.bool_)}
 #: the fake's layers and what each "takes" per inference on the fake GPU clock
 FAKE_LAYERS = {"fake gemm": 0.75, "fake norm": 0.25}
+WRONG_OUTPUTS = "FAKE_TENSORRT_WRONG_OUTPUTS"  # variant ids whose engines compute wrong outputs (docstring)
+
+
+def _graph_session(graph: str | None):
+    """ONNX Runtime on the engine's ONNX file; None without one, or when ONNX Runtime cannot load it (a
+    plugin op): such an engine leaves its output buffers as they are."""
+    if not graph or not Path(graph).is_file():
+        return None
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - ONNX Runtime raises its own types, all meaning "cannot load"
+        return None
+
+
+def _wrong(graph: str) -> bool:
+    path = Path(graph)
+    return f"{path.parent.name}.{path.stem}" in os.environ.get(WRONG_OUTPUTS, "").split(",")
 
 
 #: module attributes that only the fake has: what it records for the tests
@@ -277,6 +302,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.network.outputs = [_tensor(v) for v in proto.graph.output]
             self.network.precision = next((p.value for p in proto.metadata_props if p.key == "edge.precision"),
                                           "float32")
+            self.network.graph = path
             return True
 
         num_errors = property(lambda self: len(self.errors))
@@ -464,6 +490,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             io = [{"name": t.name, "mode": mode, "shape": list(t.shape.values), "dtype": t.dtype.name}
                   for mode, tensors in (("INPUT", network.inputs), ("OUTPUT", network.outputs)) for t in tensors]
             request = {"flags": network.flags, "precision": getattr(network, "precision", None),
+                       "graph": getattr(network, "graph", None),
                        "pools": config.pools, "builder_flags": config.flags,
                        "cleared_flags": config.cleared_flags,
                        "optimization_level": config.builder_optimization_level,
@@ -514,7 +541,29 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             if self.profiler is not None:
                 for layer, ms in FAKE_LAYERS.items():
                     _callback("report_layer_time", self.profiler.report_layer_time, layer, ms)
+            self._compute()
             return True
+
+        def _buffer(self, name: str) -> tuple[int, list[int], np.dtype]:
+            tensor = self.engine.tensors[name]
+            shape = self.input_shapes.get(name) or self.get_tensor_shape(name).values
+            return self.addresses[name], list(shape), np.dtype(numpy_types[tensor["dtype"]])
+
+        def _compute(self) -> None:
+            """The graph's outputs from the input buffers into the output buffers (module docstring)."""
+            session = self.engine._ort_session()
+            if session is None:
+                return
+            feeds = {}
+            for i in session.get_inputs():
+                address, shape, dtype = self._buffer(i.name)
+                feeds[i.name] = np.frombuffer(m.cuda.read(address, int(np.prod(shape)) * dtype.itemsize),
+                                              dtype).reshape(shape)
+            wrong = _wrong(self.engine.request["graph"])
+            for o, value in zip(session.get_outputs(), session.run(None, feeds), strict=True):
+                address, shape, dtype = self._buffer(o.name)
+                data = (-value if wrong else value).astype(dtype).tobytes()
+                m.cuda.memory[address][:len(data)] = data
 
     class ICudaEngine:
         device_memory_size = 1 << 20
@@ -525,6 +574,13 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.request = json.loads(bytes(data)[len(b"FAKE-ENGINE"):])
             self.tensors = {t["name"]: t for t in self.request["io"]}
             self.names = list(self.tensors)
+            self._ort: list = []
+
+        def _ort_session(self):
+            """ONNX Runtime on the parsed graph, made at the first enqueue (None: outputs are not computed)."""
+            if not self._ort:
+                self._ort.append(_graph_session(self.request.get("graph")))
+            return self._ort[0]
 
         num_io_tensors = property(lambda self: len(self.names))
 

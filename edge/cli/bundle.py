@@ -65,6 +65,11 @@ def register(subparsers) -> None:
                         help="the TensorRT whose ONNX parser rules every packed graph must pass (edge check)")
     parser.add_argument("--no-trt-check", dest="check_tensorrt", action="store_false",
                         help="pack graphs that break those rules (the findings are still counted in the manifest)")
+    parser.add_argument("--gate-images", type=config_type(BundleConfig, "--gate-images", "gate_images"),
+                        default=BundleConfig.gate_images,
+                        help="accuracy gate: held-out images the device runs each engine on, compared with the "
+                             "source graph's float32 ONNX Runtime outputs; a variant outside its precision's "
+                             "thresholds is marked wrong (0: no gate)")
     parser.add_argument("--tar", action="store_true", help="also write OUT.tar.gz")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.set_defaults(run=run)
@@ -87,7 +92,7 @@ def run(args) -> int:
                           workspace_mib=args.workspace, optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
                           plugins=tuple(args.plugin), protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
-                          check_tensorrt=args.check_tensorrt)
+                          check_tensorrt=args.check_tensorrt, gate_images=args.gate_images)
     graphs, source = bundle_inputs(args.inputs)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))

@@ -79,6 +79,7 @@ def check_results(folder: Path, host: object) -> None:
         raise refused(host, f"results/{RUN_SUMMARY}: 'variants' is not an object of objects",
                       found=type(variants).__name__)
     for variant_id, entry in variants.items():
+        _expect_verdict(entry.get("accuracy"), f"results/{RUN_SUMMARY}: variants.{variant_id}.accuracy", host)
         name = entry.get("result")
         if name is None:
             continue
@@ -103,7 +104,8 @@ RUN_FIELDS = {"error": TEXT, "device": OBJECT, "settings": OBJECT, "partial": (b
               "backend": TEXT, "finished": TEXT}
 RESULT_FIELDS = {"variant": TEXT, "precision": TEXT, "backend": TEXT, "partial": (bool,), "error": TEXT,
                  "latency": OBJECT, "gpu_latency": OBJECT, "power": OBJECT, "engine": OBJECT,
-                 "peak_rss_mb": (int, float, type(None)), "device_memory": (int, float, dict, type(None))}
+                 "peak_rss_mb": (int, float, type(None)), "device_memory": (int, float, dict, type(None)),
+                 "accuracy": OBJECT}
 LATENCY_FIELDS = ("iterations", "median_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "cv")
 POWER_FIELDS = {"total_rail": TEXT, "rails": (dict,), "calls": (int,), "batch": (int,), "samples_timed": (int,),
                 "reliable": (bool,), "unreliable": TEXT, "peak_ram_used_mb": NUMBER, "ram_total_mb": NUMBER,
@@ -130,6 +132,42 @@ def check_fields(data: dict, fields: dict[str, tuple], where: str, host: object)
             for key, value in figures.items():
                 if key != "rail":
                     _expect(value, NUMBER + (type(None),), f"{where}: power.rails.{rail}.{key}", host)
+    if isinstance(data.get("accuracy"), dict):
+        check_accuracy(data["accuracy"], f"{where}: accuracy", host)
+
+
+#: the accuracy gate's verdict (jetson.accuracy_gate): a variant's result holds it, run.json its status
+VERDICTS = ("pass", "wrong")
+ACCURACY_FIELDS = {"top1_agreement": NUMBER + (type(None),), "max_abs_error": NUMBER + (type(None),),
+                   "max_rel_error": NUMBER + (type(None),), "images": (int,), "batch": (int,), "data": TEXT,
+                   "reference": TEXT, "failures": (list,), "thresholds": (dict,), "outputs": (dict,)}
+OUTPUT_FIGURES = {"top1_agreement": NUMBER + (type(None),), "max_abs_error": NUMBER, "max_rel_error": NUMBER,
+                  "non_finite": (int,), "reference_max_abs": NUMBER}
+
+
+def check_accuracy(accuracy: dict, where: str, host: object) -> None:
+    """The gate's verdict of one variant: its status one of :data:`VERDICTS`, its figures numbers, its
+    failures text, per output an object of numbers."""
+    _expect_verdict(accuracy.get("status"), f"{where}.status", host, required=True)
+    for key, types in ACCURACY_FIELDS.items():
+        if key in accuracy:
+            _expect(accuracy[key], types, f"{where}.{key}", host)
+    for n, line in enumerate(accuracy.get("failures") or []):
+        _expect(line, (str,), f"{where}.failures[{n}]", host)
+    for key, value in (accuracy.get("thresholds") or {}).items():
+        _expect(value, NUMBER + (type(None),), f"{where}.thresholds.{key}", host)
+    for output, figures in (accuracy.get("outputs") or {}).items():
+        _expect(figures, (dict,), f"{where}.outputs.{output}", host)
+        for key, types in OUTPUT_FIGURES.items():
+            if key in figures:
+                _expect(figures[key], types, f"{where}.outputs.{output}.{key}", host)
+
+
+def _expect_verdict(value: object, where: str, host: object, required: bool = False) -> None:
+    if (value is None and not required) or value in VERDICTS:
+        return
+    raise refused(host, f"{where} is {type(value).__name__} {str(value)[:60]!r}",
+                  expected=" or ".join(repr(v) for v in VERDICTS) + ("" if required else " or null"))
 
 
 def _expect(value: object, types: tuple, where: str, host: object) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 FORMAT = "edge-device-report"
+WRONG = "wrong"  # jetson.accuracy_gate.WRONG: the engine computes other outputs than its graph
 MIN_SAMPLES = 20  # jetson.energy.MIN_ENERGY_SAMPLES (a test holds them equal; this module imports no device code)
 FORMAT_VERSION = 1
 LATENCY_KEYS = ("iterations", "median_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "cv")
@@ -38,6 +39,14 @@ def _energy(power: dict | None) -> dict | None:
             "tegrastats_log": power.get("tegrastats_log")}
 
 
+def _accuracy(accuracy: dict | None) -> dict | None:
+    """The accuracy gate's verdict (jetson.accuracy_gate), its figures and why it failed."""
+    if not accuracy:
+        return None
+    return {k: accuracy.get(k) for k in ("status", "top1_agreement", "max_abs_error", "max_rel_error", "images",
+                                         "failures", "thresholds")}
+
+
 def variant_row(variant_id: str, entry: dict, result: dict | None, results_dir: str) -> dict:
     """One variant's figures from its runner result (None when the runner never wrote it)."""
     result = result or {}
@@ -54,6 +63,7 @@ def variant_row(variant_id: str, entry: dict, result: dict | None, results_dir: 
                    "ram_total_mb": (power or {}).get("ram_total_mb"), "peak_rss_mb": result.get("peak_rss_mb"),
                    "device_memory": result.get("device_memory")},
         "engine": result.get("engine"),
+        "accuracy": _accuracy(result.get("accuracy")),
         "result": f"{results_dir}/{entry['result']}" if entry.get("result") else None,
     }
 
@@ -93,11 +103,17 @@ def device_section(fetched: Iterable[FetchedDevice], run_dir: Path) -> dict:
     """``report.json``'s ``device``: every device deployed to from the run ``run_dir`` (folders relative to it)."""
     devices = [device_entry(d.record, d.run, d.results, os.path.relpath(d.folder, run_dir)) for d in fetched]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "devices": devices,
-            "failed": [d["label"] for d in devices if d["status"] != "ok"]}
+            "failed": [d["label"] for d in devices if d["status"] != "ok"],
+            "wrong": [f"{d['label']}: {v['id']}" for d in devices for v in d["variants"] if _wrong(v)]}
 
 
-COLUMNS = ("device", "variant", "precision", "backend", "status", "median ms", "p90 ms", "p99 ms", "CV %",
-           "energy/image mJ", "above idle mJ", "mean power W", "peak RAM MB", "runner RSS MB")
+def _wrong(variant: dict) -> bool:
+    """Whether the variant's engine failed the accuracy gate (its latency is then no speedup)."""
+    return (variant.get("accuracy") or {}).get("status") == WRONG
+
+
+COLUMNS = ("device", "variant", "precision", "backend", "status", "accuracy gate", "median ms", "p90 ms", "p99 ms",
+           "CV %", "energy/image mJ", "above idle mJ", "mean power W", "peak RAM MB", "runner RSS MB")
 
 
 def _fmt(value, spec: str) -> str:
@@ -109,13 +125,23 @@ def _energy_cell(value, energy: dict) -> str:
     return _fmt(value, ".3f") + ("*" if value is not None and energy.get("reliable") is False else "")
 
 
+def gate_cell(accuracy: dict | None) -> str:
+    """The gate's verdict and figures in a cell: ``pass (top-1 1.000, rel 2.1e-04)``; ``-`` without a gate."""
+    if not accuracy:
+        return "-"
+    figures = ([f"top-1 {accuracy['top1_agreement']:.3f}"] if accuracy.get("top1_agreement") is not None else []) \
+        + ([f"rel {accuracy['max_rel_error']:.2g}"] if accuracy.get("max_rel_error") is not None else [])
+    return f"{accuracy['status']} ({', '.join(figures)})" if figures else str(accuracy["status"])
+
+
 def table_rows(section: dict) -> list[tuple[str, ...]]:
     rows = []
     for device in section["devices"]:
         for v in device["variants"]:
             s, e, m = v["latency"] or {}, v["energy"] or {}, v["memory"]
-            status = v["status"] + (" (partial)" if v["partial"] else "")
+            status = (WRONG if _wrong(v) else v["status"]) + (" (partial)" if v["partial"] else "")
             rows.append((device["label"], v["variant"] or v["id"], v["precision"] or "-", v["backend"] or "-", status,
+                         gate_cell(v.get("accuracy")),
                          _fmt(s.get("median_ms"), ".3f"), _fmt(s.get("p90_ms"), ".3f"), _fmt(s.get("p99_ms"), ".3f"),
                          _fmt(s["cv"] * 100 if s.get("cv") is not None else None, ".1f"),
                          _energy_cell(e.get("per_image_mj"), e), _energy_cell(e.get("above_idle_per_image_mj"), e),
@@ -150,6 +176,7 @@ def device_markdown(section: dict) -> list[str]:
     lines += [f"- {line}" for device in section["devices"] for line in device_lines(device)]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows(section)]
+    lines += ["", gate_words(section)]
     lines += ["", "Latency on the device's host clock; energy per image integrates the total rail "
               "(tegrastats, trapezoidal) over the timed window and divides by the images computed (calls x batch; "
               "report.json also has it per call), above idle subtracts the idle window's mean power; * marks energy "
@@ -159,15 +186,27 @@ def device_markdown(section: dict) -> list[str]:
     return lines
 
 
+def gate_words(section: dict) -> str:
+    """What the accuracy gate column means, and which variants it marked wrong."""
+    words = ("Accuracy gate: each engine ran on the bundle's held-out images and was compared with its source "
+             "graph's float32 ONNX Runtime outputs (top-1 agreement, largest error relative to the outputs' "
+             "scale; thresholds per precision in jetson/accuracy_gate.py).")
+    wrong = section.get("wrong") or []
+    if wrong:
+        words += (f" Wrong: {', '.join(wrong)}: the engine computes other outputs than its graph, so its latency "
+                  "is no speedup; its failures are in report.json.")
+    return words
+
+
 def device_html(section: dict) -> str:
     """The section as an HTML fragment (styled by the pipeline report's CSS)."""
     esc = html.escape
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
-    body = "".join("<tr>" + "".join(f'<td class="text">{esc(c)}</td>' if i < 5 else f"<td>{esc(c)}</td>"
+    body = "".join("<tr>" + "".join(f'<td class="text">{esc(c)}</td>' if i < 6 else f"<td>{esc(c)}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in table_rows(section))
     devices = "".join(f"<li>{esc(line)}</li>" for device in section["devices"] for line in device_lines(device))
     return (f'<h2>On the devices</h2><ul class="conditions">{devices}</ul>'
-            f"<table><tr>{head}</tr>{body}</table>"
+            f"<table><tr>{head}</tr>{body}</table><p>{esc(gate_words(section))}</p>"
             "<p>Energy per image: the total rail integrated over the timed window (tegrastats), divided by the "
             "images computed (calls x batch); above idle: less the idle window's mean power; * marks energy from "
             f"fewer than {MIN_SAMPLES} samples, not to be trusted. report.json has every figure (also per call) and "

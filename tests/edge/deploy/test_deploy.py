@@ -69,6 +69,9 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     results = run / "device" / device.host.label / "results"
     assert statuses(results) == {"original.fp32": "done", "lin.fp32": "done"}
     assert "original.fp32: median" in (results / "logs" / "run.log").read_text()
+    # the accuracy gate ran each engine on the bundle's images: ONNX Runtime's own fp32 passes it
+    gates = [json.loads((results / f"{i}.json").read_text())["accuracy"] for i in ("original.fp32", "lin.fp32")]
+    assert [(g["status"], g["data"], g["images"]) for g in gates] == [("pass", "fmnist-mini:test", 32)] * 2
     # the report's device section
     report = json.loads((run / "report.json").read_text())
     assert [v["name"] for v in report["variants"]] == ["original", "lin"]  # the pipeline's own section kept
