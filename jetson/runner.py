@@ -489,7 +489,7 @@ class Runner:
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
         """The variant's engine from the device's cache, else built now (by --builder) and cached."""
-        from jetson.engine import EngineCache, build_engine_bytes, cache_key, default_cache_root, engine_manifest
+        from jetson.engine import EngineCache, cache_key, default_cache_root, engine_manifest
 
         root = Path(self.options.cache_dir) if self.options.cache_dir else default_cache_root()
         cache = EngineCache(root / "engines")
@@ -520,11 +520,13 @@ class Runner:
                 plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
             facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
         else:
-            with self.interruptions.deferred():  # a signal cancels the build through its progress monitor
-                engine, facts = build_engine_bytes(
+            from jetson.build_process import build_in_child
+
+            with self.interruptions.deferred():  # a signal is forwarded to the child, whose monitor cancels the build
+                engine, facts = build_in_child(  # an OOM kill takes the child, not the run (BuildOutOfMemory)
                     graph, variant.build, plugins=plugins, timing_cache=timing_cache, log=self.log,
-                    logger=self.trt_log.logger if self.trt_log is not None else None,
-                    keep_building=lambda: not self.interruptions.noted)
+                    interruptions=self.interruptions,
+                    trt_message=self.trt_log.message if self.trt_log is not None else None)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
                                    variant=variant.id, bundle_sha256=self.bundle.sha256)
         path = cache.store(key, engine, manifest)
