@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from jetson.bundle import BuildSpec
+from jetson.bundle import DEFAULT_TACTIC_DRAM_MIB, BuildSpec
 from jetson.errors import JetsonError
 from jetson.interrupt import Interruptions
 from jetson.power import Interrupted
@@ -66,11 +66,14 @@ class BuildOutOfMemory(JetsonError):
 def out_of_memory_fix(spec: BuildSpec) -> str:
     """What to do when a build with ``spec`` ran out of memory, with the exact options."""
     workspace = max(256, spec.workspace_mib // 2)
+    tactic_now = spec.tactic_dram_mib or DEFAULT_TACTIC_DRAM_MIB  # None: TensorRT's default, larger still
+    tactic = max(workspace, tactic_now * 2 // 3)
     level = max(0, spec.optimization_level - 2)
-    return (f"lower the workspace: rebundle with `edge bundle ... --workspace {workspace}` (now "
-            f"{spec.workspace_mib} MiB); or add swap: `{SWAP_LINES}`; or try fewer tactics: `edge bundle ... "
-            f"--opt-level {level}` (builder optimisation level, now {spec.optimization_level}); and free memory: "
-            "close other programs and the desktop (`sudo systemctl isolate multi-user.target`)")
+    return (f"lower the workspace and the tactic memory: rebundle with `edge bundle ... --workspace {workspace} "
+            f"--tactic-dram {tactic}` (now {spec.workspace_mib} and {spec.tactic_dram_mib or 'the default'} MiB); "
+            f"or add swap: `{SWAP_LINES}`; or try fewer tactics: `edge bundle ... --opt-level {level}` (builder "
+            f"optimisation level, now {spec.optimization_level}); and free memory: close other programs and the "
+            "desktop (`sudo systemctl isolate multi-user.target`)")
 
 
 def is_out_of_memory_message(message: str) -> bool:

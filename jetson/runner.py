@@ -500,7 +500,7 @@ class Runner:
         if cached is not None:
             self.log(f"{variant.id}: engine from the cache ({cache.engine_path(key)})")
             return cached[0], {"cache_key": key, "path": str(cache.engine_path(key)), "cached": True,
-                               "build_seconds": cached[1].get("build_seconds")}
+                               **{fact: cached[1].get(fact) for fact in ("build_seconds", "knobs", "build_memory")}}
         plugins = [self.bundle.path(p) for p in variant.build.plugins]
         device = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         timing_cache = root / "timing" / f"{device}.cache"  # per TensorRT and device; seeded from the bundle's

@@ -87,6 +87,7 @@ class BuildConfig:
         if self.workspace_mib < 1:
             raise EdgeError(f"--workspace {self.workspace_mib} MiB", expected="a positive size in MiB",
                             fix=f"use the default {DEFAULT_WORKSPACE_MIB} (2 GiB) on an 8 GB Orin Nano")
+        check_tactic_memory(self.workspace_mib, self.tactic_dram_mib)
         if not 0 <= self.optimization_level <= 5:
             raise EdgeError(f"--opt-level {self.optimization_level}", expected="0..5 (TensorRT's default is 3)")
         batches = (self.min_batch, self.opt_batch, self.max_batch)
@@ -96,6 +97,16 @@ class BuildConfig:
             low, mid, high = (int(b) for b in batches)  # type: ignore[arg-type]  # None excluded just above
             if not 1 <= low <= mid <= high:
                 raise EdgeError(f"batch profile {low}/{mid}/{high}", expected="1 <= min <= opt <= max")
+
+
+def check_tactic_memory(workspace_mib: int, tactic_dram_mib: int | None) -> None:
+    """TACTIC_DRAM holds all the build's tactic memory, workspace included: never less than the workspace."""
+    if tactic_dram_mib is not None and tactic_dram_mib < workspace_mib:
+        raise EdgeError(f"--tactic-dram {tactic_dram_mib} MiB below --workspace {workspace_mib} MiB",
+                        expected="the tactic memory (TACTIC_DRAM, all of the optimiser's, workspace included) at "
+                                 "least the workspace",
+                        fix=f"raise --tactic-dram to {workspace_mib} or more, or lower --workspace (defaults "
+                            f"{DEFAULT_TACTIC_DRAM_MIB} and {DEFAULT_WORKSPACE_MIB} MiB on an 8 GB Orin Nano)")
 
 
 class PhaseDisplay:

@@ -161,3 +161,12 @@ def test_fp16_and_int8_graphs_are_made_by_edge_quantize_and_the_calibration_reco
     assert by_id["ref.fp16"].calibration is None
     calibration = by_id["ref.int8"].calibration
     assert calibration["samples"] == 32 and calibration["data"] == "fmnist-mini"
+
+
+def test_a_bundle_whose_tactic_memory_is_below_its_workspace_is_refused_naming_both_options():
+    from edge.bundle import BundleConfig
+    from edge.errors import EdgeError
+
+    with pytest.raises(EdgeError, match="--tactic-dram 3072 MiB below --workspace 4096 MiB"):
+        BundleConfig(workspace_mib=4096).check()
+    BundleConfig(workspace_mib=4096, tactic_dram_mib=4096).check()

@@ -33,7 +33,7 @@ def test_a_build_the_fake_fails_for_memory_is_reported_with_the_fix_and_the_next
     error = failed["error"]
     assert says.format(graph=bundle / "graphs/a/fp32.onnx") in error
     # the fix: the exact options of `edge bundle` and the swap lines
-    assert "`edge bundle ... --workspace 1024` (now 2048 MiB)" in error
+    assert "`edge bundle ... --workspace 1024 --tactic-dram 2048` (now 2048 and 3072 MiB)" in error
     assert f"`{SWAP_LINES}`" in error and "`edge bundle ... --opt-level 1` (builder optimisation level, now 3)" in error
     assert "peak RSS" in error and "MemAvailable" in error
     assert json.loads((bundle / "results" / "a.fp32.json").read_text())["error"] == error
@@ -63,6 +63,11 @@ def test_the_manifest_and_the_result_carry_the_peak_memory_and_the_memory_limits
             assert memory["system_use_mib"] == pytest.approx(available["before"] - available["lowest"], abs=0.11)
         assert "GPU" in memory["meaning"]
     assert manifest["config"]["tactic_dram_mib"] == 3072 and manifest["config"]["workspace_mib"] == 2048
+    # an engine from the cache: its result carries the same facts, from the manifest
+    assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",), force=True)) == 0
+    cached = json.loads((bundle / "results" / "a.fp32.json").read_text())["engine"]
+    assert cached["cached"] is True
+    assert cached["build_memory"] == engine["build_memory"] and cached["knobs"] == engine["knobs"]
 
 
 def test_a_tensorrt_without_the_tactic_memory_pool_says_so(monkeypatch):
@@ -97,4 +102,4 @@ def test_the_options_the_fix_names_exist_in_edge_bundle():
     done = subprocess.run([sys.executable, "-m", "edge", "bundle", "--help"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "--workspace" in done.stdout and "--opt-level" in done.stdout
+    assert "--workspace" in done.stdout and "--tactic-dram" in done.stdout and "--opt-level" in done.stdout

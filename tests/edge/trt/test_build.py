@@ -214,6 +214,10 @@ def test_workspace_limit_default_and_option(tmp_path, fake_trt):
         "honoured"]
     with pytest.raises(EdgeError, match="workspace"):
         build(tmp_path, BuildConfig(workspace_mib=0))
+    with pytest.raises(EdgeError, match="--tactic-dram 3072 MiB below --workspace 4096 MiB"):
+        build(tmp_path, BuildConfig(workspace_mib=4096))  # raise --tactic-dram with it
+    out, manifest = build(tmp_path, BuildConfig(workspace_mib=4096, tactic_dram_mib=4096))
+    assert request_of(out)["pools"] == {"WORKSPACE": 4096 << 20, "TACTIC_DRAM": 4096 << 20}
 
 
 def test_timing_cache_round_trip_and_mismatch(tmp_path, fake_trt):
