@@ -71,7 +71,8 @@ def run(args) -> int:
     from edge.trt.builder import BuildConfig, PhaseDisplay, build_engine
 
     config = BuildConfig(precision=args.precision, strongly_typed=args.strongly_typed, workspace_mib=args.workspace,
-                         tactic_dram_mib=args.tactic_dram, optimization_level=args.opt_level, tiling_optimization_level=args.tiling_level,
+                         tactic_dram_mib=args.tactic_dram, optimization_level=args.opt_level,
+                         tiling_optimization_level=args.tiling_level,
                          timing_cache=args.timing_cache, plugins=tuple(args.plugin), batch=args.batch,
                          min_batch=args.min_batch, opt_batch=args.opt_batch, max_batch=args.max_batch,
                          calibration_data=args.data, calibration_samples=args.samples, verbose=args.verbose,
