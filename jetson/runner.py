@@ -22,7 +22,8 @@ samples stand behind it (``reliable``), peak RAM and temperatures, plus
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
 ``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
-``python``, TensorRT's Python API, or ``trtexec``, with its argv and version); ONNX Runtime adds
+``python``, TensorRT's Python API, built in a child process with its memory limits in ``knobs`` and
+its peak memory in ``build_memory``: jetson.build_process, or ``trtexec``, with its argv and version); ONNX Runtime adds
 ``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
 
 ``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
