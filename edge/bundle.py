@@ -32,6 +32,7 @@ from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.graph.tensorrt_support import DEFAULT_TENSORRT
+from edge.trt.builder import check_tactic_memory
 from jetson.accuracy_gate import DEFAULT_GATE_IMAGES
 from jetson.bundle import (
     CACHES,
@@ -40,6 +41,8 @@ from jetson.bundle import (
     MANIFEST,
     PACKAGE,
     PLUGINS,
+    DEFAULT_TACTIC_DRAM_MIB,
+    DEFAULT_WORKSPACE_MIB,
     PRECISIONS,
     BuildSpec,
     Protocol,
@@ -59,7 +62,8 @@ class BundleConfig:
     data: str = "fmnist"                # int8 calibration data
     samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)  # int8 calibration samples
     check_data: str = "fmnist-mini"     # images the fp16/int8 graphs are checked on before they are written
-    workspace_mib: int = option(2048, minimum=1, maximum=1 << 20)
+    workspace_mib: int = option(DEFAULT_WORKSPACE_MIB, minimum=1, maximum=1 << 20)
+    tactic_dram_mib: int = option(DEFAULT_TACTIC_DRAM_MIB, minimum=1, maximum=1 << 20)  # jetson.bundle says why
     optimization_level: int = option(3, minimum=0, maximum=5)
     tiling_optimization_level: int | None = option(None, minimum=0, maximum=3)
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
@@ -75,6 +79,7 @@ class BundleConfig:
     def check(self) -> None:
         if not self.precisions:
             raise EdgeError("no --precision given", expected=f"some of {', '.join(PRECISIONS)}")
+        check_tactic_memory(self.workspace_mib, self.tactic_dram_mib)
         unknown = [p for p in self.precisions if p not in PRECISIONS]
         if unknown:
             raise EdgeError(f"--precision {','.join(unknown)}", expected=f"some of {', '.join(PRECISIONS)}",
@@ -230,7 +235,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                 _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
                 inputs_io, _ = _graph_io(tmp / relative)
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
-                                  optimization_level=config.optimization_level,
+                                  tactic_dram_mib=config.tactic_dram_mib, optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
                                   timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,

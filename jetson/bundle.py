@@ -28,7 +28,8 @@ Both go through this module, so the format has one definition. A bundle is a fol
                             "source": "...", "thresholds": {"min_top1_agreement": 0.9, "max_rel_error": 0.05,
                             "max_abs_error": null}},
                    "build": {"precision": "fp16", "strongly_typed": true, "workspace_mib": 2048,
-                             "optimization_level": 3, "tiling_optimization_level": null, "batch": null,
+                             "optimization_level": 3, "tiling_optimization_level": null,
+                             "tactic_dram_mib": 3072, "batch": null,
                              "min_batch": null, "opt_batch": null, "max_batch": null,
                              "timing_cache": null | "caches/...", "plugins": ["plugins/x.so"],
                              "calibration_cache": null | "caches/...", "tf32": true}}],
@@ -64,7 +65,17 @@ OWNED = (GRAPHS, CACHES, PLUGINS, PACKAGE, GATE)
 PRECISIONS = ("fp32", "fp16", "int8")
 #: the ONNX precision (edge.precision metadata) each bundle precision's graph has
 GRAPH_PRECISION = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+#: The build's memory limits on an 8 GB Orin Nano, where CPU and GPU share one LPDDR5 (about 7.4 GiB visible,
+#: 1.5-2 GiB of it taken by JetPack's desktop) and TensorRT's own defaults are sized for the whole device
+#: (WORKSPACE: the device's total memory; TACTIC_DRAM: 75 % of it on an embedded GPU, about 5.6 GiB):
+#: a build that takes them runs the board out of memory and the kernel kills it.
+#: WORKSPACE, the scratch one layer's tactic may use: 2 GiB (Ultralytics' advice for Jetson; larger tactics
+#: are skipped, not failed).
 DEFAULT_WORKSPACE_MIB = 2048
+#: TACTIC_DRAM (TensorRT 8.6+), all the memory the optimiser holds while timing tactics, workspace included:
+#: 3 GiB = 7.4 GiB - 2 GiB (desktop) - about 1.5 GiB for the builder's own host memory (the parsed network,
+#: its weights, the serialised engine: about 4 times the weights of a ViT-B) - about 1 GiB left free.
+DEFAULT_TACTIC_DRAM_MIB = 3072
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
@@ -78,6 +89,8 @@ class BuildSpec:
     workspace_mib: int = DEFAULT_WORKSPACE_MIB
     optimization_level: int = 3
     tiling_optimization_level: int | None = None
+    #: MemoryPoolType.TACTIC_DRAM in MiB (None: TensorRT's default, 75 % of the device's memory on a Jetson)
+    tactic_dram_mib: int | None = DEFAULT_TACTIC_DRAM_MIB
     batch: int | None = None
     min_batch: int | None = None
     opt_batch: int | None = None
@@ -94,6 +107,11 @@ class BuildSpec:
             raise JetsonError(f"build precision {self.precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
         if self.workspace_mib < 1:
             raise JetsonError(f"workspace {self.workspace_mib} MiB", expected="a positive size in MiB")
+        if self.tactic_dram_mib is not None and self.tactic_dram_mib < self.workspace_mib:
+            raise JetsonError(f"tactic memory {self.tactic_dram_mib} MiB below the workspace {self.workspace_mib} MiB",
+                              expected="TACTIC_DRAM (all the build's tactic memory) at least the workspace",
+                              fix=f"raise tactic_dram_mib or lower workspace_mib (defaults {DEFAULT_TACTIC_DRAM_MIB} "
+                                  f"and {DEFAULT_WORKSPACE_MIB} MiB)")
         if not 0 <= self.optimization_level <= 5:
             raise JetsonError(f"optimisation level {self.optimization_level}", expected="0..5 (TensorRT's default 3)")
 

@@ -82,6 +82,8 @@ class Knobs(Protocol):
     @property
     def tiling_optimization_level(self) -> int | None: ...
     @property
+    def tactic_dram_mib(self) -> int | None: ...
+    @property
     def tf32(self) -> bool: ...
 
 
@@ -96,6 +98,12 @@ def configure_builder(config: tensorrt.IBuilderConfig, spec: Knobs, features: Te
         honoured["workspace_mib"] = spec.workspace_mib
     else:
         ignored["workspace_mib"] = "no IBuilderConfig.set_memory_pool_limit"
+    if spec.tactic_dram_mib is not None:
+        if features.tactic_dram_pool:
+            config.set_memory_pool_limit(trt.MemoryPoolType.TACTIC_DRAM, spec.tactic_dram_mib << 20)
+            honoured["tactic_dram_mib"] = spec.tactic_dram_mib
+        else:
+            ignored["tactic_dram_mib"] = f"TensorRT {features.version} has no MemoryPoolType.TACTIC_DRAM (8.6+)"
     if features.optimization_level:
         config.builder_optimization_level = spec.optimization_level
         honoured["optimization_level"] = spec.optimization_level

@@ -70,6 +70,7 @@ class TensorRTFeatures:
     weak_typing_flags: tuple[str, ...]  # precision BuilderFlags still present (FP16, INT8, BF16, ...): gone in 11
     int8_calibrator: bool           # IInt8EntropyCalibrator2 (deprecated 10.1, removed in 11)
     memory_pool_limit: bool         # IBuilderConfig.set_memory_pool_limit + MemoryPoolType.WORKSPACE
+    tactic_dram_pool: bool          # MemoryPoolType.TACTIC_DRAM (8.6+): the optimiser's whole memory
     optimization_level: bool        # IBuilderConfig.builder_optimization_level
     tiling_optimization_level: bool  # TilingOptimizationLevel (10.8)
     editable_timing_cache: bool     # BuilderFlag.EDITABLE_TIMING_CACHE (10.8)
@@ -121,6 +122,8 @@ def detect_features(trt: ModuleType) -> TensorRTFeatures:
         int8_calibrator=hasattr(trt, "IInt8EntropyCalibrator2"),
         memory_pool_limit=config_cls is not None and hasattr(config_cls, "set_memory_pool_limit")
         and hasattr(getattr(trt, "MemoryPoolType", None), "WORKSPACE"),
+        tactic_dram_pool=config_cls is not None and hasattr(config_cls, "set_memory_pool_limit")
+        and hasattr(getattr(trt, "MemoryPoolType", None), "TACTIC_DRAM"),
         optimization_level=config_cls is not None and hasattr(config_cls, "builder_optimization_level"),
         tiling_optimization_level=hasattr(trt, "TilingOptimizationLevel"),
         editable_timing_cache=flags is not None and hasattr(flags, "EDITABLE_TIMING_CACHE"),

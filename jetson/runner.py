@@ -22,7 +22,8 @@ samples stand behind it (``reliable``), peak RAM and temperatures, plus
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
 ``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
-``python``, TensorRT's Python API, or ``trtexec``, with its argv and version); ONNX Runtime adds
+``python``, TensorRT's Python API, built in a child process with its memory limits in ``knobs`` and
+its peak memory in ``build_memory``: jetson.build_process, or ``trtexec``, with its argv and version); ONNX Runtime adds
 ``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
 ``accuracy``: the accuracy gate's verdict (jetson.accuracy_gate: ``status`` pass | wrong, the figures, the
 failures), null when the bundle carries no gate; a wrong variant still exits 0: its verdict is the news.
@@ -494,7 +495,7 @@ class Runner:
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
         """The variant's engine from the device's cache, else built now (by --builder) and cached."""
-        from jetson.engine import EngineCache, build_engine_bytes, cache_key, default_cache_root, engine_manifest
+        from jetson.engine import EngineCache, cache_key, default_cache_root, engine_manifest
 
         root = Path(self.options.cache_dir) if self.options.cache_dir else default_cache_root()
         cache = EngineCache(root / "engines")
@@ -505,7 +506,7 @@ class Runner:
         if cached is not None:
             self.log(f"{variant.id}: engine from the cache ({cache.engine_path(key)})")
             return cached[0], {"cache_key": key, "path": str(cache.engine_path(key)), "cached": True,
-                               "build_seconds": cached[1].get("build_seconds")}
+                               **{fact: cached[1].get(fact) for fact in ("build_seconds", "knobs", "build_memory")}}
         plugins = [self.bundle.path(p) for p in variant.build.plugins]
         device = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         timing_cache = root / "timing" / f"{device}.cache"  # per TensorRT and device; seeded from the bundle's
@@ -525,11 +526,13 @@ class Runner:
                 plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
             facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
         else:
-            with self.interruptions.deferred():  # a signal cancels the build through its progress monitor
-                engine, facts = build_engine_bytes(
+            from jetson.build_process import build_in_child
+
+            with self.interruptions.deferred():  # a signal is forwarded to the child, whose monitor cancels the build
+                engine, facts = build_in_child(  # an OOM kill takes the child, not the run (BuildOutOfMemory)
                     graph, variant.build, plugins=plugins, timing_cache=timing_cache, log=self.log,
-                    logger=self.trt_log.logger if self.trt_log is not None else None,
-                    keep_building=lambda: not self.interruptions.noted)
+                    interruptions=self.interruptions,
+                    trt_message=self.trt_log.message if self.trt_log is not None else None)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
                                    variant=variant.id, bundle_sha256=self.bundle.sha256)
         path = cache.store(key, engine, manifest)

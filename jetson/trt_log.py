@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 ECHOED = 5  # warnings and errors repeated on the runner's log per variant; the rest are counted
 
 
-def _make_logger(sink: Callable[[str, str, int], None]) -> tensorrt.ILogger:
+def make_logger(sink: Callable[[str, str, int], None]) -> tensorrt.ILogger:
     import tensorrt as trt
 
     class Logger(trt.ILogger):
@@ -55,7 +55,7 @@ def stderr_logger(verbose: bool = False) -> tensorrt.ILogger:
         if level <= worst_shown:
             print(f"[TRT] [{SEVERITY_LETTERS.get(severity, '?')}] {message}", file=sys.stderr, flush=True)
 
-    return _make_logger(show)
+    return make_logger(show)
 
 
 class TensorRTLog:
@@ -65,7 +65,7 @@ class TensorRTLog:
         self.echo = echo
         self.info_level = int(trt.ILogger.INFO)
         self.warning_level = int(trt.ILogger.WARNING)
-        self.logger = _make_logger(self._message)
+        self.logger = make_logger(self.message)
         self.file: IO[str] | None = None
         self.path: Path | None = None
         self.counts = {"warnings": 0, "errors": 0, "messages": 0}
@@ -90,7 +90,8 @@ class TensorRTLog:
         self.file, self.path = None, None
         return summary
 
-    def _message(self, severity: str, message: str, level: int) -> None:
+    def message(self, severity: str, message: str, level: int) -> None:
+        """One TensorRT message (also from a build in a child process: jetson.build_process)."""
         if level > self.info_level:  # VERBOSE: only with TensorRT's own verbose tools
             return
         if self.file is not None:

@@ -15,6 +15,10 @@ bindings, ``python/src/infer/pyCore.cpp`` at v10.3.0 (the same code at v10.13.0 
   only inside those callbacks, so a signal's Python handler runs there and what it raises is swallowed.
   The fake blocks SIGINT, SIGTERM and SIGHUP for the calling thread while it "builds" and unblocks them
   only around each callback (``build_seconds`` makes the build last that long in steps);
+* a build that runs out of memory: ``build_serialized_network`` logs TensorRT 10's "Error Code 2:
+  OutOfMemory (Requested size was N bytes.)" and returns None (``fail_build``, or the graph named in
+  :data:`OUT_OF_MEMORY_VARIABLE` with ``none``), or the process is killed by SIGKILL as the kernel's OOM
+  killer does (the graph named there with ``killed``: only where the build runs in a child process);
 * ``create_timing_cache`` returns None for bytes it cannot read (a cache from another TensorRT: "Magic tag
   does not match"), ``create_execution_context`` returns None when it cannot allocate (``fail_contexts``).
 
@@ -122,6 +126,23 @@ FAKE_RECORDS = ("FAKE", "calls", "cuda", "plugin_libraries", "builtin_plugins", 
 #: the signals a native call holds back from Python until a callback runs (see the module docstring)
 HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 BUILD_STEP_S = 0.05  # one step of a slow fake build
+#: ``GRAPH:FORM[,GRAPH:FORM...]``: a build whose ONNX path contains GRAPH (e.g. ``graphs/b/``) runs out of
+#: memory; FORM ``none``: build_serialized_network returns None after TensorRT's out-of-memory message,
+#: ``killed``: the building process is sent SIGKILL (what the kernel's OOM killer does). Read at each
+#: build, so it reaches the device runner's build process through the environment.
+OUT_OF_MEMORY_VARIABLE = "FAKE_TENSORRT_OUT_OF_MEMORY"
+OUT_OF_MEMORY_FORMS = ("none", "killed")
+
+
+def out_of_memory_form(graph_path: str | None) -> str | None:
+    """The form in which the build of ``graph_path`` runs out of memory (:data:`OUT_OF_MEMORY_VARIABLE`)."""
+    for entry in filter(None, os.environ.get(OUT_OF_MEMORY_VARIABLE, "").split(",")):
+        graph, _, form = entry.rpartition(":")
+        if form not in OUT_OF_MEMORY_FORMS:
+            raise ValueError(f"{OUT_OF_MEMORY_VARIABLE}={entry!r}: the form is one of {OUT_OF_MEMORY_FORMS}")
+        if graph_path is not None and graph and graph in graph_path:
+            return form
+    return None
 
 
 @contextmanager
@@ -260,6 +281,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.inputs: list[Tensor] = []
             self.outputs: list[Tensor] = []
             self.plugin_layers: list[str] = []
+            self.source: str | None = None  # the parsed file's path (the fake's own: out_of_memory_form)
 
         num_inputs = property(lambda self: len(self.inputs))
         num_outputs = property(lambda self: len(self.outputs))
@@ -285,6 +307,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             _log(self.logger, "INFO", "----------------------------------------------------------------")
             _log(self.logger, "INFO", f"Input filename:   {path}")
             m.calls.append(("parse", path, [p.value for p in proto.metadata_props if p.key == "edge.precision"]))
+            self.network.source = path
             for i, node in enumerate(proto.graph.node):
                 if node.op_type in unsupported_ops:
                     self.errors.append(ParserError(i, node.name, node.op_type,
@@ -471,7 +494,11 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             if config.timing_cache is None:
                 _log(self.logger, "INFO", "Local timing cache in use. Profiling results in this builder pass will "
                                           "not be stored.")
-            if fail_build:
+            form = "none" if fail_build else out_of_memory_form(network.source)
+            if form == "killed":
+                _log(self.logger, "INFO", "[fake] the kernel's OOM killer takes this process (SIGKILL)")
+                os.kill(os.getpid(), signal.SIGKILL)
+            if form == "none":
                 _log(self.logger, "ERROR", "[virtualMemoryBuffer.cpp::resizePhysical::140] Error Code 2: OutOfMemory "
                                            "(Requested size was 2147483648 bytes.)")
                 return None

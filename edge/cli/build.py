@@ -37,6 +37,9 @@ def register(subparsers) -> None:
                         help="TensorRT 10.x builder precision flags instead of a strongly typed network")
     add_field(parser, "--workspace", BuildConfig, "workspace_mib",
               help="workspace memory-pool limit, MiB (2 GiB suits an 8 GB Orin Nano)")
+    add_field(parser, "--tactic-dram", BuildConfig, "tactic_dram_mib",
+              help="tactic memory-pool limit (TACTIC_DRAM, TensorRT 8.6+: all the optimiser holds, workspace "
+                   "included), MiB (3 GiB suits an 8 GB Orin Nano)")
     add_field(parser, "--opt-level", BuildConfig, "optimization_level", help="builder optimisation level")
     add_field(parser, "--tiling-level", BuildConfig, "tiling_optimization_level",
               help="tiling optimisation level (TensorRT 10.8+; default: TensorRT's)")
@@ -68,7 +71,8 @@ def run(args) -> int:
     from edge.trt.builder import BuildConfig, PhaseDisplay, build_engine
 
     config = BuildConfig(precision=args.precision, strongly_typed=args.strongly_typed, workspace_mib=args.workspace,
-                         optimization_level=args.opt_level, tiling_optimization_level=args.tiling_level,
+                         tactic_dram_mib=args.tactic_dram, optimization_level=args.opt_level,
+                         tiling_optimization_level=args.tiling_level,
                          timing_cache=args.timing_cache, plugins=tuple(args.plugin), batch=args.batch,
                          min_batch=args.min_batch, opt_batch=args.opt_batch, max_batch=args.max_batch,
                          calibration_data=args.data, calibration_samples=args.samples, verbose=args.verbose,

@@ -35,6 +35,9 @@ def register(subparsers) -> None:
                         help="int8: calibration samples")
     parser.add_argument("--workspace", type=config_type(BundleConfig, "--workspace", "workspace_mib"),
                         default=BundleConfig.workspace_mib, help="TensorRT workspace, MiB")
+    parser.add_argument("--tactic-dram", type=config_type(BundleConfig, "--tactic-dram", "tactic_dram_mib"),
+                        default=BundleConfig.tactic_dram_mib,
+                        help="TensorRT tactic memory (TACTIC_DRAM, all the optimiser holds, workspace included), MiB")
     parser.add_argument("--opt-level", type=config_type(BundleConfig, "--opt-level", "optimization_level"),
                         default=BundleConfig.optimization_level, help="TensorRT builder optimisation level")
     parser.add_argument("--tiling-level", type=config_type(BundleConfig, "--tiling-level", "tiling_optimization_level"),
@@ -89,7 +92,8 @@ def run(args) -> int:
     except JetsonError as e:
         raise EdgeError(e.what, expected=e.expected) from e
     config = BundleConfig(precisions=args.precision, data=args.data, samples=args.samples,
-                          workspace_mib=args.workspace, optimization_level=args.opt_level,
+                          workspace_mib=args.workspace, tactic_dram_mib=args.tactic_dram,
+                          optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
                           plugins=tuple(args.plugin), protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
                           check_tensorrt=args.check_tensorrt, gate_images=args.gate_images)

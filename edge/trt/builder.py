@@ -37,6 +37,7 @@ from edge.fileio import sha256_file
 from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
+from jetson.bundle import DEFAULT_TACTIC_DRAM_MIB
 from jetson.engine import network_flags, parser_errors
 from jetson.interrupt import Interruptions
 from jetson.trt_log import stderr_logger
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
     import tensorrt
 
 PRECISIONS = ("fp32", "fp16", "int8", "best")
-#: 2 GiB: Ultralytics' advice for building on an 8 GB Orin Nano (CPU and GPU share the 7.6 GB usable)
+#: 2 GiB: Ultralytics' advice for building on an 8 GB Orin Nano (CPU and GPU share the 7.6 GB usable);
+#: the device runner's default too, and TACTIC_DRAM's (DEFAULT_TACTIC_DRAM_MIB): jetson.bundle says why
 DEFAULT_WORKSPACE_MIB = 2048
 #: the ONNX variant (edge.precision metadata) a strongly typed build of each --precision expects; "best" is
 #: the int8 Q/DQ graph, float16 wherever it is not quantized (INT8+FP16)
@@ -61,6 +63,8 @@ class BuildConfig:
     workspace_mib: int = option(DEFAULT_WORKSPACE_MIB, minimum=1, maximum=1 << 20)
     optimization_level: int = option(3, minimum=0, maximum=5)  # 0..5 (TensorRT's default 3)
     tiling_optimization_level: int | None = option(None, minimum=0, maximum=3)  # 10.8+: 0..3 (None: TensorRT's default)
+    # MemoryPoolType.TACTIC_DRAM, MiB (8.6+; None: TensorRT's default, 75 % of a Jetson's memory)
+    tactic_dram_mib: int | None = option(DEFAULT_TACTIC_DRAM_MIB, minimum=1, maximum=1 << 20)
     timing_cache: str | None = None       # loaded when it exists, saved after the build
     plugins: tuple[str, ...] = ()         # plugin libraries (.so) to load
     # static batch for a dynamic-batch graph (None: the graph's own)
@@ -83,6 +87,7 @@ class BuildConfig:
         if self.workspace_mib < 1:
             raise EdgeError(f"--workspace {self.workspace_mib} MiB", expected="a positive size in MiB",
                             fix=f"use the default {DEFAULT_WORKSPACE_MIB} (2 GiB) on an 8 GB Orin Nano")
+        check_tactic_memory(self.workspace_mib, self.tactic_dram_mib)
         if not 0 <= self.optimization_level <= 5:
             raise EdgeError(f"--opt-level {self.optimization_level}", expected="0..5 (TensorRT's default is 3)")
         batches = (self.min_batch, self.opt_batch, self.max_batch)
@@ -92,6 +97,16 @@ class BuildConfig:
             low, mid, high = (int(b) for b in batches)  # type: ignore[arg-type]  # None excluded just above
             if not 1 <= low <= mid <= high:
                 raise EdgeError(f"batch profile {low}/{mid}/{high}", expected="1 <= min <= opt <= max")
+
+
+def check_tactic_memory(workspace_mib: int, tactic_dram_mib: int | None) -> None:
+    """TACTIC_DRAM holds all the build's tactic memory, workspace included: never less than the workspace."""
+    if tactic_dram_mib is not None and tactic_dram_mib < workspace_mib:
+        raise EdgeError(f"--tactic-dram {tactic_dram_mib} MiB below --workspace {workspace_mib} MiB",
+                        expected="the tactic memory (TACTIC_DRAM, all of the optimiser's, workspace included) at "
+                                 "least the workspace",
+                        fix=f"raise --tactic-dram to {workspace_mib} or more, or lower --workspace (defaults "
+                            f"{DEFAULT_TACTIC_DRAM_MIB} and {DEFAULT_WORKSPACE_MIB} MiB on an 8 GB Orin Nano)")
 
 
 class PhaseDisplay:

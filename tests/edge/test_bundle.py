@@ -29,9 +29,9 @@ def test_bundle_of_onnx_files_lists_every_file_with_its_checksum(tmp_path):
     assert manifest["protocol"]["iterations"] == 50 and manifest["source"]["kind"] == "onnx"
     build = manifest["variants"][0]["build"]
     assert build == {"precision": "fp32", "strongly_typed": True, "workspace_mib": 2048, "optimization_level": 3,
-                     "tiling_optimization_level": None, "batch": None, "min_batch": None, "opt_batch": None,
-                     "max_batch": None, "timing_cache": None, "plugins": [], "calibration_cache": None,
-                     "tf32": True}
+                     "tiling_optimization_level": None, "tactic_dram_mib": 3072, "batch": None, "min_batch": None,
+                     "opt_batch": None, "max_batch": None, "timing_cache": None, "plugins": [],
+                     "calibration_cache": None, "tf32": True}
     assert manifest["variants"][0]["inputs"] == [{"name": "input", "shape": [1, 16], "dtype": "float32"}]
     # every file but the manifest, with its sha256 and size; the runner's package is the repository's own
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -161,3 +161,12 @@ def test_fp16_and_int8_graphs_are_made_by_edge_quantize_and_the_calibration_reco
     assert by_id["ref.fp16"].calibration is None
     calibration = by_id["ref.int8"].calibration
     assert calibration["samples"] == 32 and calibration["data"] == "fmnist-mini"
+
+
+def test_a_bundle_whose_tactic_memory_is_below_its_workspace_is_refused_naming_both_options():
+    from edge.bundle import BundleConfig
+    from edge.errors import EdgeError
+
+    with pytest.raises(EdgeError, match="--tactic-dram 3072 MiB below --workspace 4096 MiB"):
+        BundleConfig(workspace_mib=4096).check()
+    BundleConfig(workspace_mib=4096, tactic_dram_mib=4096).check()

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from jetson import device as device_module
 from jetson.bundle import Protocol
 from tests.edge.trt.test_build import NANO_MODEL, tiny_onnx
 from tests.fake_tensorrt import make_fake_tensorrt
-from tests.jetson.fakes import FakeJetson, install_fakes
+from tests.jetson.fakes import FakeJetson, child_fakes_path, install_fakes
 
 
 @pytest.fixture
@@ -32,11 +33,13 @@ def bundle(tmp_path) -> Path:
 
 @pytest.fixture
 def fake_device(tmp_path, monkeypatch):
-    """FakeTensorRT 10.3 as `tensorrt` and its FakeCudaRuntime as the CUDA binding, on an Orin Nano."""
+    """FakeTensorRT 10.3 as `tensorrt` (here and in the runner's build processes) and its FakeCudaRuntime as the
+    CUDA binding, on an Orin Nano."""
     model = tmp_path / "device-tree-model"
     model.write_bytes(NANO_MODEL.encode() + b"\x00")
     monkeypatch.setattr(device_module, "DEVICE_TREE_MODEL", str(model))
     trt = make_fake_tensorrt("10.3")
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None, log=None: trt.cuda)
+    monkeypatch.setenv("PYTHONPATH", child_fakes_path(os.environ.get("PYTHONPATH")))  # the build's child process
     return trt

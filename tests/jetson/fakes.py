@@ -77,3 +77,13 @@ def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.
     trtexec.write_text(f'#!/bin/sh\nexport {baked}\nexec {command} "$@"\n')
     trtexec.chmod(0o755)
     return fakes
+
+
+CHILD_FAKES = Path(__file__).parent / "child_fakes"
+
+
+def child_fakes_path(existing: str | None = None) -> str:
+    """A PYTHONPATH on which a child process (the runner's engine build: jetson.build_process) imports
+    FakeTensorRT as ``tensorrt`` (tests/jetson/child_fakes), ``existing`` after it."""
+    repo = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(filter(None, [str(CHILD_FAKES), repo, existing]))

@@ -4,6 +4,7 @@
 
 - ``FAKE_BUILD_SECONDS``: each engine build lasts that long (steps reported to the progress monitor, signals
   held back from Python between TensorRT's callbacks, as in the real bindings);
+- ``FAKE_TENSORRT_OUT_OF_MEMORY``: builds that run out of memory (tests/fake_tensorrt.py);
 - ``FAKE_DEVICE_TREE_MODEL``: the file read as /proc/device-tree/model.
 """
 
@@ -19,9 +20,11 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from jetson import cuda, device
     from tests.fake_tensorrt import make_fake_tensorrt
+    from tests.jetson.fakes import child_fakes_path
 
     trt = make_fake_tensorrt("10.3", build_seconds=float(os.environ.get("FAKE_BUILD_SECONDS", "0")))
     sys.modules["tensorrt"] = trt
+    os.environ["PYTHONPATH"] = child_fakes_path(os.environ.get("PYTHONPATH"))  # the same fake in the build process
     cuda.load_cuda_runtime = lambda binding=None, log=None: trt.cuda
     device.DEVICE_TREE_MODEL = os.environ["FAKE_DEVICE_TREE_MODEL"]
     sys.argv = ["jetson", *sys.argv[1:]]

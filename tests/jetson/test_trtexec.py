@@ -12,7 +12,7 @@ from jetson.bundle import BuildSpec
 from jetson.errors import JetsonError
 from jetson.runner import RunOptions, run
 from jetson.trtexec import banner_version, build_argv, shape_flags
-from tests.fake_tensorrt import make_fake_tensorrt
+from tests.fake_tensorrt import OUT_OF_MEMORY_VARIABLE, make_fake_tensorrt
 
 GRAPH, ENGINE = Path("/b/graphs/m/fp16.onnx"), Path("/c/building/k/trtexec.engine")
 COMMON = ["trtexec", f"--onnx={GRAPH}", f"--saveEngine={ENGINE}", "--skipInference",
@@ -155,8 +155,7 @@ def test_tensorrt_messages_go_to_the_variants_log_and_errors_are_summarised(bund
     assert ("INFO", "Loaded engine size: 0 MiB") in messages  # the runtime's
     assert "TensorRT error" not in capsys.readouterr().err  # nothing to summarise
     # a build that fails: its error on stderr and the run log, all of it in the file
-    failing = make_fake_tensorrt("10.3", fail_build=True, cuda=fake_device.cuda)
-    monkeypatch.setitem(sys.modules, "tensorrt", failing)
+    monkeypatch.setenv(OUT_OF_MEMORY_VARIABLE, "graphs/b/:none")  # the build (in its own process) fails
     assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "other", variants=("b.fp32",))) == 1
     err = capsys.readouterr().err
     assert "TensorRT error: [virtualMemoryBuffer.cpp::resizePhysical::140] Error Code 2: OutOfMemory" in err

@@ -94,6 +94,9 @@ def install_tensorrt() -> None:
     sm_count = int(os.environ.get("FAKE_DEVICE_SM_COUNT", ORIN_NANO["multiProcessorCount"]))
     trt = make_fake_tensorrt("10.3", cuda=FakeCudaRuntime({**ORIN_NANO, "multiProcessorCount": sm_count}))
     sys.modules["tensorrt"] = trt
+    from tests.jetson.fakes import child_fakes_path
+
+    os.environ["PYTHONPATH"] = child_fakes_path(os.environ.get("PYTHONPATH"))  # the runner's build process too
     if not install_broken_cuda_python():  # every binding answers through the fake runtime
         cuda.load_cuda_runtime = lambda binding=None, log=None: trt.cuda
         cuda.try_cuda_binding = lambda name: (trt.cuda, None)

@@ -204,13 +204,20 @@ def test_parser_failure_names_each_node(tmp_path, fake_trt):
 def test_workspace_limit_default_and_option(tmp_path, fake_trt):
     fake_trt("10.3")
     out, manifest = build(tmp_path)
-    assert request_of(out)["pools"] == {"WORKSPACE": 2048 << 20}  # 2 GiB default for an 8 GB Orin Nano
-    out, manifest = build(tmp_path, BuildConfig(workspace_mib=512, optimization_level=5))
+    # 2 GiB workspace and 3 GiB tactic memory by default for an 8 GB Orin Nano (jetson.bundle says why)
+    assert request_of(out)["pools"] == {"WORKSPACE": 2048 << 20, "TACTIC_DRAM": 3072 << 20}
+    assert manifest["knobs"]["honoured"]["tactic_dram_mib"] == 3072
+    out, manifest = build(tmp_path, BuildConfig(workspace_mib=512, optimization_level=5, tactic_dram_mib=None))
     request = request_of(out)
     assert request["pools"] == {"WORKSPACE": 512 << 20} and request["optimization_level"] == 5
-    assert manifest["knobs"]["honoured"]["workspace_mib"] == 512
+    assert manifest["knobs"]["honoured"]["workspace_mib"] == 512 and "tactic_dram_mib" not in manifest["knobs"][
+        "honoured"]
     with pytest.raises(EdgeError, match="workspace"):
         build(tmp_path, BuildConfig(workspace_mib=0))
+    with pytest.raises(EdgeError, match="--tactic-dram 3072 MiB below --workspace 4096 MiB"):
+        build(tmp_path, BuildConfig(workspace_mib=4096))  # raise --tactic-dram with it
+    out, manifest = build(tmp_path, BuildConfig(workspace_mib=4096, tactic_dram_mib=4096))
+    assert request_of(out)["pools"] == {"WORKSPACE": 4096 << 20, "TACTIC_DRAM": 4096 << 20}
 
 
 def test_timing_cache_round_trip_and_mismatch(tmp_path, fake_trt):
