@@ -172,7 +172,7 @@ SLOW = {
         "CI time: stage 1's command again (docs/reference-model.md), in another folder",
     (MODELS, "edge eval fmnist-deit-tiny --data fmnist-mini"):
         "CI time: 2,000 images (the full-data eval runs on the small set)",
-    (MODELS, "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images"):
+    (MODELS, "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images --probe"):
         "CI time: a DeiT-Small at 224 on the CPU",
     (RMV, "edge analyze fmnist-deit-tiny --data fmnist --samples 500 --entropy --nose 4 --out runs/entropy"):
         "CI time: a third analyze (two run in other guides; tests/edge/analysis/test_entropy.py covers --entropy "
@@ -225,15 +225,17 @@ def _pruned_weights(path: Path) -> None:
 
 
 def _image_folder(path: Path) -> None:
-    """An ImageFolder of 2 classes x 2 random RGB PNGs of 64 x 64 (the user's own images)."""
+    """An ImageFolder with train/ and val/ splits of 2 classes x 2 random RGB PNGs of 64 x 64 (the user's images)."""
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for label in ("cat", "dog"):
-        (path / label).mkdir(parents=True)
-        for i in range(2):
-            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path / label / f"{i}.png")
+    for split in ("train", "val"):
+        for label in ("cat", "dog"):
+            (path / split / label).mkdir(parents=True)
+            for i in range(2):
+                image = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+                Image.fromarray(image).save(path / split / label / f"{i}.png")
 
 
 STAND_INS = {
