@@ -615,6 +615,13 @@ def test_links_resolve(file):
     assert not broken, f"{file}: links to files or headings that do not exist: {broken}"
 
 
+def test_results_hold_no_commands():
+    """docs/results/ holds measured tables that benchmarks/ write; commands to run belong in a guide, where they run."""
+    with_commands = [p.name for p in sorted((ROOT / "docs" / "results").glob("*.md"))
+                     if bash_commands(p.read_text(encoding="utf-8"), str(p))]
+    assert not with_commands, f"docs/results files with ```bash blocks, which this test does not run: {with_commands}"
+
+
 def test_readme_links_every_guide():
     """README.md is the front door: every guide in docs/ is linked from it."""
     readme = (ROOT / README).read_text(encoding="utf-8")
