@@ -348,7 +348,7 @@ def export_graphs(model: nn.Module, name: str, folder: Path, batches: tuple[int,
 @torch.no_grad()
 def verify_ranking_graph(model: nn.Module, path: Path, batch: int, data: str) -> list[dict]:
     """Real test images must agree within edge's tolerance (else EdgeError); random ones are only counted."""
-    from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
+    from edge.check.compare import Tolerance, compare_arrays, ort_session, run_ort
     from edge.data import load_dataset
     from edge.export import real_inputs
 
@@ -546,7 +546,7 @@ class Benchmark:
 
     def finished(self, out: Path, config) -> dict | None:
         """The fine-tune record of a finished run of this recipe at ``out``, if there is one."""
-        from edge.compress.finetune import RUN_ONLY
+        from edge.train.checkpoint import RUN_ONLY
 
         if not is_artifact(out):
             return None

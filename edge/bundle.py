@@ -1,11 +1,13 @@
 """``edge bundle``: what a Jetson needs to build and benchmark model variants, in one folder.
 
-The inputs are pipeline run folders (each variant's cleaned static-batch graph, as report.json
-names it, else ``variants/NAME/model.clean.onnx``) and ONNX files (the variant is the file's name).
-Each variant is written at every precision asked for: fp32 is the graph itself, fp16 and int8 (Q/DQ)
-are made by edge.quantize (int8 calibrates on ``--data``/``--samples``, recorded in the manifest),
-and each carries its TensorRT build config. The device-side package ``jetson/`` is copied in, so the
-bundle runs with ``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
+The inputs are graphs: ONNX files (the variant is the file's name) or :class:`SourceGraph` (a name
+and a file). A bundle packages files and knows no pipeline run folder: the CLI asks edge.pipeline
+for a run's graphs (each variant's cleaned static-batch graph) and passes them on, with the
+manifest's ``source`` saying where they came from. Each variant is written at every precision asked
+for: fp32 is the graph itself, fp16 and int8 (Q/DQ) are made by edge.precision.quantize (int8
+calibrates on ``--data``/``--samples``, recorded in the manifest), and each carries its TensorRT
+build config. The device-side package ``jetson/`` is copied in, so the bundle runs with
+``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
 is defined once, in :mod:`jetson.bundle`.
 
 The bundle is written into a temporary folder beside ``--out`` and renamed at the end, so an
@@ -20,7 +22,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +31,7 @@ import jetson
 from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
-from edge.pipeline.layout import DEPLOYED, VARIANTS, clean_name
+from edge.graph.tensorrt_support import DEFAULT_TENSORRT
 from jetson.bundle import (
     CACHES,
     GRAPH_PRECISION,
@@ -62,6 +64,9 @@ class BundleConfig:
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     protocol: Protocol = field(default_factory=Protocol)
+    tf32: bool = True                   # False: every build config clears TF32 (edge bundle --no-tf32)
+    tensorrt: str = DEFAULT_TENSORRT    # the TensorRT whose ONNX parser rules every packed graph must pass
+    check_tensorrt: bool = True         # False: pack graphs that break those rules (edge bundle --no-trt-check)
 
     def check(self) -> None:
         if not self.precisions:
@@ -88,46 +93,29 @@ def _variant_name(path: Path) -> str:
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in name).lstrip(".") or "model"
 
 
-def pipeline_graphs(run: Path) -> list[SourceGraph]:
-    """The cleaned static-batch graph of every variant of a pipeline run (report.json's order)."""
-    report = run / "report.json"
-    if report.is_file():
-        try:
-            variants = json.loads(report.read_text())["variants"]
-            found = [SourceGraph(v["name"], run / v["graphs"][DEPLOYED]["clean_file"]) for v in variants]
-        except (ValueError, KeyError, TypeError) as e:
-            raise EdgeError(f"{report} does not list the variants' graphs", found=f"{type(e).__name__}: {e}",
-                            fix="rerun `edge pipeline` into this folder, or bundle the ONNX files themselves") from e
-    else:  # an unfinished run: the graphs the clean step wrote
-        found = [SourceGraph(p.parent.name, p)
-                 for p in sorted((run / VARIANTS).glob(f"*/{clean_name(DEPLOYED)}"))]
-    if not found:
-        raise EdgeError(f"{run} holds no cleaned graph", expected=f"a pipeline run folder ({VARIANTS}/NAME/"
-                        f"{clean_name(DEPLOYED)}) or an .onnx file", fix="run `edge pipeline --out` into it first")
-    missing = [g.path for g in found if not g.path.is_file()]
-    if missing:
-        raise EdgeError(f"the pipeline run {run} lists {missing[0]}, which does not exist",
-                        fix="rerun `edge pipeline` to complete the run")
-    return found
+def onnx_graph(path: str | Path) -> SourceGraph:
+    """The ONNX file ``path`` as a graph to bundle, its variant named by the file's name."""
+    path = Path(path)
+    if not (path.suffix == ".onnx" and path.is_file()):
+        raise EdgeError(f"{path} is not an ONNX file", expected="an existing .onnx file to bundle",
+                        fix="pass .onnx files")
+    return SourceGraph(_variant_name(path), path)
 
 
-def source_graphs(inputs: list[str | Path]) -> list[SourceGraph]:
-    """Every graph the inputs name; a name given twice is an error (variants are named uniquely)."""
-    graphs: list[SourceGraph] = []
-    for item in map(Path, inputs):
-        if item.is_dir():
-            graphs += pipeline_graphs(item)
-        elif item.suffix == ".onnx" and item.is_file():
-            graphs.append(SourceGraph(_variant_name(item), item))
-        else:
-            raise EdgeError(f"{item} is neither a pipeline run folder nor an ONNX file",
-                            fix="pass the --out folder of `edge pipeline`, or .onnx files")
-    names = [g.name for g in graphs]
+def source_graphs(graphs: Sequence[SourceGraph | str | Path]) -> list[SourceGraph]:
+    """Every graph to bundle (paths: ONNX files); a name given twice is an error (variants are named uniquely)."""
+    found = [g if isinstance(g, SourceGraph) else onnx_graph(g) for g in graphs]
+    names = [g.name for g in found]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise EdgeError(f"two graphs would be variant {twice[0]!r}",
                         fix="rename one of the ONNX files, or bundle the runs separately")
-    return graphs
+    return found
+
+
+def onnx_source(graphs: Sequence[SourceGraph | str | Path]) -> dict:
+    """The manifest's ``source`` of graphs given as they are: ONNX files."""
+    return {"kind": "onnx", "paths": [str(g.path if isinstance(g, SourceGraph) else g) for g in graphs]}
 
 
 def _graph_io(path: Path) -> tuple[tuple[dict, ...], str]:
@@ -157,13 +145,13 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     if _check_convertible(source, precision) == GRAPH_PRECISION[precision]:
         shutil.copyfile(source.path, out)
         return None
-    from edge.quantize import quantize_file
+    from edge.precision.quantize import quantize_file
 
     progress(f"{source.name}: making the {precision} graph")
     if precision == "fp16":
         result = quantize_file(source.path, out, "fp16", check_data=config.check_data)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
-    from calib.qdq import Int8Config
+    from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
                            check_data=config.check_data, progress=progress)
@@ -207,9 +195,12 @@ def _ship(files: tuple[str, ...], folder: str, out: Path) -> list[str]:
     return shipped
 
 
-def make_bundle(inputs: list[str | Path], out: str | Path, config: BundleConfig | None = None, *,
-                tar: bool = False, force: bool = False, progress: Callable[[str], None] | None = None) -> dict:
-    """Write the bundle folder ``out`` (and ``out.tar.gz`` with ``tar``); its manifest."""
+def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, config: BundleConfig | None = None, *,
+                source: dict | None = None, tar: bool = False, force: bool = False,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Write the bundle folder ``out`` (and ``out.tar.gz`` with ``tar``) of ``graphs`` (ONNX files or
+    SourceGraph); its manifest. ``source``: where the graphs came from, as the manifest records it
+    (``{"kind": ..., "paths": [...]}``; default: :func:`onnx_source`)."""
     from edge import __version__
 
     config = config or BundleConfig()
@@ -218,40 +209,57 @@ def make_bundle(inputs: list[str | Path], out: str | Path, config: BundleConfig 
     out = Path(out)
     if out.exists() and not force:
         raise EdgeError(f"{out} exists", expected="a new folder for the bundle", fix="pass another --out, or --force")
-    graphs = source_graphs(inputs)
-    for source in graphs:  # before minutes of calibration, not after
+    source = source or onnx_source(graphs)
+    graphs = source_graphs(graphs)
+    for graph in graphs:  # before minutes of calibration, not after
         for precision in config.precisions:
-            _check_convertible(source, precision)
+            _check_convertible(graph, precision)
     with atomic_folder(out) as tmp:
         plugins = _ship(config.plugins, PLUGINS, tmp)
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
-        for source in graphs:
+        for graph in graphs:
             for precision in config.precisions:
-                relative = f"{GRAPHS}/{source.name}/{precision}.onnx"
-                made = _write_precision(source, precision, tmp / relative, config, progress)
+                relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
+                made = _write_precision(graph, precision, tmp / relative, config, progress)
+                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
                 inputs_io, _ = _graph_io(tmp / relative)
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
                                   optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
-                                  timing_cache=timing, plugins=tuple(plugins))
-                variants.append(Variant(name=source.name, precision=precision, graph=relative,
+                                  timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
+                variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
-                                        calibration=(made or {}).get("calibration"), source=str(source.path)))
-                progress(f"{source.name}.{precision}: {relative}")
+                                        calibration=(made or {}).get("calibration"), source=str(graph.path)))
+                progress(f"{graph.name}.{precision}: {relative}")
         _copy_package(tmp)
-        kind = "pipeline" if any(Path(i).is_dir() for i in inputs) else "onnx"
         try:
             manifest = manifest_json(tmp, variants, config.protocol,
                                      {"edge": __version__, "created": datetime.now(timezone.utc).isoformat(
-                                         timespec="seconds")},
-                                     {"kind": kind, "paths": [str(i) for i in inputs]})
+                                         timespec="seconds")}, source)
         except JetsonError as e:
             raise EdgeError(e.what, fix=e.fix) from e
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     if tar:
         manifest["tar"] = str(write_tar(out))
     return manifest
+
+
+def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
+    """The TensorRT parser rules on a packed graph (edge.graph.tensorrt_rules): a graph breaking one is refused
+    with the findings, before a device spends minutes on a build that fails; with the check off, it is said."""
+    from edge.graph.tensorrt_rules import check_file, refusal
+
+    report = check_file(graph, config.tensorrt)
+    if report["passed"]:
+        return
+    if config.check_tensorrt:
+        report["graph"] = variant
+        raise refusal([report], config.tensorrt,
+                      fix="nothing was written; fix the graph (the fix of each finding above), or pack it anyway "
+                          "with --no-trt-check")
+    progress(f"{variant}: breaks {report['errors']} rule(s) of TensorRT {config.tensorrt}'s ONNX parser; packed "
+             f"anyway (--no-trt-check); `edge check` lists them")
 
 
 def write_tar(folder: Path) -> Path:

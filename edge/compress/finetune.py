@@ -5,16 +5,18 @@ weights file (e.g. a model pruned by another tool), or, through :func:`distil`, 
 user's own code; one recipe serves all three. The teacher is ``--teacher`` (``teacher=``), else the
 artifact's source model (its manifest names the model, weights and input size; the bundled
 reference model rebuilds from its name) or the spec's own model. Each step feeds the same seeded,
-augmented batch to both models and minimises (Hinton et al.)
+augmented batch to both models and minimises the distillation loss of :mod:`edge.train.distillation`
+(Hinton et al.)
 
     L = (1 - alpha) * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
         + alpha * CE(z_s, y) + beta * MSE(f_s, f_t)
 
 with ``z`` the logits, ``f`` the pre-logit features (after pooling and ``fc_norm``), AdamW,
-linear warm-up then cosine decay (the schedule of ``edge train``). ``train=all`` trains every
-parameter of the student; ``train=replaced`` only the modules the compression put in (the
-registered methods' ``module_types``, e.g. ``DepthwiseAttention``, ``ApproximatedSpan``); buffers
-(``prefix=pool`` weights) stay fixed.
+linear warm-up then cosine decay: the one training loop of ``edge train`` (:mod:`edge.train.loop`),
+with the distillation as its task; this module builds the pair, the methods' training phases and
+the artifact. ``train=all`` trains every parameter of the student; ``train=replaced`` only the
+modules the compression put in (the registered methods' ``module_types``, e.g. ``DepthwiseAttention``,
+``ApproximatedSpan``); buffers (``prefix=pool`` weights) stay fixed.
 ``all`` is the default, measured on a short run: fmnist-deit-tiny, ``dwconv:auto=6:init=lsq``
 (training-free 0.588, original 0.873 on 1000 test images), 60 steps of batch 64 on 3,840
 training images: ``all`` 0.807, ``replaced`` 0.732
@@ -42,23 +44,20 @@ stays ``batch_size``: every process draws the same global batch the one-process 
 takes its rows (:func:`edge.distributed.batch_rows`); its loss is weighted by its share of the
 rows, so the averaged gradient is the gradient of the global batch mean, and the weights equal the
 one-process run's up to the order of float additions. The held-out evaluations are sharded: every
-process scores its share of the images and the counts and loss sums are added (:func:`edge.train.
-held_out_accuracy`). Only the main process writes the checkpoint and the artifact and prints; the
-others wait for it at a barrier and end with it.
+process scores its share of the images and the counts and loss sums are added
+(:func:`edge.train.held_out.held_out_accuracy`). Only the main process writes the checkpoint and the
+artifact and prints; the others wait for it at a barrier and end with it.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edge import __version__, distributed
@@ -74,25 +73,22 @@ from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError, plural
 from edge.models import parse_model_spec
 from edge.models.weights_io import load_weights, read_state_dict
-from edge.progress import bar, log
-from edge.runtime import hardware, resolve_amp, resolve_device, set_threads
-from edge.train import (
-    atomic_torch_save,
-    check_global_batch,
-    found_by_all,
-    held_out_accuracy,
-    learning_rate,
-    load_checkpoint,
-    param_groups,
-    training_batch,
-    training_set,
+from edge.progress import log
+from edge.runtime import hardware
+from edge.train.batches import training_set
+from edge.train.checkpoint import CHECKPOINT, Progress, open_checkpoint, recipe_of
+from edge.train.distillation import (  # distillation_loss, logits_and_features: also importable from here, as before
+    Distillation,
+    StudentOutputs,
+    distillation_loss,
+    logits_and_features,
+    values_text,
 )
+from edge.train.loop import Loop, Runtime, run
+from edge.train.schedule import Schedule, adamw
 
-CHECKPOINT = "checkpoint.pt"
 TRAINABLE = ("all", "replaced")
 DILUTION_SCHEDULES = ("linear", "cosine")
-# Not part of the recipe a checkpoint must match: where/how fast it runs, when it saves, where it stops.
-RUN_ONLY = ("command", "checkpoint_every", "threads", "device", "eval_every_epoch", "max_steps")
 
 
 @dataclass
@@ -187,57 +183,6 @@ def piad_epochs(config: FinetuneConfig) -> int:
     return config.piad_epochs if config.piad_epochs is not None else math.ceil(config.epochs / 2)
 
 
-def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                      labels: torch.Tensor | None = None, *, temperature: float = 1.0, alpha: float = 0.0,
-                      student_features: torch.Tensor | None = None, teacher_features: torch.Tensor | None = None,
-                      feature_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of the module docstring, in float32; returns ``(loss, parts)`` with ``parts["kl"]`` etc.
-
-    The KL is ``sum p_t (log p_t - log p_s)`` per sample, averaged over the batch and scaled by
-    ``T^2`` (so its gradient keeps its size across temperatures); it is exactly 0 where the
-    two models give the same logits.
-    """
-    t = float(temperature)
-    log_student = F.log_softmax(student_logits.float() / t, dim=-1)
-    log_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
-    kl = F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * (t * t)
-    parts = {"kl": kl.detach()}
-    loss = (1.0 - alpha) * kl
-    if alpha:
-        ce = F.cross_entropy(student_logits.float(), labels)
-        loss = loss + alpha * ce
-        parts["ce"] = ce.detach()
-    if feature_weight:
-        mse = F.mse_loss(student_features.float(), teacher_features.float())
-        loss = loss + feature_weight * mse
-        parts["feature_mse"] = mse.detach()
-    return loss, parts
-
-
-class StudentOutputs(nn.Module):
-    """The student's logits (and pre-logit features) from one ``forward``, the unit DistributedDataParallel wraps.
-
-    It holds the student (its state dict is ``model.*``); the student itself is saved, never this.
-    """
-
-    def __init__(self, model: nn.Module, features: bool) -> None:
-        super().__init__()
-        self.model = model
-        self.features = features
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return logits_and_features(self.model, x, self.features)
-
-
-def logits_and_features(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor,
-                                                                                       torch.Tensor | None]:
-    """The logits, and with ``features`` also the pre-logit features timm's head reads."""
-    if not features:
-        return model(x), None
-    pre_logits = model.forward_head(model.forward_features(x), pre_logits=True)
-    return model.head(pre_logits), pre_logits
-
-
 def select_trainable(model: nn.Module, which: str, extra_types: tuple[type[nn.Module], ...] = ()) -> int:
     """Set ``requires_grad`` for ``train=all|replaced``; returns the number of trainable parameters.
 
@@ -319,22 +264,6 @@ def training_phases(student: nn.Module, teacher: nn.Module, config: FinetuneConf
     return phases
 
 
-def _resume(state: dict, student: nn.Module, optimizer: torch.optim.Optimizer,
-            phases: list[TrainingPhase]) -> tuple[int, list, float]:
-    """Load a checkpoint into the student, optimizer and phases: (step, history, elapsed)."""
-    student.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    for phase in phases:
-        phase.load_state_dict(state["phases"][phase.name])
-    return int(state["step"]), list(json.loads(state["history"])), float(state["elapsed"])
-
-
-def _accuracy(model: nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
-    result = held_out_accuracy(model, data, spec, device)
-    return {"data": result["data"], "samples": result["samples"], "accuracy": result["accuracy"],
-            "loss": result["loss"]}
-
-
 def check_out(out: Path, student: str | Path | Student) -> None:
     """Refuse an ``out`` that is the student's own folder, a file, or a folder of something else."""
     folder = student.folder if isinstance(student, Student) else Path(student)
@@ -392,6 +321,38 @@ def check_pair(source: Student, student: nn.Module, teacher: nn.Module, referenc
                             "--teacher-weights)")
 
 
+@dataclass
+class Pair:
+    """The student and the frozen teacher of a fine-tune, on the device, and the inputs both are fed."""
+
+    source: Student
+    student: nn.Module
+    teacher: nn.Module
+    reference: dict                       # how the teacher was built (what the record names)
+    spec: InputSpec
+
+
+def distillation_pair(source: Student, config: FinetuneConfig, module: nn.Module | None,
+                      device: torch.device) -> Pair:
+    """The teacher (``module``, else as ``config`` or the manifest names it) and the student, on ``device``."""
+    reference, teacher = resolve_teacher(source.manifest, config, module)
+    teacher = teacher.to(device)
+    student = source.model.to(device)
+    spec = InputSpec.from_data_config(input_config(source, teacher, reference))
+    return Pair(source, student, teacher, reference, spec)
+
+
+@dataclass
+class Session:
+    """A fine-tune ready to run: the pair, the loop and its task, where it stands."""
+
+    pair: Pair
+    loop: Loop
+    task: Distillation
+    progress: Progress
+    trainable: int                        # trainable parameters of the student
+
+
 def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConfig, *,
              weights: str | Path | None = None, teacher: nn.Module | None = None, resume: bool = True,
              student_name: str | None = None) -> dict:
@@ -409,171 +370,144 @@ def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConf
     out = Path(out)
     check_out(out, source)
     source = source if isinstance(source, Student) else load_student(source, weights=weights)
-    folder = source.where
+    runtime = Runtime.start(config)
+    session = prepare(distillation_pair(source, config, teacher, runtime.device), config, runtime, out, resume)
+    run(session.loop, session.task, session.progress)
+    return conclude(session, out, student_name)
 
-    threads = set_threads(config.threads)
-    device = distributed.local_device(resolve_device(config.device))
-    distributed.init(device)
-    amp_dtype = resolve_amp(config.amp, device)
-    student, manifest = source.model, source.manifest
-    reference, teacher = resolve_teacher(manifest, config, teacher)
-    teacher = teacher.to(device)
-    student = student.to(device)
-    spec = InputSpec.from_data_config(input_config(source, teacher, reference))
-    preprocess = ArrayPreprocess(spec)
+
+def prepare(pair: Pair, config: FinetuneConfig, runtime: Runtime, out: Path, resume: bool) -> Session:
+    """Check the pair on the data; the methods' training phases, the task and the loop. A checkpoint of another
+    recipe is refused before any work; a new run first scores the student as it came."""
     train_set = training_set(config.data, config.train_samples, config.seed)
     held_out = held_out_set(config)
-    check_pair(source, student, teacher, reference, spec, train_set, config, device)
+    check_pair(pair.source, pair.student, pair.teacher, pair.reference, pair.spec, train_set, config, runtime.device)
+    schedule = Schedule.of(len(train_set), config.batch_size, config.epochs, steps=config.steps,
+                           max_steps=config.max_steps)
+    task = Distillation(config, pair.student, pair.teacher, pair_phases(pair, config, schedule), held_out, pair.spec,
+                        runtime.device)
+    recipe = recipe_of(config, student_sha256=pair.source.sha256, teacher_sha256=source_state_sha256(pair.teacher))
+    state = open_checkpoint(out / CHECKPOINT, recipe, asdict(FinetuneConfig()), resume)
+    # the compressed model as it came, before any phase changes it
+    history = [] if state is not None else [{"epoch": 0, "step": 0, **task.accuracy()}]
+    task.start()
+    trainable = select_trainable(pair.student, config.train, tuple(t for p in task.phases for t in p.module_types))
+    loop = Loop(model=pair.student, forward=StudentOutputs(pair.student, task.features),
+                optimizer=adamw(pair.student, config), data=train_set, preprocess=ArrayPreprocess(pair.spec),
+                config=config, schedule=schedule, runtime=runtime, checkpoint=out / CHECKPOINT, recipe=recipe,
+                desc="finetune", activity="fine-tuning", find_unused=bool(task.phases))
+    return start(Session(pair, loop, task, Progress(history=history), trainable), state)
 
-    check_global_batch(len(train_set), config.batch_size)
-    steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
-    total_steps = config.steps or steps_per_epoch * config.epochs
-    last_step = min(total_steps, total_steps if config.max_steps is None else config.max_steps)
-    phases = training_phases(student, teacher, replace(config, steps=total_steps, piad_epochs=piad_epochs(config)),
-                             folder, manifest.get("steps", []))
-    teacher_sha = source_state_sha256(teacher)
-    recipe = {**{k: v for k, v in asdict(config).items() if k not in RUN_ONLY},
-              "student_sha256": source.sha256, "teacher_sha256": teacher_sha}
 
-    step, history, elapsed = 0, [], 0.0
-    checkpoint_path = out / CHECKPOINT
-    state = None
-    if resume and found_by_all(checkpoint_path):
-        # refuse another recipe before any work; fields added in later versions compare as their defaults
-        state = load_checkpoint(checkpoint_path, recipe, asdict(FinetuneConfig()))
-    else:  # the compressed model as it came, before any phase changes it
-        history.append({"epoch": 0, "step": 0, **_accuracy(student, held_out, spec, device)})
-    for phase in phases:
-        phase.start()
-    trainable = select_trainable(student, config.train, tuple(t for p in phases for t in p.module_types))
-    optimizer = torch.optim.AdamW(param_groups(student, config.weight_decay), lr=config.lr, betas=(0.9, 0.999))
+def pair_phases(pair: Pair, config: FinetuneConfig, schedule: Schedule) -> list[TrainingPhase]:
+    """The training phases of the student's plan, for ``schedule``'s steps (PIAD's epochs resolved)."""
+    resolved = replace(config, steps=schedule.total, piad_epochs=piad_epochs(config))
+    return training_phases(pair.student, pair.teacher, resolved, pair.source.where,
+                           pair.source.manifest.get("steps", []))
+
+
+def start(session: Session, state: dict | None) -> Session:
+    """Continue the checkpoint ``state`` (student, optimizer, phases) or make the output folder; log the run."""
     if state is not None:
-        step, history, elapsed = _resume(state, student, optimizer, phases)
-        del state
-        log(f"resuming {checkpoint_path} at step {step}/{last_step}")
+        session.progress = session.task.resume(session.loop, state)
     elif distributed.is_main():
-        out.mkdir(parents=True, exist_ok=True)
+        session.loop.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    session.task.values = session.task.phase_values()
+    log_start(session)
+    return session
 
-    def save_checkpoint() -> None:
-        if not distributed.is_main():
-            return
-        atomic_torch_save({"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                           "recipe": recipe, "history": json.dumps(history), "elapsed": elapsed,
-                           "phases": {p.name: p.state_dict() for p in phases}}, checkpoint_path)
 
-    log(f"finetune {folder}{f' ({plan})' if (plan := manifest.get('plan')) else ''} from {reference['model']} "
-        f"on {train_set.name} "
-        f"({len(train_set)} images): {plural(last_step, 'step')} ({steps_per_epoch}/epoch), train={config.train} "
-        f"({trainable:,} parameters), device {device}, amp {amp_dtype}, threads {threads}"
-        f"{_processes_note(config.batch_size)}")
-    for phase in phases:
+def log_start(session: Session) -> None:
+    pair, loop, config = session.pair, session.loop, session.task.config
+    runtime, manifest = loop.runtime, pair.source.manifest
+    log(f"finetune {pair.source.where}{f' ({plan})' if (plan := manifest.get('plan')) else ''} from "
+        f"{pair.reference['model']} on {loop.data.name} ({len(loop.data)} images): "
+        f"{plural(loop.schedule.last, 'step')} ({loop.schedule.per_epoch}/epoch), train={config.train} "
+        f"({session.trainable:,} parameters), device {runtime.device}, amp {runtime.amp_dtype}, "
+        f"threads {runtime.threads}{_processes_note(config.batch_size)}")
+    for phase in session.task.phases:
         log(f"{phase.name}: {phase.record()}")
-    features = bool(config.feature_weight)
-    values = {k: v for phase in phases for k, v in phase.state_dict().items()   # until the first step sets them
-              if isinstance(v, int | float)}
-    trainer = distributed.data_parallel(StudentOutputs(student, features), device, find_unused=bool(phases))
-    student.train()
-    started = time.perf_counter() - elapsed
-    with bar(total=last_step, initial=step, desc="finetune", unit="step") as progress:
-        while step < last_step:
-            epoch, images, labels = training_batch(train_set, step, config.batch_size, config.seed, config.augment)
-            rows = distributed.batch_rows(len(labels))       # this process's rows of the global batch
-            share = (rows.stop - rows.start) / len(labels)
-            x, y = preprocess(images[rows]).to(device), labels[rows].to(device)
-            values = {k: v for phase in phases for k, v in phase.step(step, total_steps).items()}
-            lr = learning_rate(step, total_steps, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                with torch.no_grad():
-                    teacher_logits, teacher_features = logits_and_features(teacher, x, features)
-                student_logits, student_features = trainer(x)
-            local, parts = distillation_loss(student_logits, teacher_logits, y, temperature=config.temperature,
-                                             alpha=config.alpha, student_features=student_features,
-                                             teacher_features=teacher_features, feature_weight=config.feature_weight)
-            # the global batch's mean loss and KL (the sum of every process's share; the same on all)
-            loss, kl = distributed.all_reduce_sum(torch.stack([local.detach(), parts["kl"]]) * share).unbind()
-            if not torch.isfinite(loss):
-                raise EdgeError(f"fine-tuning diverged at step {step}: loss is {float(loss)}",
-                                fix="lower --lr or use --amp off")
-            optimizer.zero_grad(set_to_none=True)
-            # DDP averages the processes' gradients: weighted by its share of the rows, each adds its part of
-            # the gradient of the global batch mean (the weight is exactly 1 in one process)
-            (local * (share * distributed.world_size())).backward()
-            if config.grad_clip:
-                torch.nn.utils.clip_grad_norm_([p for p in student.parameters() if p.requires_grad],
-                                               config.grad_clip)
-            optimizer.step()
-            step += 1
-            elapsed = time.perf_counter() - started
-            postfix = {"epoch": epoch, "loss": f"{loss.item():.4f}", "kl": f"{kl.item():.4f}",
-                       "lr": f"{lr:.2e}", **{k: f"{v:.3f}" for k, v in values.items()}}
-            epoch_done = step % steps_per_epoch == 0
-            if epoch_done and config.eval_every_epoch and step < last_step:
-                result = _accuracy(student, held_out, spec, device)
-                student.train()
-                history.append({"epoch": epoch + 1, "step": step, "train_loss": loss.item(), **result,
-                                "elapsed_s": round(elapsed, 1), **_phase_state(phases, values)})
-                postfix["acc"] = f"{result['accuracy']:.4f}"
-                log(f"epoch {epoch + 1} step {step}: loss {loss.item():.4f} {held_out.name} accuracy "
-                    f"{result['accuracy']:.4f}{_phase_note(phases, values)} ({elapsed / 60:.1f} min)")
-            progress.set_postfix(postfix, refresh=False)
-            progress.update(1)
-            if step % config.checkpoint_every == 0 or epoch_done or step == last_step:
-                save_checkpoint()
 
-    before = history[0]
-    complete = all(phase.final for phase in phases)
-    final, stopped = None, None
-    if complete:
-        for phase in phases:
-            phase.finish()
-        student.eval()
-        final = _accuracy(student, held_out, spec, device)
-        log(f"{held_out.name} accuracy {before['accuracy']:.4f} -> {final['accuracy']:.4f} "
-            f"after {plural(step, 'step')}")
-    else:
-        stopped = f"at step {step} of {total_steps} with {_values_text(values)}, before the final structure"
-        log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
-            f"{checkpoint_path}; run the same command without --max-steps to continue")
-    record = {
-        "recipe": {**recipe, "max_steps": config.max_steps},
-        "teacher": {**reference, "sha256": teacher_sha},
-        "student": {**source.record, **({"artifact": student_name} if student_name else {}),
-                    "sha256": recipe["student_sha256"]},
-        "trainable_params": trainable,
-        "steps": step,
-        "schedule_steps": total_steps,
-        "epochs": round(step / steps_per_epoch, 4),
-        "train_data": train_set.name,
-        "train_samples": len(train_set),
-        "eval_before": {k: before[k] for k in ("data", "samples", "accuracy", "loss")},
-        "eval": final,
-        "artifact": str(out) if complete else None,
-        "stopped": stopped,
-        "history": history,
-        "command": config.command or [sys.argv[0], *sys.argv[1:]],
-        "wall_time_s": round(elapsed, 1),
-        "hardware": hardware(device),
-        "precision": {"train_amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "float32",
-                      "weights": "float32", "eval": "float32"},
-        "edge": __version__,
-    }
-    if phases:
-        record["phases"] = {phase.name: phase.record() for phase in phases}
-    if distributed.active():
-        record["processes"] = distributed.world_size()
+
+def conclude(session: Session, out: Path, student_name: str | None) -> dict:
+    """Score the result in its final structure, or say why no artifact is written; the record; the artifact."""
+    complete = all(phase.final for phase in session.task.phases)
+    final, stopped = (final_accuracy(session), None) if complete else (None, stopped_early(session))
+    record = finetune_record(session, out if complete else None, student_name, final, stopped)
     if complete and distributed.is_main():
-        stages = [*manifest.get("finetune", []), record]
-        # the teacher a later fine-tune of this artifact distils from by default (a module cannot be rebuilt)
-        named = {"teacher": reference} if not reference["model"].startswith("Python module") else {}
-        # the checkpoint stays only while resumable work remains (a --max-steps stop); a finished run drops it
-        for phase in phases:   # what the trained structure offers (PIAD: the sub-network order)
-            manifest = phase.manifest(manifest)
-        save_artifact(student.cpu(), out, {**manifest, **named, "finetune": stages},
-                      keep=(CHECKPOINT,) if step < total_steps else (), drop=(CHECKPOINT,))
+        save_finetuned(session, out, record)
     distributed.barrier()   # the others return once the main process has written
     return record
+
+
+def final_accuracy(session: Session) -> dict:
+    """Finish every phase (the student in its final structure) and score it on the held-out set."""
+    task, progress = session.task, session.progress
+    for phase in task.phases:
+        phase.finish()
+    session.pair.student.eval()
+    final = task.accuracy()
+    log(f"{task.held_out.name} accuracy {progress.history[0]['accuracy']:.4f} -> {final['accuracy']:.4f} "
+        f"after {plural(progress.step, 'step')}")
+    return final
+
+
+def stopped_early(session: Session) -> str:
+    """Where a run stopped before its phases' final structure (dilution at M > 0): no artifact, only the checkpoint."""
+    progress, task = session.progress, session.task
+    stopped = f"at step {progress.step} of {session.loop.schedule.total} with {values_text(task.values)}, before " \
+              "the final structure"
+    log(f"stopped {stopped}: no artifact written (it is kept only in its final structure), only "
+        f"{session.loop.checkpoint}; run the same command without --max-steps to continue")
+    return stopped
+
+
+def finetune_record(session: Session, artifact: Path | None, student_name: str | None, final: dict | None,
+                    stopped: str | None) -> dict:
+    """The ``finetune`` record of the manifest (and what ``finetune`` returns)."""
+    pair, loop, task, progress = session.pair, session.loop, session.task, session.progress
+    before = progress.history[0]
+    record = {
+        "recipe": {**loop.recipe, "max_steps": task.config.max_steps},
+        "teacher": {**pair.reference, "sha256": loop.recipe["teacher_sha256"]},
+        "student": {**pair.source.record, **({"artifact": student_name} if student_name else {}),
+                    "sha256": loop.recipe["student_sha256"]},
+        "trainable_params": session.trainable,
+        "steps": progress.step,
+        "schedule_steps": loop.schedule.total,
+        "epochs": round(progress.step / loop.schedule.per_epoch, 4),
+        "train_data": loop.data.name,
+        "train_samples": len(loop.data),
+        "eval_before": {k: before[k] for k in ("data", "samples", "accuracy", "loss")},
+        "eval": final,
+        "artifact": str(artifact) if artifact is not None else None,
+        "stopped": stopped,
+        "history": progress.history,
+        "command": task.config.command or [sys.argv[0], *sys.argv[1:]],
+        "wall_time_s": round(progress.elapsed, 1),
+        "hardware": hardware(loop.runtime.device),
+        "precision": {"train_amp": loop.runtime.amp_name, "weights": "float32", "eval": "float32"},
+        "edge": __version__,
+    }
+    if task.phases:
+        record["phases"] = {phase.name: phase.record() for phase in task.phases}
+    if distributed.active():
+        record["processes"] = distributed.world_size()
+    return record
+
+
+def save_finetuned(session: Session, out: Path, record: dict) -> None:
+    """Write the trained student as an artifact whose manifest gains ``record``; the checkpoint stays only while
+    resumable work remains (a --max-steps stop), a finished run drops it."""
+    manifest, reference = session.pair.source.manifest, session.pair.reference
+    stages = [*manifest.get("finetune", []), record]
+    # the teacher a later fine-tune of this artifact distils from by default (a module cannot be rebuilt)
+    named = {"teacher": reference} if not reference["model"].startswith("Python module") else {}
+    for phase in session.task.phases:   # what the trained structure offers (PIAD: the sub-network order)
+        manifest = phase.manifest(manifest)
+    finished = session.progress.step >= session.loop.schedule.total
+    save_artifact(session.pair.student.cpu(), out, {**manifest, **named, "finetune": stages},
+                  keep=() if finished else (CHECKPOINT,), drop=(CHECKPOINT,))
 
 
 def _processes_note(batch_size: int) -> str:
@@ -583,22 +517,6 @@ def _processes_note(batch_size: int) -> str:
     rows = batch_size // processes
     share = f"{rows}" if batch_size % processes == 0 else f"{rows}-{rows + 1}"
     return f", {processes} processes (DistributedDataParallel), {share} rows of each global batch of {batch_size} each"
-
-
-def _phase_state(phases: list[TrainingPhase], values: dict) -> dict:
-    """What a history entry records of the phases: their logged values and whether the model is final."""
-    return {**values, "final_structure": all(p.final for p in phases)} if phases else {}
-
-
-def _values_text(values: dict) -> str:
-    return ", ".join(f"{k} = {v:.3g}" for k, v in values.items())
-
-
-def _phase_note(phases: list[TrainingPhase], values: dict) -> str:
-    if not phases:
-        return ""
-    shown = _values_text(values)
-    return f" at {shown}" if all(p.final for p in phases) else f" at {shown} (not the final structure)"
 
 
 RECIPE_ARGUMENTS = tuple(f.name for f in fields(FinetuneConfig) if f.name not in ("data", "teacher", "teacher_weights",

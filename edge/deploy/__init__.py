@@ -1,11 +1,12 @@
 """``edge deploy``: a bundle (edge bundle) onto one or many Jetsons over SSH, the device runner run
-there, results and logs fetched back and, with a pipeline run folder, merged into its report.
+there, results and logs fetched back into a folder.
 
-``deploy(bundle, hosts, DeployConfig(...), report=RUN_DIR)`` returns one record per device. The
+``deploy(bundle, hosts, DeployConfig(...), out=FOLDER)`` returns one record per device. The
 system's OpenSSH does the work (edge.deploy.ssh: host keys checked, every remote word quoted);
-edge.deploy.device is one device's copy, run and fetch; edge.deploy.fleet runs devices in parallel
-and shares engines between devices of one identity; edge.deploy.merge writes the report's device
-section (edge.pipeline.device_report renders it).
+edge.deploy.device_deploy is one device's copy, run and fetch; edge.deploy.fleet runs devices in
+parallel and shares engines between devices of one identity; edge.deploy.results reads a folder's fetched
+results back as data (:func:`fetched_devices`) for whoever reports them: this package writes no
+report and knows no pipeline run folder.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.deploy.device import RECORD, DeviceDeploy, RunnerOptions
+from edge.deploy.device_deploy import RECORD, DeviceDeploy, RunnerOptions
 from edge.deploy.fleet import deploy_fleet
-from edge.deploy.merge import merge_report
+from edge.deploy.results import FetchedDevice, fetched_devices
 from edge.deploy.ssh import DeployError, Host, SshOptions, parse_host, read_hosts
 from edge.errors import EdgeError, plural
 from jetson.archive import ArchiveError, archive_files
@@ -86,9 +87,9 @@ def remote_folder(config: DeployConfig, bundle: Bundle) -> str:
 
 
 def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | None = None, *,
-           out: str | Path | None = None, report: str | Path | None = None,
-           progress: Callable[[str], None] | None = None) -> dict:
-    """Deploy to every host; their records (``failed`` lists the devices that did not finish)."""
+           out: str | Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Deploy to every host, each device's results fetched into ``out/LABEL`` (default: ``BUNDLE-devices``
+    beside the bundle); their records (``failed`` lists the devices that did not finish)."""
     config = config or DeployConfig()
     progress = progress or (lambda message: None)
     bundle, archive = checked_source(bundle_path)
@@ -98,11 +99,7 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
     twice = sorted({label for label in labels if labels.count(label) > 1})
     if twice:
         raise EdgeError(f"device {twice[0]} is named twice", fix="name each device once")
-    if report is not None and not (Path(report) / "report.json").is_file():
-        raise EdgeError(f"--report {report} holds no report.json", expected="the --out folder of `edge pipeline`",
-                        fix="run `edge pipeline` first, or leave out --report")
-    out = Path(out) if out else (Path(report) / "device" if report else
-                                 bundle.root.parent / f"{bundle.root.name}-devices")
+    out = Path(out) if out else bundle.root.parent / f"{bundle.root.name}-devices"
     remote_dir = remote_folder(config, bundle)
     devices = [DeviceDeploy(bundle, host, config.ssh, config.runner, remote_dir, config.remote_python,
                             out / host.label, progress, archive=archive) for host in hosts]
@@ -110,12 +107,10 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
              f"{len(devices)} device(s)")
     deploy_fleet(devices, share_engines=config.share_engines and config.runner.backend == "tensorrt")
     records = [d.record() for d in devices]
-    merged = merge_report(Path(report), out) if report is not None else None
     return {"bundle": str(archive or bundle.root), "bundle_sha256": bundle.sha256, "out": str(out),
             "devices": records,
-            "failed": [r["label"] for r in records if r["status"] != "ok"],
-            "report": merged}
+            "failed": [r["label"] for r in records if r["status"] != "ok"]}
 
 
-__all__ = ["RECORD", "DeployConfig", "DeployError", "Host", "RunnerOptions", "SshOptions", "checked_source",
-           "deploy", "parse_host", "read_hosts"]
+__all__ = ["RECORD", "DeployConfig", "DeployError", "FetchedDevice", "Host", "RunnerOptions", "SshOptions",
+           "checked_source", "deploy", "fetched_devices", "parse_host", "read_hosts"]

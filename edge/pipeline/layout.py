@@ -2,7 +2,9 @@
 
 ``OUT/variants/NAME/`` holds a variant's files: ``model/`` (the compressed artifact, variants with
 a plan), :data:`DEPLOYED` (static batch: verified, cleaned, profiled), :data:`BATCHED` (dynamic
-batch: accuracy), and the cleaned graph of each (:func:`clean_name`).
+batch: accuracy), and the cleaned graph of each (:func:`clean_name`). ``OUT/report.json`` (with
+``report.md`` and ``report.html``) is the report; ``OUT/device/`` holds what ``edge deploy --report OUT``
+fetched from the devices.
 """
 
 VARIANT_STEPS = ("compress", "count", "export", "clean", "verify", "evaluate")
@@ -11,6 +13,8 @@ STEPS = ("analysis", *VARIANT_STEPS, "profile")  # the step names of a run (``--
 VARIANTS = "variants"  # OUT/variants/NAME/
 ARTIFACT = "model"     # OUT/variants/NAME/model/
 DEPLOYED, BATCHED = "model.onnx", "model.batched.onnx"
+REPORT = "report.json"  # OUT/report.json (report.md, report.html beside it)
+DEVICE_RESULTS = "device"  # OUT/device/LABEL/: one device's fetched results
 ORT_LOG = "onnxruntime.log"  # OUT/onnxruntime.log: ONNX Runtime's notes, kept off the terminal
 
 

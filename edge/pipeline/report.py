@@ -1,5 +1,9 @@
 """The pipeline's reports: ``report.json`` (everything), ``report.md`` (the table) and a self-contained
 ``report.html`` (inline CSS; the accuracy-vs-latency chart and the analysis heatmaps as PNG data URIs).
+
+This module is the reports' one writer: ``edge pipeline`` writes them (:func:`write_reports`) and
+``edge deploy --report`` hands it the fetched device results (:func:`add_device_results`), which it
+renders after the pipeline's own sections (edge.pipeline.device_report).
 """
 
 from __future__ import annotations
@@ -7,13 +11,16 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from edge import __version__
-from edge.errors import plural
+from edge.errors import EdgeError, plural
 from edge.fileio import write_atomic, write_json_atomic
-from edge.pipeline.layout import ARTIFACT, DEPLOYED, VARIANT_STEPS, VARIANTS, clean_name
+from edge.pipeline import device_report
+from edge.pipeline.layout import ARTIFACT, DEPLOYED, REPORT, VARIANT_STEPS, VARIANTS, clean_name
 from edge.profile.sidebyside import AA_SUFFIX
 
 FORMAT = "edge-pipeline-report"
@@ -257,6 +264,8 @@ def markdown(report: dict) -> str:
                   f"Block Redundancy): {analysis['most_redundant_block']}. Heatmaps: "
                   + ", ".join(f"[{k}]({v})" for k, v in analysis["pictures"].items()) + "."]
     lines += ["", "report.html has the accuracy-vs-latency chart and the heatmaps; report.json has every figure.", ""]
+    if report.get("device"):
+        lines += device_report.device_markdown(report["device"])
     return "\n".join(lines)
 
 
@@ -358,7 +367,10 @@ def html_report(report: dict, out: Path) -> str:
               "<p>profile (all variants side by side): "
               f"{esc(_shared_step(report['latency']['steps']['profile']))}.</p>",
               "<p>ran: done in this run; cached: its inputs (content hashes) did not change, so it was not redone. "
-              "Seconds: the wall time of the work when it ran.</p>", "</body></html>", ""]
+              "Seconds: the wall time of the work when it ran.</p>"]
+    if report.get("device"):
+        parts.append(device_report.device_html(report["device"]))
+    parts += ["</body></html>", ""]
     return "\n".join(parts)
 
 
@@ -366,4 +378,19 @@ def write_reports(out: Path, report: dict) -> None:
     """report.json, report.md and report.html, each written atomically."""
     write_atomic(html_report(report, out).encode(), out / "report.html")
     write_atomic(markdown(report).encode(), out / "report.md")
-    write_json_atomic(report, out / "report.json")
+    write_json_atomic(report, out / REPORT)
+
+
+def add_device_results(run_dir: str | Path, fetched: Iterable[device_report.FetchedDevice]) -> Path:
+    """The run's report with its device section (``device``) set to the ``fetched`` devices, written
+    again (json, md, html); the report's path. ``edge pipeline`` run again writes it without one."""
+    run_dir = Path(run_dir)
+    path = run_dir / REPORT
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise EdgeError(f"{path} cannot be read as JSON", found=f"{type(e).__name__}: {e}",
+                        fix="run `edge pipeline` into the folder again") from e
+    report["device"] = device_report.device_section(fetched, run_dir)
+    write_reports(run_dir, report)
+    return path

@@ -1,5 +1,6 @@
-"""``edge bundle``: from ONNX files and from a pipeline run folder, with a manifest whose checksums the
-device runner checks, written atomically; fp16 and int8 graphs made by edge.quantize on real images."""
+"""``edge bundle``: from ONNX files and (through the CLI, which asks edge.pipeline for the graphs) from a
+pipeline run folder, with a manifest whose checksums the device runner checks, written atomically; fp16
+and int8 graphs made by edge.precision.quantize on real images."""
 
 import json
 import tarfile
@@ -8,7 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from edge.bundle import BundleConfig, make_bundle
+from edge.bundle import BundleConfig, SourceGraph, make_bundle
 from edge.cli import main
 from edge.errors import EdgeError
 from edge.fileio import sha256_file
@@ -29,7 +30,8 @@ def test_bundle_of_onnx_files_lists_every_file_with_its_checksum(tmp_path):
     build = manifest["variants"][0]["build"]
     assert build == {"precision": "fp32", "strongly_typed": True, "workspace_mib": 2048, "optimization_level": 3,
                      "tiling_optimization_level": None, "batch": None, "min_batch": None, "opt_batch": None,
-                     "max_batch": None, "timing_cache": None, "plugins": [], "calibration_cache": None}
+                     "max_batch": None, "timing_cache": None, "plugins": [], "calibration_cache": None,
+                     "tf32": True}
     assert manifest["variants"][0]["inputs"] == [{"name": "input", "shape": [1, 16], "dtype": "float32"}]
     # every file but the manifest, with its sha256 and size; the runner's package is the repository's own
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -63,7 +65,9 @@ def pipeline_run(folder: Path, with_report: bool) -> Path:
 @pytest.mark.parametrize("with_report", [True, False])
 def test_bundle_of_a_pipeline_run_takes_each_variants_cleaned_static_graph(tmp_path, with_report):
     run = pipeline_run(tmp_path / "run", with_report)
-    manifest = make_bundle([run], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    out = tmp_path / "bundle"
+    assert main(["bundle", str(run), "--out", str(out), "--precision", "fp32"]) == 0
+    manifest = json.loads((out / MANIFEST).read_text())
     order = ["dwconv2", "baseline"] if with_report else ["baseline", "dwconv2"]  # report.json's order, else sorted
     assert [v["name"] for v in manifest["variants"]] == order
     assert {v["source"] for v in manifest["variants"]} == {str(run / f"variants/{n}/model.clean.onnx") for n in order}
@@ -71,9 +75,47 @@ def test_bundle_of_a_pipeline_run_takes_each_variants_cleaned_static_graph(tmp_p
     assert manifest["variants"][0]["inputs"][0]["shape"] == [1, 16]  # the static-batch graph, not the batched one
 
 
+def test_a_run_folder_and_an_onnx_file_make_one_bundle_named_as_given(tmp_path, capsys):
+    run = pipeline_run(tmp_path / "run", with_report=True)
+    extra = tiny_onnx(tmp_path / "extra.clean.onnx")
+    out = tmp_path / "bundle"
+    assert main(["bundle", str(run), str(extra), "--out", str(out), "--precision", "fp32", "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert [v["name"] for v in manifest["variants"]] == ["dwconv2", "baseline", "extra"]
+    assert manifest["source"] == {"kind": "pipeline", "paths": [str(run), str(extra)]}
+    verify_bundle(read_bundle(out))
+
+
+def test_the_library_bundles_named_graphs_and_records_the_source_it_is_given(tmp_path):
+    """edge.bundle takes graphs, not run folders: a SourceGraph names its variant; ``source`` goes to the
+    manifest as given (default: the ONNX files)."""
+    graph = tiny_onnx(tmp_path / "g.onnx")
+    manifest = make_bundle([SourceGraph("renamed", graph)], tmp_path / "a", BundleConfig(precisions=("fp32",)))
+    assert [v["name"] for v in manifest["variants"]] == ["renamed"]
+    assert manifest["source"] == {"kind": "onnx", "paths": [str(graph)]}
+    source = {"kind": "pipeline", "paths": ["runs/x"]}
+    manifest = make_bundle([graph], tmp_path / "b", BundleConfig(precisions=("fp32",)), source=source)
+    assert [v["name"] for v in manifest["variants"]] == ["g"] and manifest["source"] == source
+    with pytest.raises(EdgeError, match=f"{tmp_path} is not an ONNX file"):
+        make_bundle([tmp_path], tmp_path / "c", BundleConfig(precisions=("fp32",)))
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_input_neither_run_folder_nor_onnx_is_refused_by_the_cli(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a graph")
+    assert main(["bundle", str(text), "--out", str(tmp_path / "bundle")]) == 2
+    assert "neither a pipeline run folder nor an ONNX file" in capsys.readouterr().err
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    assert main(["bundle", str(empty), "--out", str(tmp_path / "bundle")]) == 2
+    assert "holds no cleaned graph" in capsys.readouterr().err
+    assert not (tmp_path / "bundle").exists()
+
+
 def test_an_error_leaves_no_bundle(tmp_path):
     good = tiny_onnx(tmp_path / "a.onnx")
-    with pytest.raises(EdgeError, match="neither a pipeline run folder nor an ONNX file"):
+    with pytest.raises(EdgeError, match="missing.onnx is not an ONNX file"):
         make_bundle([good, tmp_path / "missing.onnx"], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
     with pytest.raises(EdgeError, match="two graphs would be variant 'a'"):
         make_bundle([good, good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from edge.check.accuracy import evaluate
 from edge.cli import main
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.finetune import (
@@ -17,7 +18,6 @@ from edge.compress.finetune import (
 from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
 from edge.models import create_model, data_config
 from edge.models.weights_io import save_safetensors
 from edge.train import training_batch, training_set
@@ -122,7 +122,7 @@ def test_interrupted_run_resumes_to_identical_weights(artifact, tmp_path):
 
 
 def test_the_checkpoint_stays_only_while_resumable_work_remains(artifact, tmp_path, monkeypatch):
-    import edge.compress.finetune as module
+    import edge.train.loop as module  # the one training loop sets each step's learning rate
 
     out = tmp_path / "ft"
     finetune(artifact, out, _config(max_steps=3))  # stopped by --max-steps: artifact of step 3 and its checkpoint

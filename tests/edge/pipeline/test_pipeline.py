@@ -1,16 +1,18 @@
 import json
 import re
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from edge.cli import main
 from edge.errors import EdgeError
-from edge.pipeline import STEPS, load_recipe
+from edge.pipeline import STEPS, add_device_results, device_report, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.layout import VARIANT_STEPS
 from edge.pipeline.recipe import parse_recipe
-from edge.pipeline.report import pareto_front, table_rows
+from edge.pipeline.report import html_report, markdown, pareto_front, table_rows
 from tests.conftest import TINY, needs_fmnist
 
 
@@ -102,6 +104,41 @@ def test_html_report_is_self_contained(first_run):
     assert "<table>" in stripped and "Pareto" in stripped
     for external in ("http:", "https:", "//", "<link", "<script", "@import", "url("):
         assert external not in stripped, external
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A device folder's results as edge.deploy.fetched_devices reads them back."""
+
+    folder: Path
+    record: dict
+    run: dict | None
+    results: dict
+
+
+def test_device_results_are_rendered_by_the_reports_one_writer(first_run, tmp_path):
+    """``edge deploy --report`` hands the fetched results to edge.pipeline: report.json gains ``device``;
+    report.md and report.html are the pipeline's own followed by the device section, as before the writer
+    was one (deploy appended the section to the pipeline's rendering)."""
+    _, out, report = first_run
+    run = Path(shutil.copytree(out, tmp_path / "run"))
+    record = {"host": "nvidia@jetson", "label": "nvidia@jetson_22", "status": "failed", "error": "no route",
+              "finished": "2026-11-26T20:00:00+00:00"}
+    summary = {"backend": "ort", "variants": {"original.fp32": {"status": "done", "result": "original.fp32.json"}}}
+    result = {"variant": "original", "precision": "fp32", "backend": "onnxruntime",
+              "latency": {k: 1.5 for k in device_report.LATENCY_KEYS}}
+    fetched = [Fetched(run / "device" / record["label"], record, summary, {"original.fp32": result})]
+    assert add_device_results(run, fetched) == run / "report.json"
+    written = json.loads((run / "report.json").read_text())
+    section = written.pop("device")
+    assert written == report  # the pipeline's own sections kept as they were
+    assert section["failed"] == ["nvidia@jetson_22"] and section["devices"][0]["folder"] == "device/nvidia@jetson_22"
+    assert section["devices"][0]["variants"][0]["latency"]["median_ms"] == 1.5
+    assert section["devices"][0]["variants"][0]["result"] == "device/nvidia@jetson_22/results/original.fp32.json"
+    expected_md = markdown(report).rstrip("\n") + "\n\n" + "\n".join(device_report.device_markdown(section))
+    assert (run / "report.md").read_text() == expected_md
+    head, tail = html_report(report, run).rsplit("</body>", 1)
+    assert (run / "report.html").read_text() == f"{head}{device_report.device_html(section)}\n</body>{tail}"
 
 
 def test_second_run_is_fully_cached_and_identical(first_run, capsys):
@@ -295,15 +332,15 @@ def test_default_recipe_end_to_end(tmp_path):
 
 
 def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, monkeypatch, capsys):
-    import edge.verify
-    from edge.compare import Tolerance
+    import edge.check.verify
+    from edge.check.compare import Tolerance
 
-    real_verify_pair = edge.verify.verify_pair
+    real_verify_pair = edge.check.verify.verify_pair
 
     def exact(a, b, **kwargs):  # zero tolerance: float32 round-off is now "beyond tolerance"
         return real_verify_pair(a, b, **{**kwargs, "tolerance": Tolerance(0.0, 0.0)})
 
-    monkeypatch.setattr(edge.verify, "verify_pair", exact)
+    monkeypatch.setattr(edge.check.verify, "verify_pair", exact)
     recipe, out, _ = first_run
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
