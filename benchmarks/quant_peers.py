@@ -2,7 +2,7 @@
 
     python benchmarks/quant_peers.py            # -> benchmarks/results/quant_peers.json, docs/results/quant-peers.md
 
-The bundled reference model (fmnist-deit-tiny) is exported and cleaned as the README says
+The bundled reference model (fmnist-deit-tiny) is exported and cleaned as docs/export.md says
 (``python -m edge export`` then ``python -m edge clean``). From that one cleaned graph:
 
 * ours: ``edge quantize`` fp16 (Softmax float16 and float32), int8 with each Q/DQ placement

@@ -1,18 +1,22 @@
-"""README.md's commands run as tests, so the README cannot drift from the code.
+"""The commands of README.md and of every guide in docs/ run as tests, so the docs cannot drift from the code.
 
-Every ```bash block of README.md is read into commands (``\\`` continuations joined, comments
-dropped). Each ``edge ...`` command runs for real, in README order, through the real CLI in a
-fresh interpreter (``python -m edge``), in one temporary working folder shared by the module
-(later commands use what earlier ones wrote: ``runs/linear-9-10`` is compressed, then exported).
-To keep it small, the command text goes through REWRITES, a table of substitutions that keep
-the verb and its meaning (smaller data, fewer samples, fewer steps); the rewritten command is
-printed in every failure. Files a user would bring get stand-ins (STAND_INS). Commands that
-cannot run inside the suite are named, with the reason, in EXCLUDED, NEEDS_HARDWARE and SLOW;
-each of those tables is checked to name only commands that are really in README.md.
+Every ```bash block of README.md and of docs/*.md is read into commands (``\\`` continuations joined,
+comments dropped). The measured tables in docs/results/ are written by benchmarks/ and hold no
+```bash block; they are not read. Each ``edge ...`` command runs for real, through the real CLI in
+a fresh interpreter (``python -m edge``), in one temporary working folder shared by the module:
+commands use what others wrote, in the same file or in another one (``runs/linear-9-10`` is
+compressed in docs/block-approximation.md, then exported in docs/export.md). To keep it small,
+the command text goes through REWRITES, a table of substitutions that keep the verb and its
+meaning (smaller data, fewer samples, fewer steps); the rewritten command is printed in every
+failure. Files a user would bring get stand-ins (STAND_INS). Commands that cannot run inside the
+suite are named, with their file and the reason, in EXCLUDED, NEEDS_HARDWARE and SLOW; each of those
+tables is checked to name only commands that are really in the file it names.
 
-A test asks for its command's result; the earlier commands that wrote a path it names (its
-``--out`` or ``> FILE``) run first, once per module, so ``-k`` selects a single command and
-still works.
+A test asks for its command's result; the commands that wrote a path it names (its ``--out`` or
+``> FILE``) run first, once per module, so ``-k`` selects a single command and still works. Which
+command wrote a path: an earlier one of the same file, or any one of another file. Two files may
+write the same path only with the same command, which then runs once (README.md's tour repeats
+commands of the guides). A command of the default run never needs a slow one.
 """
 
 from __future__ import annotations
@@ -32,17 +36,19 @@ import pytest
 from edge.cli import COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+README = "README.md"
+DOC_FILES = (README, *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
 
 
-# --- reading README.md ------------------------------------------------------------------------
+# --- reading README.md and docs/*.md ----------------------------------------------------------
 
 @dataclass(frozen=True)
 class Command:
-    """One command of a README ```bash block."""
+    """One command of a ```bash block of README.md or a guide."""
 
-    line: int       # README line it starts on
+    line: int       # line of its file it starts on
     text: str       # as written: continuations joined, comment dropped, spaces collapsed
+    file: str = README  # its file, relative to the repository root
 
     @property
     def argv(self) -> list[str]:
@@ -53,9 +59,15 @@ class Command:
         return self.argv[0] == "edge"
 
     @property
+    def key(self) -> tuple[str, str]:
+        """How EXCLUDED, NEEDS_HARDWARE and SLOW name it: (file, command text)."""
+        return self.file, self.text
+
+    @property
     def id(self) -> str:
         argv = self.argv
-        return f"L{self.line}-{argv[0]}-{argv[1] if len(argv) > 1 else ''}".rstrip("-")
+        stem = Path(self.file).stem
+        return f"{stem}-L{self.line}-{argv[0]}-{argv[1] if len(argv) > 1 else ''}".rstrip("-")
 
 
 def _drop_comment(line: str) -> str:
@@ -71,8 +83,8 @@ def _drop_comment(line: str) -> str:
     return line
 
 
-def readme_commands(text: str) -> list[Command]:
-    """The commands of every ```bash block of ``text``, in order."""
+def bash_commands(text: str, file: str = README) -> list[Command]:
+    """The commands of every ```bash block of ``text`` (the contents of ``file``), in order."""
     commands: list[Command] = []
     in_bash = False
     pending, start = "", 0
@@ -92,73 +104,106 @@ def readme_commands(text: str) -> list[Command]:
         command = " ".join(_drop_comment(pending + line).split())
         pending = ""
         if command:
-            commands.append(Command(start, command))
+            commands.append(Command(start, command, file))
     return commands
 
 
-COMMANDS_IN_README = readme_commands(README.read_text(encoding="utf-8"))
+DOC_COMMANDS = [c for f in DOC_FILES for c in bash_commands((ROOT / f).read_text(encoding="utf-8"), f)]
 
 
 # --- what runs, what does not, and why --------------------------------------------------------
 
-# The top-level commands are not run inside the suite.
+# Each table names commands by (file, command text); a command that appears in two files (README.md's
+# tour repeats commands of the guides) is named once per file.
+RM, REF, MODELS, DW, FT, RMV, PLAN, DIST, PREC, PIPE, CONTRIB = (
+    README, "docs/reference-model.md", "docs/models-and-data.md", "docs/depthwise-attention.md",
+    "docs/finetuning.md", "docs/attention-removal.md", "docs/planning.md", "docs/distributed.md",
+    "docs/precision.md", "docs/pipeline.md", "docs/contributing.md")
+
+# Commands that are not run inside the suite.
+_TESTS = "the test command: it runs this suite, which cannot run itself"
 EXCLUDED = {
-    "bash scripts/main.sh": "the main job: set-up, then the full built-in pipeline (minutes); its steps run below",
-    "bash scripts/test.sh": "the test command: it runs this suite, which cannot run itself",
-    "torchrun --nproc_per_node 8 -m edge finetune runs/rm4 --data ~/imagenet --dilute --epochs 30 --batch-size 1024 "
-    "--out runs/rm4-dil": "8 GPUs and ImageNet; tests/edge/test_distributed.py runs edge finetune (and --dilute) "
-                          "under torchrun --nproc_per_node 2 on the CPU",
-    "torchrun --nproc_per_node 8 -m edge compress timm:deit_small_patch16_224 --weights deit_small.safetensors "
-    "--plan dwconv:auto=6:init=lsq --data ~/imagenet --samples 50000 --out runs/deit-dw6":
+    (RM, "bash scripts/main.sh"): "the main job: set-up, then the full built-in pipeline (minutes); its steps run "
+                                  "in docs/pipeline.md",
+    (RM, "bash scripts/test.sh"): _TESTS,
+    (RM, "edge deploy bundles/plan2x.tar.gz --host nvidia@192.168.1.20 --accept-new-host-key"):
+        "needs a Jetson reachable over SSH; tests/edge/deploy runs edge deploy over OpenSSH on 127.0.0.1",
+    (CONTRIB, "bash scripts/test.sh"): _TESTS,
+    (CONTRIB, "bash scripts/test.sh -m slow"): _TESTS,
+    (CONTRIB, "bash scripts/test.sh tests/edge/compress -k registry"): _TESTS,
+    (CONTRIB, "python -m pytest -q tests/test_readme.py -k width-compression"): _TESTS,
+    (DIST, "torchrun --nproc_per_node 8 -m edge finetune runs/rm4 --data ~/imagenet --dilute --epochs 30 "
+     "--batch-size 1024 --out runs/rm4-dil"):
+        "8 GPUs and ImageNet; tests/edge/test_distributed.py runs edge finetune (and --dilute) "
+        "under torchrun --nproc_per_node 2 on the CPU",
+    (DIST, "torchrun --nproc_per_node 8 -m edge compress timm:deit_small_patch16_224 --weights deit_small.safetensors "
+     "--plan dwconv:auto=6:init=lsq --data ~/imagenet --samples 50000 --out runs/deit-dw6"):
         "8 processes on ImageNet; tests/edge/test_distributed.py runs edge compress and every calibration "
         "statistic under torchrun --nproc_per_node 2 on the CPU",
 }
 
 # Commands that need TensorRT and a CUDA GPU (the Jetson); they run where both are present.
 NEEDS_HARDWARE = {
-    "edge build runs/m.fp16.onnx --precision fp16 --out runs/m.fp16.engine --timing-cache runs/orin.cache":
+    (PREC, "edge build runs/m.fp16.onnx --precision fp16 --out runs/m.fp16.engine --timing-cache runs/orin.cache"):
         "builds a TensorRT engine",
-    "edge profile runs/m.fp16.engine --json": "times that engine with TensorRT and CUDA events",
+    (PREC, "edge profile runs/m.fp16.engine --json"): "times that engine with TensorRT and CUDA events",
 }
 
 # Commands that take minutes even on small data; run with `-m slow`.
+_TABLE = "CI time: 55 part graphs exported and timed (tests/edge/latency covers tables on a tiny model)"
+_PLAN = ("CI time: the search measures about 150 plans of the 12-block model (tests/edge/plan runs it on a "
+         "4-block model)")
+_PLANNED = "CI time: needs the plan above (slow); the same verb on a compressed artifact runs in the guides"
 SLOW = {
-    "edge pipeline --out runs/pipeline":
+    (PIPE, "edge pipeline --out runs/pipeline"):
         "the built-in recipe (4 variants, 500 calibration images, analysis, 300 profile iterations each) has no "
         "option to shrink it: about 100 s on 2 cores even on the small data set",
-    "edge pipeline --recipe recipe.yaml --out runs/mine --json": "the built-in recipe again, in a new folder",
-    "edge pipeline --out runs/pipeline --redo profile": "needs the built-in recipe's run (see above)",
-    # CI must finish in 20 minutes on 2 cores; these repeat a verb another README command already runs
+    (PIPE, "edge pipeline --recipe recipe.yaml --out runs/mine --json"): "the built-in recipe again, in a new folder",
+    (PIPE, "edge pipeline --out runs/pipeline --redo profile"): "needs the built-in recipe's run (see above)",
+    # CI must finish in 20 minutes on 2 cores; these repeat a verb another command already runs
     # by default, and each costs 20-90 s there (measured in a clean-clone run): they run with -m slow.
-    "edge train fmnist-deit-tiny --init-weights runs/stage1/model.safetensors --data fmnist --epochs 12 --lr 5e-4 "
-    "--warmup-steps 200 --label-smoothing 0 --seed 1 --out runs/stage2": "CI time: a second train (stage 1 runs)",
-    "edge train fmnist-deit-tiny --init-weights runs/stage2/model.safetensors --data fmnist --epochs 3 --lr 1e-4 "
-    "--warmup-steps 50 --label-smoothing 0 --seed 2 --out runs/stage3": "CI time: a third train (stage 1 runs)",
-    "edge train fmnist-deit-tiny --data fmnist --epochs 10 --seed 0 --out runs/fmnist-deit-tiny":
-        "CI time: stage 1's command again, in another folder",
-    "edge eval fmnist-deit-tiny --data fmnist-mini": "CI time: 2,000 images (the full-data eval runs on the small set)",
-    "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images":
+    (REF, "edge train fmnist-deit-tiny --init-weights runs/stage1/model.safetensors --data fmnist --epochs 12 "
+     "--lr 5e-4 --warmup-steps 200 --label-smoothing 0 --seed 1 --out runs/stage2"):
+        "CI time: a second train (stage 1 runs)",
+    (REF, "edge train fmnist-deit-tiny --init-weights runs/stage2/model.safetensors --data fmnist --epochs 3 "
+     "--lr 1e-4 --warmup-steps 50 --label-smoothing 0 --seed 2 --out runs/stage3"):
+        "CI time: a third train (stage 1 runs)",
+    (MODELS, "edge train fmnist-deit-tiny --data fmnist --epochs 10 --seed 0 --out runs/fmnist-deit-tiny"):
+        "CI time: stage 1's command again (docs/reference-model.md), in another folder",
+    (MODELS, "edge eval fmnist-deit-tiny --data fmnist-mini"):
+        "CI time: 2,000 images (the full-data eval runs on the small set)",
+    (MODELS, "edge eval timm:deit_small_patch16_224 --weights deit_small.safetensors --data ~/my-images --probe"):
         "CI time: a DeiT-Small at 224 on the CPU",
-    "edge analyze fmnist-deit-tiny --data fmnist --samples 500 --entropy --nose 4 --out runs/entropy":
-        "CI time: a third analyze (two run above; tests/edge/analysis/test_entropy.py covers --entropy and --nose)",
-    "edge compress fmnist-deit-tiny --plan attnrm:auto=4:init=affine --out runs/rm4-affine":
+    (RMV, "edge analyze fmnist-deit-tiny --data fmnist --samples 500 --entropy --nose 4 --out runs/entropy"):
+        "CI time: a third analyze (two run in other guides; tests/edge/analysis/test_entropy.py covers --entropy "
+        "and --nose)",
+    (RMV, "edge compress fmnist-deit-tiny --plan attnrm:auto=4:init=affine --out runs/rm4-affine"):
         "CI time: the NOSE search again (the identity command above runs it; tests/edge/compress covers affine)",
-    "edge compress fmnist-deit-tiny --plan auto-linear:3 --out runs/auto3":
+    ("docs/block-approximation.md", "edge compress fmnist-deit-tiny --plan auto-linear:3 --out runs/auto3"):
         "CI time: the planner fits 33 candidates (tests/edge/compress covers it on a tiny model)",
-    "edge finetune runs/dw6 --train replaced --alpha 0.2 --out runs/dw6-ft-replaced":
+    (FT, "edge finetune runs/dw6 --train replaced --alpha 0.2 --out runs/dw6-ft-replaced"):
         "CI time: a second finetune (the train=all one runs)",
-    "edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned":
-        "CI time: compress then finetune, both run on their own above",
-    "edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2 --iterations 100":
-        "CI time: 55 part graphs exported and timed (tests/edge/latency covers tables on a tiny model)",
-    "edge plan fmnist-deit-tiny --budget 0.5x --table tables/cpu-b1.json --data fmnist --out runs/plan2x":
-        "CI time: the search measures about 150 plans of the 12-block model (tests/edge/plan runs it on a "
-        "4-block model)",
-    "edge finetune runs/plan2x/model --data fmnist --epochs 3 --out runs/plan2x-ft":
-        "CI time: needs the plan above; edge finetune of an artifact runs above",
+    (FT, "edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"):
+        "CI time: compress then finetune, both run on their own (docs/depthwise-attention.md, above)",
+    (PLAN, "edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2 --iterations 100"): _TABLE,
+    (PLAN, "edge plan fmnist-deit-tiny --budget 0.5x --table tables/cpu-b1.json --data fmnist --out runs/plan2x"):
+        _PLAN,
+    (PLAN, "edge finetune runs/plan2x/model --data fmnist --epochs 3 --out runs/plan2x-ft"): _PLANNED,
+    # README.md's tour starts from that plan: the same commands, then the path to a bundle.
+    (RM, "edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2 --iterations 100"): _TABLE,
+    (RM, "edge plan fmnist-deit-tiny --budget 0.5x --table tables/cpu-b1.json --data fmnist --out runs/plan2x"):
+        _PLAN,
+    (RM, "edge finetune runs/plan2x/model --data fmnist --epochs 3 --out runs/plan2x-ft"): _PLANNED,
+    (RM, "edge export runs/plan2x-ft --out runs/plan2x.onnx"): _PLANNED,
+    (RM, "edge clean runs/plan2x.onnx --out runs/plan2x.clean.onnx"): _PLANNED,
+    (RM, "edge quantize runs/plan2x.clean.onnx --precision int8 --data fmnist --samples 500 "
+     "--out runs/plan2x.int8.onnx"): _PLANNED,
+    (RM, "edge eval runs/plan2x.int8.onnx --data fmnist"): _PLANNED,
+    (RM, "edge bundle runs/plan2x.clean.onnx --out bundles/plan2x --precision fp32,fp16 --tar"): _PLANNED,
 }
 
-# Files a user would bring get small stand-ins made by the test: README token -> maker(path).
+# Files a user would bring get small stand-ins made by the test: token in a command -> maker(path).
+# STAND_INS and REWRITES apply wherever they match, in any file; each is checked to match some command.
 def _random_deit_small_weights(path: Path) -> None:
     """The random weights of timm:deit_small_patch16_224 as safetensors (the user's pretrained file)."""
     from edge.models import create_model
@@ -180,15 +225,17 @@ def _pruned_weights(path: Path) -> None:
 
 
 def _image_folder(path: Path) -> None:
-    """An ImageFolder of 2 classes x 2 random RGB PNGs of 64 x 64 (the user's own images)."""
+    """An ImageFolder with train/ and val/ splits of 2 classes x 2 random RGB PNGs of 64 x 64 (the user's images)."""
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for label in ("cat", "dog"):
-        (path / label).mkdir(parents=True)
-        for i in range(2):
-            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path / label / f"{i}.png")
+    for split in ("train", "val"):
+        for label in ("cat", "dog"):
+            (path / split / label).mkdir(parents=True)
+            for i in range(2):
+                image = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+                Image.fromarray(image).save(path / split / label / f"{i}.png")
 
 
 STAND_INS = {
@@ -214,7 +261,8 @@ SMALL_FMNIST = "fmnist-500"
 SMALL_FMNIST_PER_CLASS = {"train": 50, "test": 10}
 
 REWRITES = (
-    Rewrite(("train", "eval", "analyze", "compress", "finetune", "quantize", "pipeline"), r"--data fmnist(?= |$)",
+    Rewrite(("train", "eval", "analyze", "compress", "finetune", "quantize", "pipeline", "plan"),
+            r"--data fmnist(?= |$)",
             f"--data {SMALL_FMNIST}", "Fashion-MNIST, 500 training and 100 test images instead of 60,000 and 10,000"),
     Rewrite(("train", "analyze", "compress", "finetune"), r"^(?!.* --data )(.*)$", rf"\1 --data {SMALL_FMNIST}",
             "the default data (fmnist) made explicit, as the small set above"),
@@ -223,6 +271,8 @@ REWRITES = (
     Rewrite(("analyze", "quantize"), r"--samples 500(?= |$)", "--samples 64", "64 calibration images, not 500"),
     Rewrite(("compress",), r"^(?!.* --samples )(.*)$", r"\1 --samples 64",
             "64 calibration images, not the default 500"),
+    Rewrite(("plan",), r"^(?!.* --samples )(.*)$", r"\1 --samples 64 --holdout 64",
+            "64 calibration and 64 held-out images, not 512 each (the small set has 500 training images)"),
     Rewrite(("train", "finetune"), r"^(?!.*--dilute)(.*)$", r"\1 --max-steps 1",
             "the same schedule, stopped after its first step (the verb's own --max-steps)"),
     Rewrite(("finetune",), r"^(.*--dilute.*)$", r"\1 --steps 2",
@@ -251,11 +301,11 @@ def _tensorrt_and_gpu() -> str | None:
 
 
 def skip_reason(command: Command) -> str | None:
-    if command.text in EXCLUDED:
-        return f"excluded: {EXCLUDED[command.text]}"
-    if command.text in NEEDS_HARDWARE:
+    if command.key in EXCLUDED:
+        return f"excluded: {EXCLUDED[command.key]}"
+    if command.key in NEEDS_HARDWARE:
         missing = _tensorrt_and_gpu()
-        return f"{NEEDS_HARDWARE[command.text]}, which needs TensorRT and a CUDA GPU: {missing}" if missing else None
+        return f"{NEEDS_HARDWARE[command.key]}, which needs TensorRT and a CUDA GPU: {missing}" if missing else None
     return None
 
 
@@ -267,21 +317,38 @@ def written_paths(command: Command) -> set[str]:
     return {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--out", ">")}
 
 
-def needs(commands: list[Command], index: int) -> list[int]:
-    """The earlier commands that command ``index`` needs, directly or through another, in order.
+def _names(command: Command, path: str) -> bool:
+    return any(t == path or t.startswith(path + "/") for t in command.argv)
 
-    A command needs an earlier one when it names a path the earlier one wrote, or a path inside it.
+
+def direct_needs(commands: list[Command], index: int) -> list[int]:
+    """The commands that wrote a path command ``index`` names, or a path inside one.
+
+    A writer is an earlier command of the same file or any command of another file; a command of the
+    same text is the same run, never its own need, and an EXCLUDED command never runs, so it is no need.
     """
-    wanted, frontier = set(), [index]
-    while frontier:
-        later = frontier.pop()
-        tokens = commands[later].argv
-        for i in range(later):
-            if i not in wanted and any(t == p or t.startswith(p + "/") for p in written_paths(commands[i])
-                                       for t in tokens):
-                wanted.add(i)
-                frontier.append(i)
-    return sorted(wanted)
+    command = commands[index]
+    return [i for i, other in enumerate(commands)
+            if other.text != command.text and other.key not in EXCLUDED and (other.file != command.file or i < index)
+            and any(_names(command, p) for p in written_paths(other))]
+
+
+def needs(commands: list[Command], index: int) -> list[int]:
+    """Every command that command ``index`` needs, directly or through another, each after its own needs.
+
+    A command written in several files is listed once.
+    """
+    order: list[int] = []
+
+    def visit(i: int, path: tuple[int, ...]) -> None:
+        for j in direct_needs(commands, i):
+            assert j not in path, f"commands need each other in a circle: {[commands[k].id for k in (*path, j)]}"
+            if commands[j].text not in {commands[k].text for k in order}:   # the same command runs once
+                visit(j, (*path, j))
+                order.append(j)
+
+    visit(index, (index,))
+    return order
 
 
 # --- running them ------------------------------------------------------------------------------
@@ -295,7 +362,7 @@ def _argv_and_redirect(text: str, home: Path) -> tuple[list[str], str | None]:
         assert at == len(argv) - 2, f"only `COMMAND > FILE` is understood: {text}"
         argv, redirect = argv[:at], argv[at + 1]
     shell = {"|", "||", "&&", ";", "<", ">>", "&"}
-    assert not shell & set(argv), f"a README command the test cannot run without a shell: {text}"
+    assert not shell & set(argv), f"a documented command the test cannot run without a shell: {text}"
     argv = [str(home) + a[1:] if a == "~" or a.startswith("~/") else a for a in argv]
     return [sys.executable, "-m", "edge", *argv[1:]], redirect
 
@@ -307,13 +374,13 @@ class Outcome:
     result: subprocess.CompletedProcess
 
     def explain(self) -> str:
-        return (f"README.md line {self.command.line}: {self.command.text}\nran: {self.ran}\n"
+        return (f"{self.command.file} line {self.command.line}: {self.command.text}\nran: {self.ran}\n"
                 f"exit {self.result.returncode}\n--- stderr (end) ---\n{self.result.stderr[-3000:]}\n"
                 f"--- stdout (end) ---\n{self.result.stdout[-1500:]}")
 
 
-class ReadmeSession:
-    """One working folder; the README commands run there once each, in README order."""
+class DocSession:
+    """One working folder for README.md and every guide; each command runs there once."""
 
     def __init__(self, root: Path) -> None:
         self.cwd = root / "work"
@@ -327,7 +394,7 @@ class ReadmeSession:
                     "XDG_CACHE_HOME": str(self.home / ".cache"), "OMP_WAIT_POLICY": "PASSIVE",
                     "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         self.env.pop("EDGE_CACHE_DIR", None)
-        self.outcomes: dict[int, Outcome] = {}
+        self.outcomes: dict[str, Outcome] = {}      # by command text: the same command in two files runs once
         self._make_stand_ins()
 
     def _make_stand_ins(self) -> None:
@@ -350,41 +417,43 @@ class ReadmeSession:
             write_idx(folder / f"{SPLITS[split]}-labels-idx1-ubyte.gz", data.labels[index].numpy().astype("uint8"))
 
     def outcome(self, index: int) -> Outcome:
-        """The result of README command ``index``, after the earlier commands it needs."""
-        for i in needs(COMMANDS_IN_README, index):
-            if skip_reason(COMMANDS_IN_README[i]) is None:
+        """The result of command ``index`` of DOC_COMMANDS, after the commands it needs."""
+        for i in needs(DOC_COMMANDS, index):
+            if skip_reason(DOC_COMMANDS[i]) is None:
                 self._run(i)
         return self._run(index)
 
     def _run(self, index: int) -> Outcome:
-        if index not in self.outcomes:
-            command = COMMANDS_IN_README[index]
+        command = DOC_COMMANDS[index]
+        if command.text not in self.outcomes:
             ran = rewrite(command)
             argv, redirect = _argv_and_redirect(ran, self.home)
             result = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=900)
             if redirect is not None:
                 (self.cwd / redirect).write_text(result.stdout, encoding="utf-8")
-            self.outcomes[index] = Outcome(command, ran, result)
-        return self.outcomes[index]
+            self.outcomes[command.text] = Outcome(command, ran, result)
+        return self.outcomes[command.text]
 
     def failed_needs(self, index: int) -> str:
-        failed = [self.outcomes[i].command.id for i in needs(COMMANDS_IN_README, index)
-                  if i in self.outcomes and self.outcomes[i].result.returncode != 0]
-        return f"\n(it needs README commands that failed: {', '.join(failed)})" if failed else ""
+        failed = [f"{DOC_COMMANDS[i].file}: {DOC_COMMANDS[i].id}" for i in needs(DOC_COMMANDS, index)
+                  if DOC_COMMANDS[i].text in self.outcomes
+                  and self.outcomes[DOC_COMMANDS[i].text].result.returncode != 0]
+        return f"\n(it needs documented commands that failed: {', '.join(failed)})" if failed else ""
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory) -> ReadmeSession:
-    return ReadmeSession(tmp_path_factory.mktemp("readme"))
+def session(tmp_path_factory) -> DocSession:
+    return DocSession(tmp_path_factory.mktemp("docs"))
 
 
-# Files the README says a command's --out folder holds.
+# Files the guides say a command's --out folder holds.
 NAMED_OUTPUTS = {
     "train": ("model.safetensors", "card.json"),
     "analyze": ("analysis.json",),
     "compress": ("edge-model.json", "model.safetensors"),
     "finetune": ("edge-model.json", "model.safetensors"),
     "pipeline": ("report.json", "report.md", "report.html"),
+    "bundle": ("manifest.json",),
 }
 
 
@@ -422,7 +491,7 @@ def check_outputs(outcome: Outcome, cwd: Path) -> None:
 
 
 def check_tensorrt_rules(graph: Path, outcome: Outcome) -> None:
-    """A graph a README command writes breaks none of the rules of TensorRT 10.3's and 10.16's ONNX parsers
+    """A graph a documented command writes breaks none of the rules of TensorRT 10.3's and 10.16's ONNX parsers
     (edge.graph.tensorrt_rules; issue 29, point 9)."""
     from edge.graph.tensorrt_rules import check_file
 
@@ -433,48 +502,49 @@ def check_tensorrt_rules(graph: Path, outcome: Outcome) -> None:
 
 
 def _param(index: int, command: Command):
-    marks = [pytest.mark.slow] if command.text in SLOW else []
+    marks = [pytest.mark.slow] if command.key in SLOW else []
     return pytest.param(index, id=command.id, marks=marks)
 
 
-@pytest.mark.parametrize("index", [_param(i, c) for i, c in enumerate(COMMANDS_IN_README)])
-def test_readme_command(index, session):
-    command = COMMANDS_IN_README[index]
+@pytest.mark.parametrize("index", [_param(i, c) for i, c in enumerate(DOC_COMMANDS)])
+def test_documented_command(index, session):
+    command = DOC_COMMANDS[index]
     reason = skip_reason(command)
     if reason:
-        pytest.skip(f"{command.text}: {reason}")
-    assert command.is_edge, f"line {command.line}: `{command.text}` is not an edge command; add it to EXCLUDED"
+        pytest.skip(f"{command.file}: {command.text}: {reason}")
+    assert command.is_edge, (f"{command.file} line {command.line}: `{command.text}` is not an edge command; "
+                             "add it to EXCLUDED")
     outcome = session.outcome(index)
     assert outcome.result.returncode == 0, outcome.explain() + session.failed_needs(index)
     check_outputs(outcome, session.cwd)
 
 
-# --- the tables and the README agree ------------------------------------------------------------
+# --- the tables and the files agree ---------------------------------------------------------------
 
-def test_every_readme_command_is_edge_or_excluded():
-    assert COMMANDS_IN_README, "no ```bash commands found in README.md"
-    other = [f"line {c.line}: {c.text}" for c in COMMANDS_IN_README if not c.is_edge and c.text not in EXCLUDED]
-    assert not other, f"README commands this test cannot run: add them to EXCLUDED with the reason: {other}"
+def test_every_documented_command_is_edge_or_excluded():
+    assert any(c.file == README for c in DOC_COMMANDS), "no ```bash commands found in README.md"
+    other = [f"{c.file} line {c.line}: {c.text}" for c in DOC_COMMANDS if not c.is_edge and c.key not in EXCLUDED]
+    assert not other, f"documented commands this test cannot run: add them to EXCLUDED with the reason: {other}"
 
 
 @pytest.mark.parametrize("table", ["EXCLUDED", "NEEDS_HARDWARE", "SLOW"])
-def test_tables_name_real_readme_commands(table):
-    texts = {c.text for c in COMMANDS_IN_README}
-    stale = [t for t in globals()[table] if t not in texts]
-    assert not stale, f"{table} names commands that are not in README.md (any more): {stale}"
+def test_tables_name_real_commands_of_their_files(table):
+    keys = {c.key for c in DOC_COMMANDS}
+    stale = [k for k in globals()[table] if k not in keys]
+    assert not stale, f"{table} names (file, command) pairs that are not in that file (any more): {stale}"
 
 
 def test_stand_ins_and_rewrites_are_used():
-    tokens = {t for c in COMMANDS_IN_README for t in c.argv}
+    tokens = {t for c in DOC_COMMANDS for t in c.argv}
     assert set(STAND_INS) <= tokens, set(STAND_INS) - tokens
     for r in REWRITES:
-        assert any(c.is_edge and c.argv[1] in r.verbs and re.search(r.pattern, c.text) for c in COMMANDS_IN_README), \
-            f"rewrite {r.pattern!r} -> {r.replacement!r} matches no README command"
+        assert any(c.is_edge and c.argv[1] in r.verbs and re.search(r.pattern, c.text) for c in DOC_COMMANDS), \
+            f"rewrite {r.pattern!r} -> {r.replacement!r} matches no documented command"
 
 
 def test_rewrites_keep_the_verb_and_the_options():
     """A rewrite changes values or adds options; it never drops an option or changes the verb."""
-    for command in COMMANDS_IN_README:
+    for command in DOC_COMMANDS:
         if not command.is_edge:
             continue
         before, after = command.argv, shlex.split(rewrite(command))
@@ -483,21 +553,21 @@ def test_rewrites_keep_the_verb_and_the_options():
         assert all(o in after for o in options), (command.text, after)
 
 
-def test_readme_verbs_exist():
+def test_documented_verbs_exist():
     verbs = {c.__name__.rsplit(".", 1)[1].removesuffix("_cmd") for c in COMMANDS}
-    unknown = [f"line {c.line}: {c.text}" for c in COMMANDS_IN_README if c.is_edge and c.argv[1] not in verbs]
-    assert not unknown, f"README commands whose verb is not in edge.cli.COMMANDS ({sorted(verbs)}): {unknown}"
+    unknown = [f"{c.file} line {c.line}: {c.text}" for c in DOC_COMMANDS if c.is_edge and c.argv[1] not in verbs]
+    assert not unknown, f"documented commands whose verb is not in edge.cli.COMMANDS ({sorted(verbs)}): {unknown}"
 
 
-@pytest.mark.parametrize("index", [pytest.param(i, id=c.id) for i, c in enumerate(COMMANDS_IN_README) if c.is_edge])
-def test_readme_command_parses(index, capsys):
-    """Every edge command of the README, skipped ones included, has options the CLI accepts.
+@pytest.mark.parametrize("index", [pytest.param(i, id=c.id) for i, c in enumerate(DOC_COMMANDS) if c.is_edge])
+def test_documented_command_parses(index, capsys):
+    """Every documented edge command, skipped ones included, has options the CLI accepts.
 
-    Paths are checked when the command line is parsed; an input that an earlier README command
+    Paths are checked when the command line is parsed; an input that another documented command
     writes does not exist here, so "does not exist" is the one refusal accepted (the commands
-    themselves run in README order above).
+    themselves run above, after the commands they need).
     """
-    command = COMMANDS_IN_README[index]
+    command = DOC_COMMANDS[index]
     argv, _ = _argv_and_redirect(command.text, Path.home())
     try:
         build_parser().parse_args(argv[3:])
@@ -505,20 +575,95 @@ def test_readme_command_parses(index, capsys):
         err = capsys.readouterr().err
         if e.code == 2 and err.count("error:") == 1 and "does not exist" in err:
             return
-        raise AssertionError(f"README.md line {command.line}: `{command.text}` does not parse (exit {e.code})"
+        raise AssertionError(f"{command.file} line {command.line}: `{command.text}` does not parse (exit {e.code})"
                              f"\n{err}") from e
+
+
+def test_files_write_a_path_only_with_the_same_command():
+    """The working folder is shared: two files writing one path with different commands would clobber it."""
+    writers: dict[str, set[Command]] = {}
+    for command in DOC_COMMANDS:
+        if command.key not in EXCLUDED:
+            for path in written_paths(command):
+                writers.setdefault(path, set()).add(command)
+    clashes = {path: sorted(f"{c.file}: {c.text}" for c in cs) for path, cs in writers.items()
+               if len({c.file for c in cs}) > 1 and len({c.text for c in cs}) > 1}
+    assert not clashes, f"paths that several files write with different commands (rename one): {clashes}"
+
+
+def test_default_commands_need_no_slow_command():
+    """The default run stays short: a command it runs never pulls in one marked slow."""
+    slow_texts = {text for _, text in SLOW}
+    mixed = sorted({c.text for c in DOC_COMMANDS if c.text in slow_texts and c.key not in SLOW})
+    assert not mixed, f"commands slow in one file and not in another (mark them in both): {mixed}"
+    pulled = {c.id: [DOC_COMMANDS[i].id for i in needs(DOC_COMMANDS, n) if DOC_COMMANDS[i].key in SLOW]
+              for n, c in enumerate(DOC_COMMANDS) if c.key not in SLOW and skip_reason(c) is None}
+    pulled = {k: v for k, v in pulled.items() if v}
+    assert not pulled, f"default commands that need slow ones (mark them slow too): {pulled}"
+
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors of the headings of a markdown text."""
+    heads = [m.group(1) for m in re.finditer(r"^#+\s+(.*?)\s*$", text, flags=re.M)]
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("file", [*DOC_FILES, "docs/results/README.md"])
+def test_links_resolve(file):
+    """Every relative link of README.md and the guides names a file that exists, and a heading there."""
+    text = (ROOT / file).read_text(encoding="utf-8")
+    broken = []
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (ROOT / file).parent / path if path else ROOT / file
+        if not resolved.exists():
+            broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved.read_text(encoding="utf-8")):
+            broken.append(target)
+    assert not broken, f"{file}: links to files or headings that do not exist: {broken}"
+
+
+def test_results_hold_no_commands():
+    """docs/results/ holds measured tables that benchmarks/ write; commands to run belong in a guide, where they run."""
+    with_commands = [p.name for p in sorted((ROOT / "docs" / "results").glob("*.md"))
+                     if bash_commands(p.read_text(encoding="utf-8"), str(p))]
+    assert not with_commands, f"docs/results files with ```bash blocks, which this test does not run: {with_commands}"
+
+
+def test_readme_links_every_guide():
+    """README.md is the front door: every guide in docs/ is linked from it."""
+    readme = (ROOT / README).read_text(encoding="utf-8")
+    unlinked = [f for f in DOC_FILES[1:] if f"({f})" not in readme and f"({f}#" not in readme]
+    assert not unlinked, f"guides README.md does not link: {unlinked}"
 
 
 def test_reader_joins_continuations_and_drops_comments():
     text = ("prose\n```bash\n# a comment line\nedge a --x 1 \\\n    --y '#not a comment'  # a comment\n\n"
             "edge b\n```\n```python\nedge c\n```\n```bash\nbash scripts/x.sh   # why\n```\n")
-    assert readme_commands(text) == [Command(4, "edge a --x 1 --y '#not a comment'"), Command(7, "edge b"),
-                                     Command(13, "bash scripts/x.sh")]
+    assert bash_commands(text) == [Command(4, "edge a --x 1 --y '#not a comment'"), Command(7, "edge b"),
+                                   Command(13, "bash scripts/x.sh")]
 
 
 def test_needs_follows_written_paths():
-    commands = readme_commands("\n".join([
+    commands = bash_commands("\n".join([
         "```bash", "edge compress m --out runs/a", "edge info", "edge export runs/a --out runs/a.onnx",
         "edge pipeline --print-recipe > r.yaml", "edge clean runs/a.onnx --out runs/b.onnx",
         "edge train --init-weights runs/a/model.safetensors --out runs/t", "```"]))
     assert [needs(commands, i) for i in range(len(commands))] == [[], [], [0], [], [0, 2], [0]]
+
+
+def test_needs_crosses_files_and_runs_a_repeated_command_once():
+    readme = bash_commands("```bash\nedge clean runs/a.onnx --out runs/b.onnx\nedge compress m --out runs/a\n```",
+                           README)
+    guide = bash_commands("```bash\nedge compress m --out runs/a\nedge export runs/a --out runs/a.onnx\n```",
+                          "docs/guide.md")
+    commands = readme + guide
+    # README's clean needs the guide's export, which needs the compress that both files hold: listed once.
+    assert needs(commands, 0) == [1, 3]
+    assert needs(commands, 3) == [1]
+    assert needs(commands, 1) == needs(commands, 2) == []
