@@ -39,14 +39,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from jetson.errors import JetsonError
-
-if TYPE_CHECKING:
-    from jetson.bundle import Bundle, Variant
 
 GATE = "gate"  # the bundle's folder of gate images and reference outputs
 DEFAULT_GATE_IMAGES = 32
@@ -298,12 +295,13 @@ def read_outputs(backend: Any) -> dict[str, np.ndarray]:
     return outputs
 
 
-def check_accuracy(backend: Any, bundle: Bundle, variant: Variant, log: Callable[[str], None]) -> dict | None:
-    """The runner's gate of one variant's engine (before its benchmark): the result's ``accuracy``, None (and
-    said) when the bundle carries no gate for it."""
-    if variant.gate is None:
-        log(f"{variant.id}: no accuracy gate (the bundle carries no gate images for it: `edge bundle --gate-images`)")
+def check_accuracy(backend: Any, gate: GateSpec | None, root: Path, variant: str,
+                   log: Callable[[str], None]) -> dict | None:
+    """The runner's gate of one variant's engine (before its benchmark), ``gate`` as the variant's entry of the
+    bundle in ``root`` gives it: the result's ``accuracy``, None (and said) when the bundle carries no gate."""
+    if gate is None:
+        log(f"{variant}: no accuracy gate (the bundle carries no gate images for it: `edge bundle --gate-images`)")
         return None
-    accuracy = gate_engine(backend, variant.gate, bundle.root, variant.id)
-    log(summary_line(variant.id, accuracy))
+    accuracy = gate_engine(backend, gate, root, variant)
+    log(summary_line(variant, accuracy))
     return accuracy

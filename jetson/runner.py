@@ -420,7 +420,7 @@ class Runner:
             self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
-            accuracy = check_accuracy(backend, self.bundle, variant, self.log)  # jetson.accuracy_gate
+            accuracy = check_accuracy(backend, variant.gate, self.bundle.root, variant.id, self.log)  # jetson.accuracy_gate
             timed_s = self.protocol.timed_s(self.energy_on())
             self.log(f"{variant.id}: benchmarking (warm-up {self.protocol.warmup} calls and "
                      f"{self.protocol.warmup_s or 0:g} s, then {self.protocol.iterations} calls"
