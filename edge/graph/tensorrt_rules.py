@@ -41,6 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
 from edge.graph.tensorrt_support import DEFAULT_TENSORRT, ONNX_TYPE_NAMES, PARSERS, ParserSupport
+from edge.graph.util import tensor_types
 
 ERROR, INFO = "error", "info"
 RULES = ("operator", "opset", "ir-version", "input-type", "qdq-axis", "qdq-scale", "qdq-zero-point",
@@ -95,7 +96,7 @@ class GraphFacts:
                     constants[node.output[0]] = value
         inferred = _inferred(model)
         producers = {o: n for n in graph.node for o in n.output}
-        return GraphFacts(model, opset, _tensor_types(inferred), _static_shapes(inferred), producers,
+        return GraphFacts(model, opset, tensor_types(inferred), _static_shapes(inferred), producers,
                           readers, constants)
 
     def value(self, name: str) -> np.ndarray | None:
@@ -109,18 +110,6 @@ def _inferred(model: onnx.ModelProto) -> onnx.GraphProto:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference fails on some foreign graphs: the declared tensors only
         return model.graph
-
-
-def _tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
-    """Element type of every typed tensor (inputs, outputs, initializers, inferred values, Constants)."""
-    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)}
-    types.update({t.name: t.data_type for t in graph.initializer})
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    types[node.output[0]] = attr.t.data_type
-    return types
 
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:

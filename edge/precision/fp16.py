@@ -40,6 +40,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
+from edge.graph.util import tensor_types
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -105,17 +106,7 @@ class Fp16Report:
 
 def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor name -> ONNX element type, for inputs, outputs, inferred intermediates, weights and Constants."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    g = inferred.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
-    types.update({t.name: t.data_type for t in g.initializer})
-    for node in g.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    types[node.output[0]] = a.t.data_type
-    return types
-
+    return tensor_types(onnx.shape_inference.infer_shapes(model, strict_mode=False).graph)
 
 def head_nodes(graph: onnx.GraphProto) -> set[str]:
     """Names of the nodes downstream of the last LayerNormalization (final norm, pooling, classifier)."""
