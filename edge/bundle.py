@@ -228,11 +228,14 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
         for graph in graphs:
-            gate = _write_gate(graph, tmp, config, progress)
-            for precision in config.precisions:
+            written = {}
+            for precision in config.precisions:  # every graph TensorRT would refuse is named before the gate
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
                 _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
+                written[precision] = relative, made
+            gate = _write_gate(graph, tmp, config, progress)
+            for precision, (relative, made) in written.items():
                 inputs_io, _ = _graph_io(tmp / relative)
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
                                   tactic_dram_mib=config.tactic_dram_mib, optimization_level=config.optimization_level,
@@ -263,7 +266,10 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
     from edge.check.device_gate import write_gate
 
     progress(f"{graph.name}: accuracy gate: {config.gate_images} images and the source graph's outputs")
-    return write_gate(graph.name, graph.path, out, config.check_data, config.gate_images)
+    try:
+        return write_gate(graph.name, graph.path, out, config.check_data, config.gate_images)
+    except JetsonError as e:  # the gate's own rules (jetson.accuracy_gate): bad input, not a bug of edge
+        raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
 
 
 def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
