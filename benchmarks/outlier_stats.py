@@ -1,0 +1,105 @@
+"""Activation-outlier statistics of the reference model and of `fmnist-deit-tiny-outliers`, on real test images.
+
+Per block: the residual stream's largest channel magnitude over the median channel's (a channel's
+magnitude is its largest |x| over the images and tokens), the largest channels, Sun et al.'s ratio (largest
+|x| over the median |x|), the largest token norm over the median token norm and the tokens that hold it;
+per LayerNorm: the per-channel range spread (max / min range, and the 99th / 1st percentile version).
+Beside them: what was published for pretrained ViTs (:data:`PUBLISHED`, each with its source).
+
+    python benchmarks/outlier_stats.py                        # bundled models, full test split
+    python benchmarks/outlier_stats.py --outliers-weights runs/outliers/model.safetensors --data DIR
+
+Writes benchmarks/results/outlier_stats.json (``--json-out``) and prints one line per block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OUTLIERS = "fmnist-deit-tiny-outliers"
+
+# Figures as their papers state them (read from the papers' text; not measured here).
+PUBLISHED = [
+    {"model": "ViT-B/16 (ImageNet, timm), ONNX on Orin Nano", "quantity": "largest |x| in the residual stream",
+     "value": 1418, "source": "issue 30, quoting scripts/nvidia/README.md of the onnxsim/onnxsim repository "
+                              "(FP16 with a decomposed LayerNorm overflowed at |x| = 1418)"},
+]
+
+
+def load_models(outliers_weights: str | None):
+    from edge.models import BUNDLED, create_model
+
+    models = {"fmnist-deit-tiny": create_model("fmnist-deit-tiny")}
+    if outliers_weights:
+        models[OUTLIERS] = create_model("fmnist-deit-tiny", weights=outliers_weights)
+    elif OUTLIERS in BUNDLED and BUNDLED[OUTLIERS].weights.is_file():
+        models[OUTLIERS] = create_model(OUTLIERS)
+    else:
+        print(f"{OUTLIERS}: no weights (pass --outliers-weights or ship them); measuring the reference only",
+              file=sys.stderr)
+    return models
+
+
+def measure(model, data, images: int | None, device: str) -> dict:
+    from edge.analysis.outliers import outlier_statistics
+    from edge.data import ArrayPreprocess, InputSpec
+    from edge.models import data_config
+    from edge.train.outliers import subset
+
+    chosen = subset(data, images, 0)
+    preprocess = ArrayPreprocess(InputSpec.from_data_config(data_config(model)))
+    return {"data": chosen.name, **outlier_statistics(model, chosen.batches(250, preprocess), device)}
+
+
+def print_stats(name: str, stats: dict) -> None:
+    print(f"\n{name} ({stats['images']} images of {stats['data']})")
+    print("block  max|x|  ch-ratio  sun-ratio  tok-norm-ratio  top channels          top tokens")
+    for b in stats["blocks"]:
+        channels = ", ".join(f"{c['channel']}:{c['magnitude']:.0f}" for c in b["top_channels"][:2])
+        tokens = ", ".join(f"{t['token']}({t['share_of_images']:.0%})" for t in b["top_tokens"][:2])
+        print(f"{b['block']:>5}  {b['max_abs']:>6.0f}  {b['channel_ratio']:>8.1f}  {b['sun_ratio']:>9.0f}  "
+              f"{b['token_norm_ratio']:>14.1f}  {channels:<20}  {tokens}")
+    spreads = stats["layernorms"]
+    print("LayerNorm range spread max/min: " + ", ".join(f"{s['range_spread']:.0f}" for s in spreads.values()))
+    print("LayerNorm range spread p99/p1:  " + ", ".join(f"{s['range_spread_p99_p1']:.0f}" for s in spreads.values()))
+    s = stats["summary"]
+    print(f"blocks with channel ratio >= {s['channel_ratio_threshold']:.0f}: {len(s['massive_blocks'])}/{s['blocks']}; "
+          f"LayerNorms with spread >= {s['range_spread_threshold']:.0f}: {len(s['spread_layernorms'])}/{s['layernorms']} "
+          f"(p99/p1: {len(s['spread_layernorms_p99_p1'])}); meets issue 30's targets: {s['meets_targets']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outliers-weights", help=f"weights of {OUTLIERS} (default: the bundled file)")
+    parser.add_argument("--data", default="fmnist", help="fmnist, fmnist-mini or a folder of IDX files")
+    parser.add_argument("--images", type=int, default=None, help="test images (default: the whole split)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/outlier_stats.json"))
+    args = parser.parse_args()
+
+    import edge._compat  # noqa: F401
+    from benchmarks._results import provenance
+    from edge.data import load_dataset
+
+    started, load = time.perf_counter(), __import__("os").getloadavg()
+    data = load_dataset(args.data, "test")
+    record = {"models": {}, "published": PUBLISHED}
+    for name, model in load_models(args.outliers_weights).items():
+        record["models"][name] = measure(model, data, args.images, args.device)
+        print_stats(name, record["models"][name])
+    record["provenance"] = provenance("outlier_stats.py", args, parser, started=started, load_before=load)
+    out = Path(args.json_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
