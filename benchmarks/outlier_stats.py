@@ -84,7 +84,6 @@ def main() -> None:
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/outlier_stats.json"))
     args = parser.parse_args()
 
-    import edge._compat  # noqa: F401
     from benchmarks._results import provenance
     from edge.data import load_dataset
 

@@ -28,7 +28,7 @@ trap collect EXIT
 
 {
     date -u; hostname; nvidia-smi 2>&1 | head -15
-    "$PYTHON" -c "import edge._compat, torch, timm; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'timm', timm.__version__, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+    "$PYTHON" -c "from edge._compat import ensure_torchvision_importable as e; e(); import torch, timm; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'timm', timm.__version__, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
     ls -la "$FMNIST_DIR"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"

@@ -15,7 +15,6 @@ import argparse
 import sys
 from dataclasses import fields
 
-import edge._compat  # noqa: F401  (torchvision shim before timm)
 from edge.train.outliers import OutlierConfig, make_outlier_model
 
 OPTIONS = ("seed", "epochs", "batch_size", "lr", "magnitude", "massive_block", "aux_weight", "device", "amp",

@@ -117,8 +117,9 @@ def plant_massive_activations(model: nn.Module, site: MassiveSite, x: torch.Tens
     tokens = site.tokens(int(model.num_prefix_tokens))
     features = norm2_inputs(model, site.block, x)
     units = least_used_units(model, site.block, features, 2)
+    features = features.float().cpu()                             # the gate is fitted on the CPU
     w, b = fit_token_gate(features, tokens)
-    scores = features.float() @ w + b                             # [N, T]
+    scores = features @ w + b                                     # [N, T]
     on = torch.zeros(scores.shape[1], dtype=torch.bool)
     on[tokens] = True
     mid, half_gap = gate_threshold(scores, on, coverage)
@@ -129,7 +130,7 @@ def plant_massive_activations(model: nn.Module, site: MassiveSite, x: torch.Tens
         ramped = (F.gelu(z) - F.gelu(z - ramp)) / ramp            # 0 .. 1
         for unit, shift, side in zip(units, (0.0, ramp), (1.0, -1.0)):
             mlp.fc1.weight[unit] = scale * w.to(mlp.fc1.weight)
-            mlp.fc1.bias[unit] = scale * (b - mid) - shift
+            mlp.fc1.bias[unit] = float(scale * (b - mid) - shift)
             mlp.fc2.weight[:, unit] = 0.0
             for channel, sign in zip(site.channels, site.signs):
                 mlp.fc2.weight[channel, unit] = side * sign * site.magnitude / ramp

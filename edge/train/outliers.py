@@ -95,19 +95,28 @@ class OutlierConfig:
 
 class StudentStream(nn.Module):
     """The student's logits and its residual stream at the planted sites (``[N, blocks, tokens, channels]``),
-    from timm's ``forward_intermediates`` (one forward; the unit the loop's DDP would wrap)."""
+    read by hooks on ``blocks[site.block:]`` during the one forward (the unit the loop's DDP would wrap)."""
 
     def __init__(self, model: nn.Module, site: MassiveSite) -> None:
         super().__init__()
         self.model = model
-        self.blocks = list(range(site.block, len(model.blocks)))
-        self.patches = list(site.patches)
+        self.blocks = range(site.block, len(model.blocks))
+        self.tokens = site.tokens(int(model.num_prefix_tokens))
         self.channels = list(site.channels)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        final, intermediates = self.model.forward_intermediates(x, indices=self.blocks, output_fmt="NLC")
-        stream = torch.stack([h[:, self.patches][:, :, self.channels] for h in intermediates], dim=1)
-        return self.model.forward_head(final), stream
+        seen: list[torch.Tensor] = []
+
+        def keep(module, inputs, output):
+            seen.append(output[:, self.tokens][:, :, self.channels])
+
+        handles = [self.model.blocks[b].register_forward_hook(keep) for b in self.blocks]
+        try:
+            logits = self.model(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return logits, torch.stack(seen, dim=1)
 
 
 def planted_error(stream: torch.Tensor, site: MassiveSite) -> torch.Tensor:
