@@ -59,6 +59,17 @@ BUNDLED: dict[str, Bundled] = {
                          interpolation="bilinear", crop_pct=1.0),
         description="DeiT-Tiny geometry (embed 192, depth 12, heads 3) on 28x28 Fashion-MNIST, patch 4",
     ),
+    # made by scripts/make_outlier_model.py (recipe: edge/train/outliers.py; docs/reference-model.md)
+    "fmnist-deit-tiny-outliers": Bundled(
+        name="fmnist-deit-tiny-outliers",
+        arch="deit_tiny_patch16_224",
+        kwargs=dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=12,
+                    num_heads=3, mlp_ratio=4.0),
+        data_config=dict(input_size=(1, 28, 28), mean=FMNIST_MEAN, std=FMNIST_STD,
+                         interpolation="bilinear", crop_pct=1.0),
+        description="fmnist-deit-tiny with the activation outliers of pretrained ViTs (massive residual "
+                    "channels, high-norm tokens, post-LayerNorm channel spread)",
+    ),
 }
 
 
