@@ -15,7 +15,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 : "${OUT:?set OUT to the folder that receives the results}"
 FMNIST_DIR=${FMNIST_DIR:-$PWD/.fmnist}
 DEVICE=${DEVICE:-cuda}
-PYTHON=${PYTHON:-python}
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 RUN=$(mktemp -d)
 mkdir -p "$OUT"
 
