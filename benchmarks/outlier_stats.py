@@ -25,11 +25,41 @@ sys.path.insert(0, str(ROOT))
 
 OUTLIERS = "fmnist-deit-tiny-outliers"
 
-# Figures as their papers state them (read from the papers' text; not measured here).
+# What was published for pretrained ViTs, as its source states it (read from the source named; not measured
+# here). Only figures found in the material searchable from this project; where a paper's number could
+# not be read, the finding is given in words.
 PUBLISHED = [
-    {"model": "ViT-B/16 (ImageNet, timm), ONNX on Orin Nano", "quantity": "largest |x| in the residual stream",
-     "value": 1418, "source": "issue 30, quoting scripts/nvidia/README.md of the onnxsim/onnxsim repository "
-                              "(FP16 with a decomposed LayerNorm overflowed at |x| = 1418)"},
+    {"model": "ViT-B/16 (google/vit-base-patch16-224), ONNX, one real image",
+     "finding": "13 of its 25 LayerNorms receive values up to |x| = 1418 (residual-stream outliers); a "
+                "decomposed LayerNorm's Pow(x, 2) overflows float16 there (top-1 85.22 % -> 18.96 %)",
+     "largest_abs": 1418, "layernorms_reached": "13/25",
+     "source": "onnxsim/onnxsim, scripts/nvidia/README.md, section 'Transformer: ViT-B/16' (Jetson Orin Nano, "
+               "TensorRT 10.3); quoted in issue 30"},
+    {"model": "DINOv2-reg ViT-G (Sun et al. 2024, 'Massive activations in large language models', sec. on ViTs)",
+     "finding": "massive activations in two fixed feature dimensions (179 and 999) of one register token "
+                "(reg 3) at layer 40, plotted on a magnitude axis to 1,000; removing them by a fixed mean "
+                "(Fix-Reg-Mean) keeps ImageNet accuracy (ViT-G 87.0 -> 87.0, ViT-B 84.8 -> 85.0): they act "
+                "as fixed biases",
+     "source": "locuslab/massive-activations: README.md (the layer-40 command and the Fix-Reg-Mean table) and "
+               "lib/plot_utils_vit.py (the paper's figure: dims 179 and 999, register 3, axis 0-1k)"},
+    {"model": "LLaMA2-7B (for scale; an LLM, not a ViT)",
+     "finding": "massive activations in two fixed feature dimensions (1415, 2533) on the starting token and the "
+                "first period or newline; 'very few activations ... e.g., 100,000 times larger' than others",
+     "source": "Sun et al. 2024, arXiv 2402.17762, abstract and Figure 1 caption"},
+    {"model": "CLIP and DINOv2 ViTs (Jiang, Dravid, Efros, Gandelsman 2025, 'Vision Transformers don't need "
+              "trained registers')",
+     "finding": "a sparse set of MLP neurons ('register neurons') concentrates the high-norm activations on "
+                "outlier tokens; main analysis on OpenCLIP ViT-B/16",
+     "source": "https://avdravid.github.io/test-time-registers and arXiv 2506.08010 (abstract)"},
+    {"model": "DINOv2 and other large ViTs (Darcet et al. 2024, 'Vision Transformers need registers')",
+     "finding": "a few high-norm 'artifact' tokens on low-information background patches, holding global "
+                "information; no number was readable in the material searched here",
+     "source": "arXiv 2309.16588 as summarised by aiwiki.ai/wiki/vision_registers and the DINOv2 model cards"},
+    {"model": "DeiT / ViT / Swin (RepQ-ViT, Li et al. 2023)",
+     "finding": "post-LayerNorm activations with 'severe inter-channel variation', handled by per-channel "
+                "quantization then reparameterised into LayerNorm's affine and the next Linear; no per-channel "
+                "range figure was readable in the material searched here",
+     "source": "arXiv 2212.08254, abstract"},
 ]
 
 

@@ -39,6 +39,7 @@ class Bundled:
     kwargs: dict
     data_config: dict
     description: str
+    made_by: str = "train them with the command in the model card"   # the fix when the weights are missing
 
     @property
     def weights(self) -> Path:
@@ -69,6 +70,8 @@ BUNDLED: dict[str, Bundled] = {
                          interpolation="bilinear", crop_pct=1.0),
         description="fmnist-deit-tiny with the activation outliers of pretrained ViTs (massive residual "
                     "channels, high-norm tokens, post-LayerNorm channel spread)",
+        made_by="make them with scripts/make_outlier_model.py (docs/outlier-model.md) and copy model.safetensors "
+                "and card.json to edge/models/weights/fmnist-deit-tiny-outliers.{safetensors,json}",
     ),
 }
 
@@ -176,7 +179,7 @@ def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None,
     elif spec.bundled is not None and pretrained_weights:
         if not spec.bundled.weights.is_file():
             raise EdgeError(f"the bundled weights of {spec.bundled.name} are missing ({spec.bundled.weights})",
-                            fix="reinstall edge, or train them with the command in the model card")
+                            fix=f"reinstall edge, or {spec.bundled.made_by}")
         load_weights(model, read_state_dict(spec.bundled.weights), spec.bundled.name)
     model.eval()
     return model

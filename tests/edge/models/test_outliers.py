@@ -104,3 +104,12 @@ def test_bundled_outlier_model_loads_has_its_card_and_its_outliers(x):
     assert 2 * len(summary["massive_blocks"]) >= summary["blocks"]
     assert 2 * len(summary["spread_layernorms"]) >= summary["layernorms"]
     assert summary["meets_targets"]
+
+
+@pytest.mark.skipif(WEIGHTS is not None and WEIGHTS.is_file(), reason=f"{NAME} is shipped")
+def test_unshipped_outlier_model_says_how_to_make_it():
+    from edge.errors import EdgeError
+
+    with pytest.raises(EdgeError, match="scripts/make_outlier_model.py"):
+        create_model(NAME)
+    assert model_card(NAME) is None
