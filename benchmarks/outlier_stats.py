@@ -100,9 +100,11 @@ def print_stats(name: str, stats: dict) -> None:
     print("LayerNorm range spread max/min: " + ", ".join(f"{s['range_spread']:.0f}" for s in spreads.values()))
     print("LayerNorm range spread p99/p1:  " + ", ".join(f"{s['range_spread_p99_p1']:.0f}" for s in spreads.values()))
     s = stats["summary"]
-    print(f"blocks with channel ratio >= {s['channel_ratio_threshold']:.0f}: {len(s['massive_blocks'])}/{s['blocks']}; "
-          f"LayerNorms with spread >= {s['range_spread_threshold']:.0f}: {len(s['spread_layernorms'])}/{s['layernorms']} "
-          f"(p99/p1: {len(s['spread_layernorms_p99_p1'])}); meets issue 30's targets: {s['meets_targets']}")
+    massive = f"{len(s['massive_blocks'])}/{s['blocks']}"
+    spread = f"{len(s['spread_layernorms'])}/{s['layernorms']}"
+    print(f"blocks with channel ratio >= {s['channel_ratio_threshold']:.0f}: {massive}; LayerNorms with spread >= "
+          f"{s['range_spread_threshold']:.0f}: {spread} (p99/p1: {len(s['spread_layernorms_p99_p1'])}); "
+          f"meets issue 30's targets: {s['meets_targets']}")
 
 
 def main() -> None:

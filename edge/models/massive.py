@@ -85,7 +85,8 @@ def fit_token_gate(features: torch.Tensor, tokens: list[int], steps: int = 200) 
 
 
 def least_used_units(model: nn.Module, block: int, features: torch.Tensor, count: int) -> list[int]:
-    """The ``count`` MLP hidden units of ``blocks[block]`` whose outputs contribute least (mean |act| x ||fc2 column||)."""
+    """The ``count`` MLP hidden units of ``blocks[block]`` whose outputs contribute least
+    (mean |activation| x the norm of their ``fc2`` column)."""
     mlp = model.blocks[block].mlp
     with torch.no_grad():
         hidden = mlp.act(mlp.fc1(features.reshape(-1, features.shape[-1])))
