@@ -4,7 +4,8 @@ Per block: the residual stream's largest channel magnitude over the median chann
 magnitude is its largest |x| over the images and tokens), the largest channels, Sun et al.'s ratio (largest
 |x| over the median |x|), the largest token norm over the median token norm and the tokens that hold it;
 per LayerNorm: the per-channel range spread (max / min range, and the 99th / 1st percentile version).
-Beside them: what was published for pretrained ViTs (:data:`PUBLISHED`, each with its source).
+Beside them: what was published for pretrained ViTs (:data:`PUBLISHED`, each with its source), and what
+the outliers do to a per-tensor INT8 quantizer, simulated in torch (:func:`simulated_int8`).
 
     python benchmarks/outlier_stats.py                        # bundled models, full test split
     python benchmarks/outlier_stats.py --outliers-weights runs/outliers/model.safetensors --data DIR
@@ -77,7 +78,7 @@ def load_models(outliers_weights: str | None):
     return models
 
 
-def measure(model, data, images: int | None, device: str) -> dict:
+def measure(model, data, calibration, images: int | None, device: str) -> dict:
     from edge.analysis.outliers import outlier_statistics
     from edge.data import ArrayPreprocess, InputSpec
     from edge.models import data_config
@@ -85,7 +86,72 @@ def measure(model, data, images: int | None, device: str) -> dict:
 
     chosen = subset(data, images, 0)
     preprocess = ArrayPreprocess(InputSpec.from_data_config(data_config(model)))
-    return {"data": chosen.name, **outlier_statistics(model, chosen.batches(250, preprocess), device)}
+    stats = outlier_statistics(model, chosen.batches(250, preprocess), device)
+    return {"data": chosen.name, **stats,
+            "simulated_int8": simulated_int8(model, chosen, calibration, preprocess, device)}
+
+
+def int8_sites(model) -> dict[str, list]:
+    """Where a per-tensor INT8 quantizer is simulated: the residual stream (every block's output, what a
+    Q/DQ where LayerNorm reads the stream sees) or every LayerNorm's output (what the GEMMs read)."""
+    return {"residual_stream": list(model.blocks),
+            "post_layernorm": [norm for block in model.blocks for norm in (block.norm1, block.norm2)]}
+
+
+def top1(model, data, preprocess, device: str) -> float:
+    import torch
+
+    correct = 0
+    with torch.no_grad():
+        for x, y in data.batches(250, preprocess):
+            correct += int((model(x.to(device)).argmax(-1).cpu() == y).sum())
+    return correct / len(data)
+
+
+def per_tensor_scales(model, modules: list, calibration, preprocess, device: str) -> dict:
+    """Each module's symmetric INT8 scale: the largest |output| on the calibration images / 127."""
+    import torch
+
+    largest: dict = {}
+
+    def record(module, inputs, output):
+        largest[module] = max(largest.get(module, 0.0), float(output.detach().abs().max()))
+
+    handles = [m.register_forward_hook(record) for m in modules]
+    try:
+        with torch.no_grad():
+            for x, _ in calibration.batches(250, preprocess):
+                model(x.to(device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {m: largest[m] / 127 for m in modules}
+
+
+def top1_rounded(model, scales: dict, data, preprocess, device: str) -> float:
+    """Top-1 with each module's output rounded to INT8 at its scale (a forward hook per module)."""
+
+    def rounded(module, inputs, output):
+        return (output / scales[module]).round().clamp(-127, 127) * scales[module]
+
+    handles = [m.register_forward_hook(rounded) for m in scales]
+    try:
+        return top1(model, data, preprocess, device)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def simulated_int8(model, data, calibration, preprocess, device: str) -> dict:
+    """Top-1 in float32 and with each site set of :func:`int8_sites` rounded to symmetric per-tensor INT8
+    (scales from the calibration images), simulated in torch with forward hooks: what the outliers do to
+    a per-tensor quantizer, not a measurement of an ONNX or TensorRT graph."""
+    model = model.to(device).eval()
+    result = {"float32": top1(model, data, preprocess, device), "calibration": calibration.name}
+    for name, modules in int8_sites(model).items():
+        scales = per_tensor_scales(model, modules, calibration, preprocess, device)
+        result[f"int8_per_tensor_{name}"] = top1_rounded(model, scales, data, preprocess, device)
+    return result
 
 
 def print_stats(name: str, stats: dict) -> None:
@@ -105,6 +171,10 @@ def print_stats(name: str, stats: dict) -> None:
     print(f"blocks with channel ratio >= {s['channel_ratio_threshold']:.0f}: {massive}; LayerNorms with spread >= "
           f"{s['range_spread_threshold']:.0f}: {spread} (p99/p1: {len(s['spread_layernorms_p99_p1'])}); "
           f"meets issue 30's targets: {s['meets_targets']}")
+    q = stats["simulated_int8"]
+    print(f"top-1 float32 {q['float32']:.4f}; simulated per-tensor INT8 of the residual stream "
+          f"{q['int8_per_tensor_residual_stream']:.4f}, of every LayerNorm output "
+          f"{q['int8_per_tensor_post_layernorm']:.4f}")
 
 
 def main() -> None:
@@ -113,6 +183,8 @@ def main() -> None:
     parser.add_argument("--data", default="fmnist", help="fmnist, fmnist-mini or a folder of IDX files")
     parser.add_argument("--images", type=int, default=None, help="test images (default: the whole split)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--calibration", type=int, default=500,
+                        help="training images that set the simulated INT8 scales (500)")
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks/results/outlier_stats.json"))
     args = parser.parse_args()
 
@@ -120,10 +192,13 @@ def main() -> None:
     from edge.data import load_dataset
 
     started, load = time.perf_counter(), __import__("os").getloadavg()
+    from edge.train.outliers import subset
+
     data = load_dataset(args.data, "test")
+    calibration = subset(load_dataset(args.data, "train"), args.calibration, 0)
     record = {"models": {}, "published": PUBLISHED}
     for name, model in load_models(args.outliers_weights).items():
-        record["models"][name] = measure(model, data, args.images, args.device)
+        record["models"][name] = measure(model, data, calibration, args.images, args.device)
         print_stats(name, record["models"][name])
     record["provenance"] = provenance("outlier_stats.py", args, parser, started=started, load_before=load)
     out = Path(args.json_out)

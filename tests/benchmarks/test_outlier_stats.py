@@ -34,6 +34,7 @@ def test_benchmark_tells_the_reference_from_the_outlier_model(tmp_path):
     out = tmp_path / "stats.json"
     weights = outlier_weights(tmp_path / "outliers.safetensors")
     run = subprocess.run([sys.executable, "benchmarks/outlier_stats.py", "--data", "fmnist-mini", "--images", "200",
+                          "--calibration", "100",
                           "--outliers-weights", str(weights), "--json-out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -46,3 +47,8 @@ def test_benchmark_tells_the_reference_from_the_outlier_model(tmp_path):
     assert outliers["max_channel_ratio"] > 10 * reference["max_channel_ratio"]
     assert all(entry["source"] for entry in record["published"])
     assert "meets issue 30's targets: True" in run.stdout
+    # per-tensor INT8 of the residual stream (simulated): harmless on the reference, ruinous with the outliers
+    plain = record["models"]["fmnist-deit-tiny"]["simulated_int8"]
+    planted = record["models"]["fmnist-deit-tiny-outliers"]["simulated_int8"]
+    assert plain["int8_per_tensor_residual_stream"] >= plain["float32"] - 0.02
+    assert planted["int8_per_tensor_residual_stream"] <= planted["float32"] - 0.3
