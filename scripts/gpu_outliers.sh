@@ -36,7 +36,7 @@ cat "$OUT/env.txt"
 
 start=$(date +%s)
 # shellcheck disable=SC2086  # EXTRA_ARGS is a list of options
-timeout 280 "$PYTHON" scripts/make_outlier_model.py --data-dir "$FMNIST_DIR" --out "$RUN" --device "$DEVICE" \
+timeout 250 "$PYTHON" scripts/make_outlier_model.py --data-dir "$FMNIST_DIR" --out "$RUN" --device "$DEVICE" \
     ${EXTRA_ARGS:-} 2>&1 | tee "$OUT/make.log"
 make_status=$?
 echo "make_outlier_model.py: exit $make_status after $(( $(date +%s) - start )) s"
@@ -53,7 +53,7 @@ fi
 stats_status=1
 if [ -f "$RUN/model.safetensors" ]; then
     # shellcheck disable=SC2086  # STATS_ARGS is a list of options
-    timeout 60 "$PYTHON" benchmarks/outlier_stats.py --outliers-weights "$RUN/model.safetensors" \
+    timeout 90 "$PYTHON" benchmarks/outlier_stats.py --outliers-weights "$RUN/model.safetensors" \
         --data "$FMNIST_DIR" --device "$DEVICE" --json-out "$OUT/outlier_stats.json" ${STATS_ARGS:-} 2>&1 \
         | tee "$OUT/stats.log"
     stats_status=$?
