@@ -40,7 +40,7 @@ timeout 250 "$PYTHON" scripts/make_outlier_model.py --data-dir "$FMNIST_DIR" --o
     ${EXTRA_ARGS:-} 2>&1 | tee "$OUT/make.log"
 make_status=$?
 echo "make_outlier_model.py: exit $make_status after $(( $(date +%s) - start )) s"
-if [ ! -f "$RUN/model.safetensors" ] && [ $(( $(date +%s) - start )) -lt 150 ]; then
+if [ ! -f "$RUN/model.safetensors" ] && [ $(( $(date +%s) - start )) -lt 100 ]; then
     # fallback, so that the run brings back a model: the planted and spread model after one fine-tuning
     # step on the CPU (its card says steps: 1 and the CPU); make.log keeps the failure above
     echo "FALLBACK: no weights from the GPU run; planting on the CPU with one fine-tuning step"
