@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.errors import EdgeError
+
 
 @dataclass(frozen=True)
 class MassiveSite:
@@ -100,8 +102,11 @@ def gate_threshold(scores: torch.Tensor, on: torch.Tensor, coverage: float) -> t
     low_on = float(scores[:, on].float().quantile(1 - coverage))
     high_off = float(scores[:, ~on].float().quantile(coverage))
     if low_on <= high_off:
-        raise ValueError(f"the token gate does not separate: {1 - coverage:.1%} of the gated tokens score below "
-                         f"{low_on:.3f}, {coverage:.1%} of the others below {high_off:.3f}")
+        raise EdgeError("the fitted token gate does not separate the chosen tokens from the others",
+                        expected=f"the {1 - coverage:.1%} quantile of the chosen tokens' scores above the "
+                                 f"{coverage:.1%} quantile of the others'",
+                        found=f"{low_on:.3f} <= {high_off:.3f}",
+                        fix="fit on more images, or choose patches that are background in most images")
     return 0.5 * (low_on + high_off), 0.5 * (low_on - high_off)
 
 

@@ -113,3 +113,15 @@ def test_unshipped_outlier_model_says_how_to_make_it():
     with pytest.raises(EdgeError, match="scripts/make_outlier_model.py"):
         create_model(NAME)
     assert model_card(NAME) is None
+
+
+def test_a_gate_that_does_not_separate_is_refused():
+    from edge.errors import EdgeError
+    from edge.models.massive import gate_threshold
+
+    on = torch.tensor([True, False, False])
+    scores = torch.tensor([[3.0, 0.0, 1.0], [2.0, 0.5, 1.0]])
+    mid, half_gap = gate_threshold(scores, on, coverage=0.99)
+    assert 1.0 < mid < 2.0 and half_gap > 0
+    with pytest.raises(EdgeError, match="does not separate"):
+        gate_threshold(torch.tensor([[0.2, 0.0, 1.0], [2.0, 0.5, 1.0]]), on, coverage=0.99)
