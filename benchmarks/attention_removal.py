@@ -17,7 +17,7 @@ features), ``attnrm:auto=K:select=first`` (blocks 0..K-1) and ``attnrm:auto=K:se
 input instead of nothing (identity: the residual only). Dilution rows fine-tune the identity
 artifact with ``edge finetune --dilute`` (Eq. 9: M decays 1 -> 0, distillation from the original)
 for ``--dilution-epochs``. Accuracy is top-1 on the held-out images (the whole Fashion-MNIST test
-split unless ``--eval-samples``) through :func:`edge.evaluate.evaluate`, the evaluation of every
+split unless ``--eval-samples``) through :func:`edge.check.accuracy.evaluate`, the evaluation of every
 other benchmark here; the original's accuracy on the same images is the reference. Each row also
 records the transfer entropy TE(S) of the removed set (Eq. 7, on the calibration images), the
 quantity NOSE minimises, as in the paper's Table 9.
@@ -44,12 +44,12 @@ from pathlib import Path
 import torch
 from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec, calibration_set
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
 from edge.fileio import write_atomic, write_json_atomic
 from edge.models import data_config
 from edge.progress import log

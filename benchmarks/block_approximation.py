@@ -26,13 +26,13 @@ import torch
 from _results import write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
 from edge.analysis.collect import block_outputs, collect_block_moments
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig, compress
-from edge.compress.approximate import apply_spans
-from edge.compress.block_approx import ApproximatedSpan, SpanStep
 from edge.compress.compressor import costs
 from edge.compress.load import load_model
+from edge.compress.methods.block_approximation.fit import apply_spans
+from edge.compress.methods.block_approximation.module import ApproximatedSpan, SpanStep
 from edge.data import ArrayPreprocess, InputSpec, calibration_set, load_dataset
-from edge.evaluate import evaluate
 from edge.models import data_config
 from edge.progress import log
 from edge.runtime import hardware, set_threads

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import torch
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig, compress, is_artifact, save_artifact
 from edge.compress.artifact import read_manifest
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec
-from edge.evaluate import evaluate
 from edge.fileio import write_atomic, write_json_atomic
 from edge.models import data_config
 from edge.progress import log

@@ -33,15 +33,15 @@ import torch
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 from dwconv_ablation import fine_tuned_folder
 
+from edge.check.accuracy import evaluate
+from edge.check.onnx_classifier import OnnxClassifier
 from edge.compress import is_artifact, load_artifact
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from edge.data import ArrayPreprocess, InputSpec, load_dataset
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
 from edge.export import export
 from edge.graph.clean import clean_file
 from edge.models import data_config
-from edge.onnx_model import OnnxClassifier
 from edge.progress import log
 from edge.runtime import set_threads
 

@@ -55,7 +55,7 @@ from _results import (  # benchmarks/ is on sys.path: run as python benchmarks/N
 from peers import interleave, measure_interleaved
 
 from edge.compress.cost import analytic_flops, measured_flops
-from edge.compress.dwconv_apply import build_dwconv, place_dwconv
+from edge.compress.methods.dwconv.build import build_dwconv, place_dwconv
 from edge.compress.plan import parse_plan
 from edge.data import InputSpec, calibration_set
 from edge.export import ExportConfig, export

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from _results import provenance  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig, compress
 from edge.compress.load import load_model
 from edge.data import InputSpec, load_dataset
-from edge.evaluate import evaluate
 from edge.fileio import write_json_atomic
 from edge.models import data_config
 from edge.progress import log

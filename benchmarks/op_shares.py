@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import provenance, read_results, write_results  # noqa: E402
 from realisation import export_clean  # noqa: E402
 
-from edge.compare import ort_session, run_ort  # noqa: E402
+from edge.check.compare import ort_session, run_ort  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
-from edge.compress.extract import extract_subnetwork  # noqa: E402
+from edge.compress.derive import derive_model  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402
 from edge.progress import log  # noqa: E402
 from edge.runtime import set_threads  # noqa: E402
@@ -92,7 +92,7 @@ def main() -> None:
     base = load_model(args.model)
     variants = {"original": (base, costs(base)["flops"])}
     for fraction in args.fractions:
-        model, manifest = extract_subnetwork(args.supernet, f"wpac:macs={fraction}")
+        model, manifest = derive_model(args.supernet, f"wpac:macs={fraction}")
         variants[f"{int(round(100 * fraction))} % of the MACs"] = (model, manifest["after"]["flops"])
     rows = []
     with tempfile.TemporaryDirectory(prefix="edge-op-shares-") as tmp:

@@ -42,7 +42,7 @@ import onnx
 import torch
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
-from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
+from edge.check.compare import Tolerance, compare_arrays, ort_session, run_ort
 from edge.compress import CompressConfig, compress
 from edge.export import ExportConfig, export
 from edge.graph import clean_graph

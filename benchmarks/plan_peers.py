@@ -348,7 +348,7 @@ def export_graphs(model: nn.Module, name: str, folder: Path, batches: tuple[int,
 @torch.no_grad()
 def verify_ranking_graph(model: nn.Module, path: Path, batch: int, data: str) -> list[dict]:
     """Real test images must agree within edge's tolerance (else EdgeError); random ones are only counted."""
-    from edge.compare import Tolerance, compare_arrays, ort_session, run_ort
+    from edge.check.compare import Tolerance, compare_arrays, ort_session, run_ort
     from edge.data import load_dataset
     from edge.export import real_inputs
 

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def accuracy(path: Path, threads: int) -> dict:
-    from calib.data import input_spec_of
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
     from edge.data import ArrayPreprocess, load_dataset
+    from edge.precision.calibration import input_spec_of
 
     data = load_dataset("fmnist", "test")
     spec = input_spec_of(onnx.load(str(path), load_external_data=False), str(path))
@@ -42,7 +42,7 @@ def accuracy(path: Path, threads: int) -> dict:
 def onnxconverter_casts(fp32: Path) -> dict:
     from onnxconverter_common import float16
 
-    from edge.fp16 import DEFAULT_BLOCK_LIST, head_nodes
+    from edge.precision.fp16 import DEFAULT_BLOCK_LIST, head_nodes
 
     model = onnx.load(str(fp32))
     converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=list(DEFAULT_BLOCK_LIST),
@@ -51,10 +51,11 @@ def onnxconverter_casts(fp32: Path) -> dict:
 
 
 def main() -> None:
-    from calib.qdq import METHODS, Int8Config
+    from calib.qdq import METHODS
     from edge.export import ExportConfig, export
     from edge.models import create_model, data_config
-    from edge.quantize import quantize_file
+    from edge.precision.int8 import Int8Config
+    from edge.precision.quantize import quantize_file
     from edge.runtime import hardware, set_threads
 
     threads = 2

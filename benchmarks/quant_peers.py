@@ -91,8 +91,8 @@ def test_split(clean: Path):
     """The whole Fashion-MNIST test split, preprocessed as the graph's metadata says, and its labels."""
     import onnx
 
-    from calib.data import input_spec_of
     from edge.data import ArrayPreprocess, load_dataset
+    from edge.precision.calibration import input_spec_of
 
     data = load_dataset("fmnist", "test")
     spec = input_spec_of(onnx.load(str(clean), load_external_data=False), str(clean))
@@ -105,7 +105,7 @@ def logits_of(path: Path, x, threads: int):
 
     import numpy as np
 
-    from edge.compare import ort_session
+    from edge.check.compare import ort_session
 
     saved = path.with_name(f"{path.stem}.{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.logits.npy")
     if saved.is_file():
@@ -122,7 +122,7 @@ def census(path: Path) -> dict:
     import onnx
 
     from calib.placement import _float_view, _producers, residual_adds
-    from edge.fp16 import head_nodes
+    from edge.precision.fp16 import head_nodes
 
     model = onnx.load(str(path))
     graph = model.graph
@@ -170,9 +170,9 @@ def census(path: Path) -> dict:
 
 def our_graphs(clean: Path, folder: Path, method: str) -> dict[str, dict]:
     """Our fp16 and int8 variants of ``clean``: name -> {path, report}."""
-    from calib.qdq import Int8Config
-    from edge.fp16 import Fp16Config
-    from edge.quantize import quantize_file
+    from edge.precision.fp16 import Fp16Config
+    from edge.precision.int8 import Int8Config
+    from edge.precision.quantize import quantize_file
 
     method_name = {"max": "minmax"}.get(method, method)
     cache = str(folder / "calibration")
@@ -228,7 +228,7 @@ def main() -> None:
     import onnx
     from _results import write_results  # benchmarks/ is on sys.path: python benchmarks/NAME.py
 
-    from calib.data import calibration_images
+    from edge.precision.calibration import calibration_images
     from edge.progress import log
 
     python = modelopt_env(Path(args.venv).expanduser())

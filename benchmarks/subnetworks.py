@@ -19,7 +19,7 @@ WPAC rotation (``--samples`` seeded, class-balanced training images):
 
 From each, ``edge compress SUPERNET --plan wpac:macs=F`` cuts the sub-networks at the fractions
 ``--fractions`` (no data, no training). Accuracy is top-1 on the held-out images (the whole
-Fashion-MNIST test split unless ``--eval-samples``) by :func:`edge.evaluate.evaluate`; MACs are
+Fashion-MNIST test split unless ``--eval-samples``) by :func:`edge.check.accuracy.evaluate`; MACs are
 half of :mod:`edge.compress.cost`'s FLOPs, attention products included. Latency: every
 sub-network and the original exported (static batch) and cleaned as benchmarks/realisation.py
 does, all timed side by side with ONNX Runtime (interleaved rounds, rotating order, session sets
@@ -56,14 +56,14 @@ from _results import in_fresh_process, provenance, read_results, realisation, wr
 from peers import measure_interleaved  # noqa: E402
 from realisation import AA, export_clean  # noqa: E402
 
+from edge.check.accuracy import evaluate  # noqa: E402
 from edge.compress import CompressConfig, compress, is_artifact, save_artifact  # noqa: E402
 from edge.compress.artifact import WEIGHTS, read_manifest  # noqa: E402
 from edge.compress.compressor import costs  # noqa: E402
-from edge.compress.extract import extract_subnetwork  # noqa: E402
+from edge.compress.derive import derive_model  # noqa: E402
 from edge.compress.finetune import FinetuneConfig, finetune, held_out_set  # noqa: E402
 from edge.compress.load import load_model  # noqa: E402
 from edge.data import InputSpec  # noqa: E402
-from edge.evaluate import evaluate  # noqa: E402
 from edge.fileio import sha256_file  # noqa: E402
 from edge.models import data_config  # noqa: E402
 from edge.profile import sidebyside  # noqa: E402
@@ -125,7 +125,7 @@ def accuracy_rows(name: str, supernet: Path, args, held_out, spec: InputSpec, de
             rows.append(old)
             continue
         started = time.perf_counter()
-        model, manifest = extract_subnetwork(supernet, f"wpac:macs={fraction}")
+        model, manifest = derive_model(supernet, f"wpac:macs={fraction}")
         seconds = time.perf_counter() - started
         accuracy = evaluate(model, held_out, spec, device=device, show_progress=False)["accuracy"]
         extracted = manifest["extracted"]
@@ -247,7 +247,7 @@ def main() -> None:
         variants = {"original": (base, costs(base)["flops"])}
         for row in rows:
             supernet = wpac if row["supernet"] == "WPAC" else piad
-            model, manifest = extract_subnetwork(supernet, f"wpac:macs={row['fraction']}")
+            model, manifest = derive_model(supernet, f"wpac:macs={row['fraction']}")
             variants[f"{row['supernet']} {int(round(100 * row['fraction']))}%"] = (model, manifest["after"]["flops"])
         with tempfile.TemporaryDirectory(prefix="edge-subnetworks-") as tmp, CpuContention() as contention:
             batches = latency(variants, args, Path(tmp))

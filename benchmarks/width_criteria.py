@@ -11,7 +11,7 @@ Every row compresses the bundled reference model (``fmnist-deit-tiny``: 12 block
 dims) with one plan through :func:`edge.compress.compressor.compress`:
 ``wpac:qk=K/4:v=K/4:mlp=1:criterion=C`` (``:seed=S`` for random), so every head keeps 16, 32 or 48
 of its 64 Q/K dims and as many V dims (multiples of the default alignment of 16), the MLP stays
-whole, and nothing is trained. The criteria (:mod:`edge.compress.wpac`):
+whole, and nothing is trained. The criteria (:mod:`edge.compress.methods.wpac.statistics`):
 
 * ``wpac``: per head, the principal axes of the Taylor-weighted covariance of Q and K (jointly)
   and of V, folded into the weights; the leading axes are kept;
@@ -21,7 +21,7 @@ whole, and nothing is trained. The criteria (:mod:`edge.compress.wpac`):
 
 WPAC and Taylor measure on ``--samples`` seeded, class-balanced training images (the paper's
 1,024). Accuracy is top-1 on the held-out images (the whole test split unless ``--eval-samples``)
-through :func:`edge.evaluate.evaluate`; the original's accuracy on the same images is the
+through :func:`edge.check.accuracy.evaluate`; the original's accuracy on the same images is the
 reference. Each row also records its FLOPs counted with the attention products (``q k^T`` and
 ``attn v``) and without them (how the paper counts MACs); the ``mac_accounting`` section does the
 same for timm's DeiT-S at 224x224 (keep 0.5 of head dims and MLP width), the paper's model.
@@ -45,11 +45,11 @@ import torch
 from _artifacts import cached_artifact  # noqa: E402 (benchmarks/ is on sys.path)
 from _results import provenance, write_results  # benchmarks/ is on sys.path: run as python benchmarks/NAME.py
 
+from edge.check.accuracy import evaluate
 from edge.compress import CompressConfig
 from edge.compress.finetune import FinetuneConfig, held_out_set
 from edge.compress.load import load_model
 from edge.data import InputSpec
-from edge.evaluate import evaluate
 from edge.models import data_config
 from edge.progress import log
 from edge.runtime import resolve_device, set_threads
@@ -72,7 +72,7 @@ def plan_for(quarters: int, criterion: str) -> str:
 
 def attention_product_flops(model: torch.nn.Module) -> int:
     """FLOPs of ``q k^T`` and ``attn v`` in every block of ``model`` (one image): what the paper's MACs leave out."""
-    from edge.compress.width import NarrowAttention
+    from edge.compress.methods.wpac.module import NarrowAttention
     from edge.models.info import model_info
 
     tokens = model_info(model).num_tokens
@@ -93,8 +93,8 @@ def mac_accounting() -> dict:
     those of any criterion.
     """
     from edge.compress.cost import analytic_flops
+    from edge.compress.methods.wpac.build import build_wpac, place_wpac
     from edge.compress.plan import parse_plan
-    from edge.compress.wpac_apply import build_wpac, place_wpac
     from edge.models import create_model
 
     torch.manual_seed(0)

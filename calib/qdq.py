@@ -15,17 +15,19 @@ ONNX Runtime calibrates and inserts the Q/DQ pairs; the configuration is TensorR
 A strongly typed TensorRT network takes every tensor's type from the graph, so what is not
 quantized (LayerNorm, Softmax, GELU, the Adds, every GEMM output) runs in the precision the graph
 gives it: with ``float_precision="float16"`` (the default, as ModelOpt's) the graph is raised to
-opset 19 (float16 Q/DQ scales) and :mod:`edge.quantize` converts the rest with the fp16 pass,
-giving TensorRT INT8+FP16; ``"float32"`` keeps INT8+FP32.
+opset 19 (float16 Q/DQ scales) and the caller converts the rest (edge: its fp16 pass, in
+:mod:`edge.precision.quantize`), giving TensorRT INT8+FP16; ``"float32"`` keeps INT8+FP32.
 
 ONNX Runtime's quantizer logs advice to run its pre-processing (symbolic shape inference and
 graph optimisation) on every graph that lacks its tag; the graphs here come from ``edge export``
 / ``edge clean`` with static shapes, so the advice goes into the report (``onnxruntime_log``),
 not onto the terminal.
 
-Calibration data come from the shared seeded, class-balanced sampler; the tensor ranges are
-cached (ONNX Runtime's JSON calibration cache) under a key of the graph's sha256, data, samples,
-seed, method and options, so a second run with the same inputs skips calibration.
+The calibration images are handed in (:class:`Calibration`: edge passes its seeded,
+class-balanced sampler, :mod:`edge.precision.int8`); the tensor ranges are cached (ONNX Runtime's
+JSON calibration cache) under a key of the graph's sha256, what identifies the images (edge: data,
+samples, seed), the method and options, so a second run with the same inputs skips calibration.
+This module imports nothing of edge: bad input raises :class:`calib.errors.CalibError`.
 """
 
 from __future__ import annotations
@@ -34,20 +36,19 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from calib.data import ArrayCalibrationReader, calibration_images, graph_batch
+from calib.data import ArrayCalibrationReader, graph_batch
+from calib.errors import CalibError
 from calib.placement import GEMM_OPS, PLACEMENTS, placement_plan, qdq_violations, restrict_to_placement
-from edge.compare import ort_messages
-from edge.config import MAX_SAMPLES, MAX_SEED, option
-from edge.errors import EdgeError
-from edge.onnx_metadata import CALIBRATION, QDQ_PLACEMENT, set_precision_metadata, source_precision
 
 METHODS = ("minmax", "entropy", "percentile")
 FLOAT_PRECISIONS = ("float16", "float32")
@@ -56,40 +57,38 @@ CALIBRATION_BATCH = 32
 FP16_QDQ_OPSET = 19
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("EDGE_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "edge")
-    return Path(base).expanduser() / "calibration"
+@dataclass(frozen=True)
+class QdqConfig:
+    """How a graph is quantized; which images calibrate it is :class:`Calibration`'s."""
 
-
-@dataclass
-class Int8Config:
-    data: str = "fmnist"
-    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
-    seed: int = option(0, minimum=0, maximum=MAX_SEED)
     method: str = "minmax"          # minmax | entropy | percentile
-    percentile: float = option(99.999, above=0, maximum=100)  # percentile method: the share of |x| kept
-    entropy_bins: int = option(2048, minimum=2, maximum=1 << 20)  # entropy and percentile methods: histogram bins
+    percentile: float = 99.999      # percentile method: the share of |x| kept
+    entropy_bins: int = 2048        # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
-    placement: str = "modelopt"     # modelopt | skip (calib.placement; the choice: docs/results/quant-peers.md)
+    placement: str = "modelopt"     # modelopt | skip (calib.placement)
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)
     exclude_nodes: tuple[str, ...] = ()
-    cache_dir: str | None = None    # None: $EDGE_CACHE_DIR/calibration or ~/.cache/edge/calibration
-    use_cache: bool = True
 
     def check(self) -> None:
         if self.method not in METHODS:
-            raise EdgeError(f"calibration method {self.method!r} is unknown", expected=f"one of {', '.join(METHODS)}",
-                            fix="pass --method minmax, entropy or percentile")
+            raise CalibError(f"calibration method {self.method!r} is unknown", expected=f"one of {', '.join(METHODS)}")
         if not 0 < self.percentile <= 100:
-            raise EdgeError(f"percentile {self.percentile} is out of range", expected="0 < percentile <= 100")
-        if self.samples < 1:
-            raise EdgeError(f"--samples {self.samples}", expected="at least 1 calibration sample")
+            raise CalibError(f"percentile {self.percentile} is out of range", expected="0 < percentile <= 100")
         if self.placement not in PLACEMENTS:
-            raise EdgeError(f"Q/DQ placement {self.placement!r} is unknown", expected=f"one of {', '.join(PLACEMENTS)}",
-                            fix="pass --placement skip or modelopt")
+            raise CalibError(f"Q/DQ placement {self.placement!r} is unknown",
+                             expected=f"one of {', '.join(PLACEMENTS)}")
         if self.float_precision not in FLOAT_PRECISIONS:
-            raise EdgeError(f"float precision {self.float_precision!r} is unknown",
-                            expected=f"one of {', '.join(FLOAT_PRECISIONS)}", fix="pass --unquantized fp16 or fp32")
+            raise CalibError(f"float precision {self.float_precision!r} is unknown",
+                             expected=f"one of {', '.join(FLOAT_PRECISIONS)}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration images, handed in by the caller, and where the tensor ranges they give are cached."""
+
+    images: Callable[[], np.ndarray]  # float32, as the graph takes them; called only when the cache misses
+    identity: dict = field(default_factory=dict)  # what the images are (edge: data, samples, seed): in the cache key
+    cache_dir: Path | None = None     # None: no cache
 
 
 def _ort_method(name: str):
@@ -99,7 +98,7 @@ def _ort_method(name: str):
             "percentile": CalibrationMethod.Percentile}[name]
 
 
-def _extra_options(config: Int8Config) -> dict:
+def _extra_options(config: QdqConfig) -> dict:
     options = {
         "ActivationSymmetric": True,
         "WeightSymmetric": True,
@@ -115,11 +114,12 @@ def _extra_options(config: Int8Config) -> dict:
     return options
 
 
-def cache_key(model_bytes: bytes, config: Int8Config) -> str:
+def cache_key(model_bytes: bytes, config: QdqConfig, identity: dict) -> str:
+    """The calibration cache's key: the graph's sha256, the images' ``identity``, the method and options."""
     import onnxruntime
 
-    fields = {"onnx_sha256": hashlib.sha256(model_bytes).hexdigest(), "data": config.data, "samples": config.samples,
-              "seed": config.seed, "method": config.method, "exclude": sorted(config.exclude_nodes),
+    fields = {"onnx_sha256": hashlib.sha256(model_bytes).hexdigest(), **identity,
+              "method": config.method, "exclude": sorted(config.exclude_nodes),
               "residual": config.quantize_residual, "placement": config.placement,
               "onnxruntime": onnxruntime.__version__,
               **({"percentile": config.percentile} if config.method == "percentile" else {}),
@@ -127,7 +127,7 @@ def cache_key(model_bytes: bytes, config: Int8Config) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def quantization_plan(model: onnx.ModelProto, config: Int8Config, head: frozenset[str]) -> dict[str, tuple]:
+def quantization_plan(model: onnx.ModelProto, config: QdqConfig, head: frozenset[str]) -> dict[str, tuple]:
     """Node name -> input indices to quantize: the placement's, less the excluded nodes (and Adds if asked)."""
     plan = placement_plan(model.graph, config.placement, head)
     ops = {n.name: n.op_type for n in model.graph.node}
@@ -157,79 +157,102 @@ def _with_opset(model: onnx.ModelProto, opset: int, source: str) -> onnx.ModelPr
     if current >= opset:
         return model
     try:
-        return version_converter.convert_version(model, opset)
+        raised = version_converter.convert_version(model, opset)
     except Exception as e:  # noqa: BLE001 - the converter raises several types
-        raise EdgeError(f"{source} (opset {current}) cannot be raised to opset {opset} for float16 Q/DQ scales",
-                        found=str(e)[:300], fix="pass --unquantized fp32 to keep the unquantized ops in float32") from e
+        raise CalibError(f"{source} (opset {current}) cannot be raised to opset {opset} for float16 Q/DQ scales",
+                         found=str(e)[:300],
+                         fix="pass --unquantized fp32 to keep the unquantized ops in float32") from e
+    return with_needed_ir_version(raised)
 
 
-def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None = None, progress=None,
-                  head: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, dict]:
-    """The Q/DQ int8 graph of ``model`` (float32) and a report (calibration, cache, structure).
+def with_needed_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` at the lowest IR version its opsets allow, or its own if higher.
 
-    ``head``: the names of the classifier head's nodes (:func:`edge.fp16.head_nodes`), which the
-    ``modelopt`` placement leaves unquantized.
-    Everything not quantized is still float32 here; with ``config.float_precision="float16"`` the
-    graph is at opset 19, ready for :func:`edge.fp16.convert_to_fp16`.
+    onnx's version converter raises the opset and keeps the IR version: opset 19 from an opset 17
+    export stayed at IR 8, below the IR 9 that ONNX's version table (``onnx.helper.VERSION_TABLE``)
+    gives opset 19, a graph out of the ONNX spec.
     """
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    model.ir_version = max(model.ir_version, needed)
+    return model
 
-    config = config or Int8Config()
+
+def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibration: Calibration, *,
+                  head: frozenset[str] = frozenset(),
+                  quiet: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> tuple[onnx.ModelProto, dict]:
+    """The Q/DQ int8 graph of ``model`` (float32, named ``source`` in errors) and a report (calibration, structure).
+
+    ``head``: the names of the classifier head's nodes, which the ``modelopt`` placement leaves
+    unquantized. ``quiet``: a context ONNX Runtime's quantizer runs in (edge's keeps ONNX Runtime's
+    C++ log lines off the terminal). Everything not quantized is still float32 here; with
+    ``config.float_precision="float16"`` the graph is at opset 19, ready for a float16 pass.
+    """
     config.check()
-    if source_precision(model) != "float32":
-        raise EdgeError(f"{source} is a {source_precision(model)} graph", expected="the float32 graph from edge export",
-                        fix="quantize the float32 export, not a converted one")
+    model = _prepared(model, source, config)
+    model_bytes = model.SerializeToString()
+    plan = quantization_plan(model, config, head)
+    cache_path = _cache_path(model_bytes, config, calibration)
+    cache_hit = bool(cache_path and cache_path.is_file())
+    start = time.perf_counter()
+    reader = None if cache_hit else _reader(model, calibration, cache_path)
+    with quiet(), _onnxruntime_log() as ort_log:
+        quantized = _quantize_static(model_bytes, config, plan, reader, cache_path)
+    placement = restrict_to_placement(quantized, plan, onnx.ModelProto.FromString(model_bytes))
+    problems = qdq_violations(quantized, config.placement)
+    if problems:
+        raise CalibError(f"the int8 graph of {source} breaks TensorRT's Q/DQ rules ({len(problems)} places)",
+                         found="; ".join(problems[:5]), fix="nothing was written; report this graph as a bug")
+    _copy_metadata(model, quantized)
+    with_needed_ir_version(quantized)
+    report = {"calibration": {"seconds": round(time.perf_counter() - start, 2),
+                              "cache": str(cache_path) if cache_path else None, "cache_hit": cache_hit},
+              "quantized_nodes": {op: sum(1 for n in model.graph.node if n.name in plan and n.op_type == op)
+                                  for op in (*GEMM_OPS, "Add", "LayerNormalization")},
+              **_qdq_counts(quantized), **placement, "onnxruntime_log": ort_log}
+    return quantized, report
+
+
+def _prepared(model: onnx.ModelProto, source: str, config: QdqConfig) -> onnx.ModelProto:
+    """``model`` with every node named, at the opset its float precision needs; refused if it holds Q/DQ already."""
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
-        raise EdgeError(f"{source} already holds Q/DQ nodes", expected="a float32 graph without quantization",
-                        fix="quantize the float32 export")
+        raise CalibError(f"{source} already holds Q/DQ nodes", expected="a float32 graph without quantization",
+                         fix="quantize the float32 export")
     for i, node in enumerate(model.graph.node):
         node.name = node.name or f"{node.op_type}_{i}"
     if config.float_precision == "float16":
         model = _with_opset(model, FP16_QDQ_OPSET, source)
-    model_bytes = model.SerializeToString()
-    plan = quantization_plan(model, config, head)
-    names = list(plan)
-    cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
-    cache_path = cache_dir / f"{cache_key(model_bytes, config)}.json" if config.use_cache else None
-    cache_hit = bool(cache_path and cache_path.is_file())
-    reader = None
-    start = time.perf_counter()
-    if not cache_hit:
-        images = calibration_images(model, source, config.data, config.samples, config.seed)
-        batch = graph_batch(model) or CALIBRATION_BATCH
-        reader = ArrayCalibrationReader(images, model.graph.input[0].name, batch)
-        if progress:
-            progress(f"calibrating ({config.method}) on {config.samples} samples of {config.data}")
-        if cache_path:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-    # the quantizer's notes: its C++ log lines to the ONNX Runtime log, its Python advice into the result
-    with tempfile.TemporaryDirectory(prefix="edge-int8-") as tmp, ort_messages(), _onnxruntime_log() as ort_log:
+    return model
+
+
+def _cache_path(model_bytes: bytes, config: QdqConfig, calibration: Calibration) -> Path | None:
+    if calibration.cache_dir is None:
+        return None
+    return Path(calibration.cache_dir) / f"{cache_key(model_bytes, config, calibration.identity)}.json"
+
+
+def _reader(model: onnx.ModelProto, calibration: Calibration, cache_path: Path | None) -> ArrayCalibrationReader:
+    """The calibration images as ONNX Runtime's reader, in the graph's static batch (or batches of 32)."""
+    images = calibration.images()
+    reader = ArrayCalibrationReader(images, model.graph.input[0].name, graph_batch(model) or CALIBRATION_BATCH)
+    if cache_path:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+    return reader
+
+
+def _quantize_static(model_bytes: bytes, config: QdqConfig, plan: dict[str, tuple],
+                     reader: ArrayCalibrationReader | None, cache_path: Path | None) -> onnx.ModelProto:
+    """ONNX Runtime's static quantizer with TensorRT's configuration, on the nodes of ``plan``."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    with tempfile.TemporaryDirectory(prefix="edge-int8-") as tmp:
         out = Path(tmp) / "model.int8.onnx"
         quantize_static(onnx.ModelProto.FromString(model_bytes), str(out), reader, quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=[*GEMM_OPS, "Add", "LayerNormalization"], nodes_to_quantize=names,
+                        op_types_to_quantize=[*GEMM_OPS, "Add", "LayerNormalization"], nodes_to_quantize=list(plan),
                         per_channel=True,
                         reduce_range=False, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=_ort_method(config.method), extra_options=_extra_options(config),
                         calibration_cache_path=str(cache_path) if cache_path else None)
-        quantized = onnx.load(str(out))
-    placement = restrict_to_placement(quantized, plan, onnx.ModelProto.FromString(model_bytes))
-    problems = qdq_violations(quantized, config.placement)
-    if problems:
-        raise EdgeError(f"the int8 graph of {source} breaks TensorRT's Q/DQ rules ({len(problems)} places)",
-                        found="; ".join(problems[:5]), fix="nothing was written; report this graph as a bug")
-    _copy_metadata(model, quantized)
-    set_precision_metadata(quantized, "int8", **{CALIBRATION: json.dumps(
-        {"data": config.data, "samples": config.samples, "seed": config.seed, "method": config.method}),
-        QDQ_PLACEMENT: config.placement})
-    counts = _qdq_counts(quantized)
-    report = {"precision": "int8", "format": "QDQ", "config": asdict(config),
-              "calibration": {"method": config.method, "samples": config.samples, "data": config.data,
-                              "seed": config.seed, "seconds": round(time.perf_counter() - start, 2),
-                              "cache": str(cache_path) if cache_path else None, "cache_hit": cache_hit},
-              "quantized_nodes": {op: sum(1 for n in model.graph.node if n.name in names and n.op_type == op)
-                                  for op in (*GEMM_OPS, "Add", "LayerNormalization")},
-              **counts, **placement, "onnxruntime_log": ort_log}
-    return quantized, report
+        return onnx.load(str(out))
 
 
 def _copy_metadata(source: onnx.ModelProto, target: onnx.ModelProto) -> None:

@@ -1,7 +1,7 @@
 """edge: make Vision Transformers fast on NVIDIA Jetson Orin Nano.
 
 The library is organised by pipeline step (``edge.data``, ``edge.models``, ``edge.train``,
-``edge.evaluate``, ...); the ``edge`` command line is a thin layer over it (``edge.cli``).
+``edge.check.accuracy``, ...); the ``edge`` command line is a thin layer over it (``edge.cli``).
 Importing :mod:`edge` is cheap and needs neither a GPU nor TensorRT.
 """
 

@@ -4,9 +4,10 @@ The inputs are graphs: ONNX files (the variant is the file's name) or :class:`So
 and a file). A bundle packages files and knows no pipeline run folder: the CLI asks edge.pipeline
 for a run's graphs (each variant's cleaned static-batch graph) and passes them on, with the
 manifest's ``source`` saying where they came from. Each variant is written at every precision asked
-for: fp32 is the graph itself, fp16 and int8 (Q/DQ) are made by edge.quantize (int8 calibrates on
-``--data``/``--samples``, recorded in the manifest), and each carries its TensorRT build config. The device-side package ``jetson/`` is copied in, so the
-bundle runs with ``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
+for: fp32 is the graph itself, fp16 and int8 (Q/DQ) are made by edge.precision.quantize (int8
+calibrates on ``--data``/``--samples``, recorded in the manifest), and each carries its TensorRT
+build config. The device-side package ``jetson/`` is copied in, so the bundle runs with
+``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
 is defined once, in :mod:`jetson.bundle`.
 
 The bundle is written into a temporary folder beside ``--out`` and renamed at the end, so an
@@ -30,6 +31,8 @@ import jetson
 from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
+from edge.graph.tensorrt_support import DEFAULT_TENSORRT
+from jetson.accuracy_gate import DEFAULT_GATE_IMAGES
 from jetson.bundle import (
     CACHES,
     GRAPH_PRECISION,
@@ -62,6 +65,12 @@ class BundleConfig:
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     protocol: Protocol = field(default_factory=Protocol)
+    tf32: bool = True                   # False: every build config clears TF32 (edge bundle --no-tf32)
+    tensorrt: str = DEFAULT_TENSORRT    # the TensorRT whose ONNX parser rules every packed graph must pass
+    check_tensorrt: bool = True         # False: pack graphs that break those rules (edge bundle --no-trt-check)
+    # held-out images (of check_data) the device runs each engine on, against the source graph's float32 ONNX
+    # Runtime outputs (jetson.accuracy_gate); 0: no accuracy gate
+    gate_images: int = option(DEFAULT_GATE_IMAGES, minimum=0, maximum=1024)
 
     def check(self) -> None:
         if not self.precisions:
@@ -140,13 +149,13 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     if _check_convertible(source, precision) == GRAPH_PRECISION[precision]:
         shutil.copyfile(source.path, out)
         return None
-    from edge.quantize import quantize_file
+    from edge.precision.quantize import quantize_file
 
     progress(f"{source.name}: making the {precision} graph")
     if precision == "fp16":
         result = quantize_file(source.path, out, "fp16", check_data=config.check_data)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
-    from calib.qdq import Int8Config
+    from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
                            check_data=config.check_data, progress=progress)
@@ -214,17 +223,20 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
         for graph in graphs:
+            gate = _write_gate(graph, tmp, config, progress)
             for precision in config.precisions:
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
+                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
                 inputs_io, _ = _graph_io(tmp / relative)
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
                                   optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
-                                  timing_cache=timing, plugins=tuple(plugins))
+                                  timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
-                                        calibration=(made or {}).get("calibration"), source=str(graph.path)))
+                                        calibration=(made or {}).get("calibration"), source=str(graph.path),
+                                        gate=gate.spec(precision, config.tf32) if gate else None))
                 progress(f"{graph.name}.{precision}: {relative}")
         _copy_package(tmp)
         try:
@@ -237,6 +249,33 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     if tar:
         manifest["tar"] = str(write_tar(out))
     return manifest
+
+
+def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: Callable[[str], None]):
+    """The accuracy gate's files of ``graph`` (its images, its float32 outputs), shared by its precisions."""
+    if not config.gate_images:
+        return None
+    from edge.check.device_gate import write_gate
+
+    progress(f"{graph.name}: accuracy gate: {config.gate_images} images and the source graph's outputs")
+    return write_gate(graph.name, graph.path, out, config.check_data, config.gate_images)
+
+
+def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
+    """The TensorRT parser rules on a packed graph (edge.graph.tensorrt_rules): a graph breaking one is refused
+    with the findings, before a device spends minutes on a build that fails; with the check off, it is said."""
+    from edge.graph.tensorrt_rules import check_file, refusal
+
+    report = check_file(graph, config.tensorrt)
+    if report["passed"]:
+        return
+    if config.check_tensorrt:
+        report["graph"] = variant
+        raise refusal([report], config.tensorrt,
+                      fix="nothing was written; fix the graph (the fix of each finding above), or pack it anyway "
+                          "with --no-trt-check")
+    progress(f"{variant}: breaks {report['errors']} rule(s) of TensorRT {config.tensorrt}'s ONNX parser; packed "
+             f"anyway (--no-trt-check); `edge check` lists them")
 
 
 def write_tar(folder: Path) -> Path:

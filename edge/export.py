@@ -24,14 +24,14 @@ import onnx
 import torch
 from torch import nn
 
-from edge.compare import Tolerance, ort_session
+from edge.check.compare import Tolerance, ort_session
+from edge.check.torch_compare import compare_with_torch, verification_inputs
 from edge.config import MAX_BATCH, option
 from edge.data import ArrayPreprocess, InputSpec
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.models.attention import explicit_attention
 from edge.onnx_metadata import graph_metadata, with_metadata
-from edge.torch_compare import compare_with_torch, verification_inputs
 
 REAL_IMAGES = 8  # real test images compared (repeated to fill a larger static batch)
 DEFAULT_OPSET = 17

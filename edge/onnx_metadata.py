@@ -23,6 +23,7 @@ INTERPOLATION = "edge.interpolation"
 PRECISION = "edge.precision"            # float16 or int8; absent: float32
 FP32_OPS = "edge.fp32_ops"              # fp16 graphs, int8 graphs with a float16 rest: ops kept float32 (a,b,...)
 SOFTMAX = "edge.softmax"                # fp16 graphs, int8 graphs with a float16 rest: float16 or float32
+FP16_RANGE_CHECK = "edge.fp16_range_check"  # fp16 graphs: JSON, what the range check measured and kept float32
 CALIBRATION = "edge.calibration"        # int8 graphs: JSON data, samples, seed, method
 FLOAT_PRECISION = "edge.float_precision"  # int8 graphs: the precision of everything not quantized
 QDQ_PLACEMENT = "edge.qdq_placement"    # int8 graphs: where the Q/DQ pairs sit (calib.placement.PLACEMENTS)

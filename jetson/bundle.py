@@ -9,6 +9,7 @@ Both go through this module, so the format has one definition. A bundle is a fol
       graphs/NAME/PRECISION.onnx   one ONNX graph per variant and precision, its precision inside
       caches/...               timing caches and INT8 calibration caches shipped with it, if any
       plugins/...              TensorRT plugin libraries (.so), if any
+      gate/...                 the accuracy gate's images and reference outputs (.npy; jetson.accuracy_gate)
       jetson/...               the device-side package itself (run with `python3 -m jetson run`)
 
 ``manifest.json`` (format ``edge-jetson-bundle``, version :data:`FORMAT_VERSION`)::
@@ -16,17 +17,21 @@ Both go through this module, so the format has one definition. A bundle is a fol
     {"format": "edge-jetson-bundle", "format_version": 1,
      "created_by": {"edge": "0.4.0", "created": "2025-01-01T00:00:00+00:00"},
      "source": {"kind": "pipeline" | "onnx", "paths": [...]},
-     "protocol": {"warmup": 20, "iterations": 200, "duration_s": null, "cuda_graph": true,
-                  "idle_s": 2.0, "tegrastats_interval_ms": 100},
+     "protocol": {"warmup": 1, "warmup_s": 0.2, "iterations": 10, "duration_s": 3.0, "energy_duration_s": 10.0,
+                  "cuda_graph": true, "idle_s": 2.0, "tegrastats_interval_ms": 100},
      "variants": [{"name": "baseline", "precision": "fp16", "graph": "graphs/baseline/fp16.onnx",
                    "graph_sha256": "...", "inputs": [{"name": "input", "shape": [1, 1, 28, 28],
                    "dtype": "float32"}], "calibration": null | {...how the int8 graph was calibrated},
                    "source": "runs/x/variants/baseline/model.clean.onnx",
+                   "gate": null | {"inputs": {"input": "gate/inputs/....npy"}, "reference": {"logits":
+                            "gate/baseline/reference_0.npy"}, "images": 32, "data": "fmnist-mini:test",
+                            "source": "...", "thresholds": {"min_top1_agreement": 0.9, "max_rel_error": 0.05,
+                            "max_abs_error": null}},
                    "build": {"precision": "fp16", "strongly_typed": true, "workspace_mib": 2048,
                              "optimization_level": 3, "tiling_optimization_level": null, "batch": null,
                              "min_batch": null, "opt_batch": null, "max_batch": null,
                              "timing_cache": null | "caches/...", "plugins": ["plugins/x.so"],
-                             "calibration_cache": null | "caches/..."}}],
+                             "calibration_cache": null | "caches/...", "tf32": true}}],
      "files": {"graphs/baseline/fp16.onnx": {"sha256": "...", "bytes": 12345}, "jetson/runner.py": {...}}}
 
 ``files`` lists every file of the bundle but ``manifest.json``, with its sha256 and size. The runner
@@ -48,13 +53,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jetson.accuracy_gate import GATE, GateSpec
 from jetson.errors import JetsonError
 
 FORMAT = "edge-jetson-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPHS, CACHES, PLUGINS, PACKAGE = "graphs", "caches", "plugins", "jetson"
-OWNED = (GRAPHS, CACHES, PLUGINS, PACKAGE)
+OWNED = (GRAPHS, CACHES, PLUGINS, PACKAGE, GATE)
 PRECISIONS = ("fp32", "fp16", "int8")
 #: the ONNX precision (edge.precision metadata) each bundle precision's graph has
 GRAPH_PRECISION = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
@@ -79,6 +85,9 @@ class BuildSpec:
     timing_cache: str | None = None
     plugins: tuple[str, ...] = ()
     calibration_cache: str | None = None
+    #: fp32 matrix products in TF32 (TensorRT's default; about 1e-3 relative from ONNX Runtime); False clears
+    #: BuilderFlag.TF32 (trtexec --noTF32)
+    tf32: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -92,27 +101,52 @@ class BuildSpec:
         return {**asdict(self), "plugins": list(self.plugins)}
 
 
+#: trtexec's defaults (samples/common/sampleOptions.h, TensorRT 10.3: defaultWarmUp 200 ms, defaultDuration
+#: 3 s, defaultIterations 10): warm up for 200 ms, then time for at least 3 s and at least 10 calls
+TRTEXEC_WARMUP_S, TRTEXEC_DURATION_S, TRTEXEC_ITERATIONS = 0.2, 3.0, 10
+#: the timed window when energy is measured: tegrastats gives one sample per 100 ms, and 10 s gives about
+#: 100 samples, five times jetson.energy's minimum of 20 (its docstring says why 20)
+ENERGY_DURATION_S = 10.0
+
+
 @dataclass(frozen=True)
 class Protocol:
-    """The benchmark's defaults, which the runner's command line may override."""
+    """The benchmark's defaults, which the runner's command line may override: trtexec's protocol.
+
+    Warm-up runs until both ``warmup`` calls and ``warmup_s`` seconds are done (time, not a count, is what
+    lets the GPU clock ramp up and the caches fill whatever one call costs: 200 ms, as trtexec; no
+    measurement of an Orin Nano's clock ramp was at hand to justify more: lock the clocks, or pass a
+    longer warm-up). The timed window runs until both ``iterations`` calls and ``duration_s`` seconds are
+    done, and, when energy is measured, ``energy_duration_s`` seconds (tegrastats samples every
+    ``tegrastats_interval_ms``). None turns a time off.
+    """
 
     # ranges as plain metadata (edge.config.bounds reads them; the device side imports no edge)
-    warmup: int = field(default=20, metadata={"minimum": 0, "maximum": 10**8})
-    iterations: int = field(default=200, metadata={"minimum": 1, "maximum": 10**8})
-    duration_s: float | None = field(default=None, metadata={"above": 0, "maximum": 86400})
+    warmup: int = field(default=1, metadata={"minimum": 0, "maximum": 10**8})
+    iterations: int = field(default=TRTEXEC_ITERATIONS, metadata={"minimum": 1, "maximum": 10**8})
+    duration_s: float | None = field(default=TRTEXEC_DURATION_S, metadata={"above": 0, "maximum": 86400})
     cuda_graph: bool = True
     idle_s: float = field(default=2.0, metadata={"minimum": 0, "maximum": 3600})
     tegrastats_interval_ms: int = 100
+    warmup_s: float | None = field(default=TRTEXEC_WARMUP_S, metadata={"minimum": 0, "maximum": 3600})
+    energy_duration_s: float | None = field(default=ENERGY_DURATION_S, metadata={"above": 0, "maximum": 86400})
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.iterations < 1:
             raise JetsonError(f"warm-up {self.warmup}, iterations {self.iterations}",
                               expected="warm-up 0 or more and 1 iteration or more")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise JetsonError(f"duration {self.duration_s} s", expected="a positive number of seconds")
+        for name, value in (("duration", self.duration_s), ("energy duration", self.energy_duration_s)):
+            if value is not None and value <= 0:
+                raise JetsonError(f"{name} {value} s", expected="a positive number of seconds")
+        if self.warmup_s is not None and self.warmup_s < 0:
+            raise JetsonError(f"warm-up time {self.warmup_s} s", expected="0 s or more")
         if self.idle_s < 0 or self.tegrastats_interval_ms < 1:
             raise JetsonError(f"idle window {self.idle_s} s, tegrastats interval {self.tegrastats_interval_ms} ms",
                               expected="an idle window of 0 s or more and an interval of 1 ms or more")
+
+    def timed_s(self, energy: bool) -> float:
+        """The least time the timed window lasts: the duration, and with energy the energy duration."""
+        return max(self.duration_s or 0.0, (self.energy_duration_s or 0.0) if energy else 0.0)
 
 
 @dataclass(frozen=True)
@@ -127,6 +161,7 @@ class Variant:
     inputs: tuple[dict, ...] = ()
     calibration: dict | None = None
     source: str | None = None
+    gate: GateSpec | None = None  # the accuracy gate (jetson.accuracy_gate); None: the engine is not checked
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -139,7 +174,8 @@ class Variant:
     def to_json(self) -> dict:
         return {"name": self.name, "precision": self.precision, "graph": self.graph,
                 "graph_sha256": self.graph_sha256, "inputs": list(self.inputs), "calibration": self.calibration,
-                "source": self.source, "build": self.build.to_json()}
+                "source": self.source, "build": self.build.to_json(),
+                "gate": self.gate.to_json() if self.gate else None}
 
     @classmethod
     def from_json(cls, data: dict) -> Variant:
@@ -147,7 +183,8 @@ class Variant:
         build["plugins"] = tuple(build.get("plugins", ()))
         return cls(name=data["name"], precision=data["precision"], graph=data["graph"],
                    graph_sha256=data["graph_sha256"], build=BuildSpec(**build), inputs=tuple(data.get("inputs", ())),
-                   calibration=data.get("calibration"), source=data.get("source"))
+                   calibration=data.get("calibration"), source=data.get("source"),
+                   gate=GateSpec.from_json(data["gate"], f"variant {data['name']}") if data.get("gate") else None)
 
 
 @dataclass(frozen=True)
@@ -271,7 +308,8 @@ def verify_bundle(bundle: Bundle, found: dict[str, dict] | None = None) -> None:
                           + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
                           fix="remove the file, or make the bundle again with `edge bundle`")
     for variant in bundle.variants:
-        named = [variant.graph, *variant.build.plugins, variant.build.timing_cache, variant.build.calibration_cache]
+        named = [variant.graph, *variant.build.plugins, variant.build.timing_cache, variant.build.calibration_cache,
+                 *(variant.gate.files() if variant.gate else ())]
         for relative in filter(None, named):
             if relative not in bundle.files:
                 raise JetsonError(f"variant {variant.id} names {relative}, which manifest.json does not list",

@@ -1,5 +1,10 @@
-"""The CUDA runtime for running engines: cuda-python when installed, else pycuda, else the ctypes
+"""The CUDA runtime for running engines: cuda-python when it answers, else pycuda, else the ctypes
 binding to JetPack's own libcudart (jetson.cudart), so a stock JetPack needs no pip install.
+
+"Answers" is checked, not assumed: each binding is probed with one trivial call that needs the driver
+(``cudaGetDeviceCount``, :func:`probe_cuda_runtime`) and skipped with the reason when it fails. A plain
+``pip install cuda-python`` installs 13.x, which imports on JetPack 6 (CUDA 12.6) and fails at its first
+call; the run then goes on with pycuda or libcudart and says why.
 
 All three are driven the same way, in cuda-python's conventions (``cuda.bindings.runtime``): a call
 returns ``(error, *values)``, handles are integers, :func:`check` turns an error into a JetsonError
@@ -13,7 +18,9 @@ cuda-python's major version must match the CUDA the driver supports: 12.x on Jet
 from __future__ import annotations
 
 import ctypes
+import itertools
 import types
+from collections.abc import Callable
 from typing import Any
 
 from jetson.errors import JetsonError
@@ -36,23 +43,68 @@ def load_cuda_python() -> types.ModuleType:
     return cudart
 
 
-def load_cuda_runtime(binding: str | None = None) -> Any:
-    """The CUDA runtime through ``binding`` (one of :data:`BINDINGS`), or the first that loads."""
+def load_cuda_runtime(binding: str | None = None, log: Callable[[str], None] | None = None) -> Any:
+    """The CUDA runtime through ``binding`` (one of :data:`BINDINGS`), or the first that loads *and answers*
+    a trivial call (:func:`probe_cuda_runtime`): a cuda-python of the wrong major version imports and fails
+    at its first call, so importing proves nothing. ``log`` hears why each binding was skipped."""
     if binding is not None and binding not in BINDINGS:
         raise JetsonError(f"CUDA binding {binding!r}", expected=f"one of {', '.join(BINDINGS)}")
-    failures = []
+    skipped = []
     for name in (binding,) if binding else BINDINGS:
-        try:
-            if name == "cuda-python":
-                return load_cuda_python()
-            if name == "pycuda":
-                return PycudaRuntime()
-            from jetson.cudart import CtypesCudaRuntime
+        cudart, reason = try_cuda_binding(name)
+        if cudart is not None:
+            return cudart
+        skipped.append(f"{name}: {reason}")
+        if log is not None:
+            log(f"CUDA binding {name} skipped: {reason}")
+    raise JetsonError("no CUDA runtime binding answered" if binding is None else f"the CUDA binding {binding} "
+                      "did not answer", found="\n    " + "\n    ".join(skipped), fix=CUDA_HINT)
 
-            return CtypesCudaRuntime()
-        except JetsonError as e:
-            failures.append(f"{name}: {e.what}")
-    raise JetsonError("no CUDA runtime binding could be loaded", found="; ".join(failures), fix=CUDA_HINT)
+
+def try_cuda_binding(name: str) -> tuple[Any, str | None]:
+    """``(runtime, None)`` when binding ``name`` loads and answers :func:`probe_cuda_runtime`, else
+    ``(None, why not)`` (the preflight lists every binding this way)."""
+    try:
+        cudart = _load_binding(name)
+    except JetsonError as e:
+        return None, _reason(e)
+    try:
+        probe_cuda_runtime(cudart)
+    except JetsonError as e:
+        close = getattr(cudart, "close", None)
+        if close is not None:
+            close()
+        return None, _reason(e)
+    return cudart, None
+
+
+def _reason(error: JetsonError) -> str:
+    return error.what + (f" ({error.found})" if error.found else "")
+
+
+def _load_binding(name: str) -> Any:
+    if name == "cuda-python":
+        return load_cuda_python()
+    if name == "pycuda":
+        return PycudaRuntime()
+    from jetson.cudart import CtypesCudaRuntime
+
+    return CtypesCudaRuntime()
+
+
+def probe_cuda_runtime(cudart: Any) -> int:
+    """The number of GPUs ``cudart`` sees (``cudaGetDeviceCount``, which needs the driver: the first call
+    that fails when the binding's CUDA is newer than the driver's); a JetsonError naming the failure, or
+    when there is no GPU."""
+    try:
+        count = int(check(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount"))
+    except (RuntimeError, OSError, AttributeError) as e:  # cuda-python raises when it cannot load libcudart/libcuda
+        raise JetsonError(f"{binding_name(cudart)}: its first call (cudaGetDeviceCount) raised",
+                          found=f"{type(e).__name__}: {e}", fix=CUDA_HINT) from e
+    if count < 1:
+        raise JetsonError(f"{binding_name(cudart)}: cudaGetDeviceCount sees no GPU", found=str(count),
+                          fix="check the driver (nvidia-smi or tegrastats) and the device nodes (/dev/nvhost-*)")
+    return count
 
 
 def binding_name(cudart: Any) -> str:
@@ -90,13 +142,18 @@ class PycudaRuntime:
         except ImportError as e:
             raise JetsonError("pycuda was not found", found=str(e), fix=CUDA_HINT) from e
         self.driver = driver
-        driver.init()
-        self.device = driver.Device(0)
-        self.context = self.device.retain_primary_context()
+        try:
+            driver.init()
+            self.device = driver.Device(0)
+            self.context = self.device.retain_primary_context()
+        except driver.Error as e:
+            raise JetsonError("pycuda could not open the GPU", found=str(e), fix=CUDA_HINT) from e
         self.context.push()
         self.cudaMemcpyKind = types.SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
         self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
         self._objects: dict[int, Any] = {}
+        self._events: dict[int, Any] = {}  # pycuda's Event has no handle (its Stream has): numbered here
+        self._event_numbers = itertools.count(1)
 
     def _ok(self, *values: Any) -> tuple:
         return (0, *values)
@@ -116,6 +173,12 @@ class PycudaRuntime:
 
     def cudaDriverGetVersion(self) -> tuple:
         return self._ok(int(self.driver.get_driver_version()))
+
+    def cudaGetDeviceCount(self) -> tuple:
+        try:
+            return self._ok(int(self.driver.Device.count()))
+        except self.driver.Error as e:
+            return self._failed(e, 0)
 
     def cudaGetDeviceProperties(self, device: int) -> tuple:
         attribute = self.driver.device_attribute.MULTIPROCESSOR_COUNT
@@ -161,19 +224,26 @@ class PycudaRuntime:
         return self._ok()
 
     def cudaEventCreate(self) -> tuple:
-        event = self.driver.Event()
-        return self._ok(self._keep(int(event.handle), event))
+        number = next(self._event_numbers)
+        self._events[number] = self.driver.Event()
+        return self._ok(number)
 
     def cudaEventDestroy(self, event: int) -> tuple:
-        self._objects.pop(int(event), None)
+        self._events.pop(int(event), None)
         return self._ok()
 
     def cudaEventRecord(self, event: int, stream: int) -> tuple:
-        self._objects[int(event)].record(self._objects[int(stream)])
+        try:
+            self._events[int(event)].record(self._objects[int(stream)])
+        except self.driver.Error as e:
+            return self._failed(e)
         return self._ok()
 
     def cudaEventElapsedTime(self, start: int, end: int) -> tuple:
-        return self._ok(float(self._objects[int(end)].time_since(self._objects[int(start)])))
+        try:
+            return self._ok(float(self._events[int(end)].time_since(self._events[int(start)])))
+        except self.driver.Error as e:
+            return self._failed(e, 0.0)
 
     def close(self) -> None:
         """Let go of the primary context (pycuda keeps a stack of current contexts per thread)."""

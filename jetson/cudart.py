@@ -113,6 +113,10 @@ class CtypesCudaRuntime:
         version = ctypes.c_int()
         return self._call("cudaDriverGetVersion", ctypes.byref(version)), version.value
 
+    def cudaGetDeviceCount(self) -> tuple[CudaError, int]:
+        count = ctypes.c_int()
+        return self._call("cudaGetDeviceCount", ctypes.byref(count)), count.value
+
     def cudaGetDeviceProperties(self, device: int) -> tuple[CudaError, types.SimpleNamespace | None]:
         buffer = ctypes.create_string_buffer(_PROPS_BUFFER)
         function = "cudaGetDeviceProperties_v2" if hasattr(self.library, "cudaGetDeviceProperties_v2") \

@@ -5,10 +5,16 @@ record a run's results carry.
 SM count (Orin Nano 8GB: 8, AGX Orin 64GB: 16), the memory in whole GiB and the device-tree model
 do. :data:`IDENTITY` (with the TensorRT version) is what an engine is tied to: the engine cache
 keys on it and edge.trt.manifest refuses an engine whose identity differs.
+
+Inside a container the same board reads differently: Docker masks ``/sys/firmware``, and
+``/proc/device-tree`` is a link into it, so ``device_model`` is None there. ``container`` (whether the
+runner runs in one) is part of the identity, so an engine built inside a container is neither shared
+with nor taken from the same board outside one: each builds its own.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import socket
@@ -20,7 +26,8 @@ from jetson.cuda import binding_name, check
 DEVICE_TREE_MODEL = "/proc/device-tree/model"
 NV_TEGRA_RELEASE = "/etc/nv_tegra_release"
 #: what an engine is tied to: a difference in any of these refuses it
-IDENTITY = ("tensorrt", "gpu", "compute_capability", "sm_count", "memory_gib", "device_model")
+IDENTITY = ("tensorrt", "gpu", "compute_capability", "sm_count", "memory_gib", "device_model", "container")
+CONTAINER_MARKERS = ("/.dockerenv", "/run/.containerenv")  # Docker's, Podman's
 
 
 def l4t_release(path: str | None = None) -> str | None:
@@ -78,10 +85,26 @@ def cuda_identity(cudart: Any, device: int = 0, *, model_path: str | None = None
             "cuda_python_runtime": cuda_version(bundled), "l4t": l4t_release(release_path)}
 
 
+def in_container() -> bool:
+    """Whether this process runs in a container (Docker's or Podman's marker file at the root)."""
+    return any(os.path.exists(marker) for marker in CONTAINER_MARKERS)
+
+
+#: why a Jetson (it has an L4T release) may have no readable device-tree model
+MASKED_MODEL_NOTE = ("the board's model ({path}) cannot be read: a container masks /sys/firmware (Docker does by "
+                     "default). Engines built here record device_model null, so they are not shared with the same "
+                     "board outside the container (nor its engines with this container)")
+
+
 def host_record() -> dict:
-    """What every run records, with or without a GPU: the board, L4T, the host and Python."""
-    return {"device_model": device_model(), "l4t": l4t_release(), "hostname": socket.gethostname(),
-            "machine": platform.machine(), "kernel": platform.release(), "python": platform.python_version()}
+    """What every run records, with or without a GPU: the board, L4T, the host, Python and whether it runs
+    in a container (where the board's device tree is masked: then ``device_model_note``, :data:`MASKED_MODEL_NOTE`)."""
+    record = {"device_model": device_model(), "l4t": l4t_release(), "hostname": socket.gethostname(),
+              "machine": platform.machine(), "kernel": platform.release(), "python": platform.python_version(),
+              "container": in_container()}
+    if record["device_model"] is None and record["l4t"] is not None:
+        record["device_model_note"] = MASKED_MODEL_NOTE.format(path=DEVICE_TREE_MODEL)
+    return record
 
 
 def device_record(cudart: Any | None, tensorrt_version: str | None) -> dict:

@@ -1,9 +1,21 @@
 """Energy over a time window from timed rail samples: trapezoidal integration, idle power, energy
-per inference (total and with the idle power taken out), and the peaks of the window.
+per call and per image (total and with the idle power taken out), and the peaks of the window.
 
-Units: milliwatts times seconds are millijoules. A window must lie inside the sampled span; its
-edges fall between samples, where the power is interpolated linearly, so a window shorter than the
-sampling interval still gets the energy the trace implies (and ``samples`` says how thin it was).
+A *call* is one inference call of the engine: at batch N it computes N images, so energy per call
+is energy per batch; per image divides it by the batch. Units: milliwatts times seconds are
+millijoules. A window must lie inside the sampled span; its edges fall between samples, where the
+power is interpolated linearly, so a window shorter than the sampling interval still gets the
+energy the trace implies; but it is not to be trusted.
+
+How many samples make the figure trustworthy (:data:`MIN_ENERGY_SAMPLES`): tegrastats reports one
+sample per interval (100 ms by default), so what happens between two samples is not seen. At each
+edge of the timed window the power is interpolated across up to one interval in which the load
+started or stopped: up to one interval per edge of energy misattributed between load and idle
+power. With ``n`` samples in the window that is at most 2 of ``n`` intervals of the step height;
+on an Orin Nano the step from idle (about 4.3-5.3 W on VDD_IN) to load is at most about the idle
+power itself, so the error is at most about ``1/n`` of the total. 20 samples (2 s at 100 ms)
+bound it to about 5 %; fewer mark the figures unreliable (``reliable: false`` with the reason),
+and below 2 samples no integral exists.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ import numpy as np
 from jetson.errors import JetsonError
 from jetson.tegrastats import TimedSample
 
+MIN_ENERGY_SAMPLES = 20  # tegrastats samples inside the timed window for energy figures to be trusted (above)
 TOTAL_RAILS = ("VDD_IN", "VIN", "VIN_SYS_5V0")
 """The rail that carries the whole module's input, first present wins: VDD_IN on Orin Nano/NX,
 VIN on Thor, VIN_SYS_5V0 on AGX Orin."""
@@ -40,21 +53,25 @@ class Window:
 
 @dataclass(frozen=True)
 class RailEnergy:
-    """One rail's figures over the timed window, per inference as well."""
+    """One rail's figures over the timed window, per call (per batch) and per image as well."""
 
     rail: str
     energy_mj: float
     mean_power_mw: float
     idle_power_mw: float | None
-    energy_per_inference_mj: float
-    energy_above_idle_per_inference_mj: float | None
+    energy_per_call_mj: float
+    energy_above_idle_per_call_mj: float | None
+    energy_per_image_mj: float
+    energy_above_idle_per_image_mj: float | None
 
 
 @dataclass(frozen=True)
 class PowerSummary:
-    """What the results record of a timed window (and the idle window before it)."""
+    """What the results record of a timed window (and the idle window before it). ``reliable`` is false
+    when fewer than ``min_samples`` samples fell in the timed window (``unreliable`` says so in words)."""
 
-    inferences: int
+    calls: int
+    batch: int
     timed_s: float
     idle_s: float | None
     samples_timed: int
@@ -65,6 +82,9 @@ class PowerSummary:
     ram_total_mb: int
     peak_temperatures_c: dict[str, float]
     gpu_freq_mhz: list[int]
+    min_samples: int = MIN_ENERGY_SAMPLES
+    reliable: bool = True
+    unreliable: str | None = None
 
     def to_json(self) -> dict:
         """A JSON-ready dict (units in the key names)."""
@@ -107,19 +127,33 @@ def mean_power_mw(times_s: np.ndarray, power_mw: np.ndarray, window: Window) -> 
     return energy_mj(times_s, power_mw, window) / window.duration_s
 
 
-def rail_energy(samples: Sequence[TimedSample], rail: str, timed: Window, inferences: int,
-                idle: Window | None = None) -> RailEnergy:
-    """One rail's energy over ``timed``, per inference, and above the idle window's mean power."""
-    if inferences < 1:
-        raise JetsonError(f"energy per inference needs at least one inference, got {inferences}")
+def rail_energy(samples: Sequence[TimedSample], rail: str, timed: Window, calls: int,
+                idle: Window | None = None, *, batch: int = 1) -> RailEnergy:
+    """One rail's energy over ``timed``, per call (``calls`` inference calls of ``batch`` images each) and
+    per image, total and above the idle window's mean power."""
+    if calls < 1 or batch < 1:
+        raise JetsonError(f"energy per call needs at least one call of at least one image, got {calls} calls "
+                          f"of batch {batch}")
     times, power = rail_power(samples, rail)
     energy = energy_mj(times, power, timed)
     idle_mw = mean_power_mw(times, power, idle) if idle is not None else None
+    above = None if idle_mw is None else energy - idle_mw * timed.duration_s
     return RailEnergy(
         rail=rail, energy_mj=energy, mean_power_mw=energy / timed.duration_s, idle_power_mw=idle_mw,
-        energy_per_inference_mj=energy / inferences,
-        energy_above_idle_per_inference_mj=(None if idle_mw is None
-                                            else (energy - idle_mw * timed.duration_s) / inferences))
+        energy_per_call_mj=energy / calls,
+        energy_above_idle_per_call_mj=None if above is None else above / calls,
+        energy_per_image_mj=energy / (calls * batch),
+        energy_above_idle_per_image_mj=None if above is None else above / (calls * batch))
+
+
+def reliability(samples_timed: int, interval_ms: float | None = None) -> str | None:
+    """Why energy from ``samples_timed`` samples is not to be trusted (None when it is)."""
+    if samples_timed >= MIN_ENERGY_SAMPLES:
+        return None
+    every = f" (one every {interval_ms:g} ms: time at least {MIN_ENERGY_SAMPLES * interval_ms / 1000:g} s)" \
+        if interval_ms else ""
+    return (f"only {samples_timed} tegrastats samples in the timed window, fewer than {MIN_ENERGY_SAMPLES}"
+            f"{every}: the energy of the window's edges is a guess of up to 1/{max(samples_timed, 1)} of the total")
 
 
 def window_samples(samples: Sequence[TimedSample], window: Window) -> list[TimedSample]:
@@ -130,10 +164,11 @@ def window_samples(samples: Sequence[TimedSample], window: Window) -> list[Timed
     return list(samples[first:last])
 
 
-def summarize(samples: Sequence[TimedSample], timed: Window, inferences: int,
-              idle: Window | None = None) -> PowerSummary:
-    """Every rail's energy over ``timed`` (the rails all samples report), and the window's peak
-    RAM use, peak temperatures and GPU frequencies."""
+def summarize(samples: Sequence[TimedSample], timed: Window, calls: int,
+              idle: Window | None = None, *, batch: int = 1, interval_ms: float | None = None) -> PowerSummary:
+    """Every rail's energy over ``timed`` (the rails all samples report), per call and per image, the
+    window's peak RAM use, peak temperatures and GPU frequencies, and whether enough samples fell in
+    the window (:data:`MIN_ENERGY_SAMPLES`; ``interval_ms``, the sampling interval, only for the words)."""
     if not samples:
         raise JetsonError("no tegrastats samples to summarize", fix="sample during the timed window")
     rails = [r for r in samples[0].sample.rails if all(r in s.sample.rails for s in samples)]
@@ -142,13 +177,16 @@ def summarize(samples: Sequence[TimedSample], timed: Window, inferences: int,
     for s in seen:
         for zone, celsius in s.sample.temperatures_c.items():
             peaks[zone] = max(celsius, peaks.get(zone, celsius))
+    samples_timed = sum(timed.start_s <= s.time_s <= timed.end_s for s in samples)
+    unreliable = reliability(samples_timed, interval_ms)
     return PowerSummary(
-        inferences=inferences, timed_s=timed.duration_s, idle_s=idle.duration_s if idle else None,
-        samples_timed=sum(timed.start_s <= s.time_s <= timed.end_s for s in samples),
+        calls=calls, batch=batch, timed_s=timed.duration_s, idle_s=idle.duration_s if idle else None,
+        samples_timed=samples_timed,
         samples_idle=(sum(idle.start_s <= s.time_s <= idle.end_s for s in samples) if idle else None),
         total_rail=next((r for r in TOTAL_RAILS if r in rails), None),
-        rails={r: rail_energy(samples, r, timed, inferences, idle) for r in rails},
+        rails={r: rail_energy(samples, r, timed, calls, idle, batch=batch) for r in rails},
         peak_ram_used_mb=max(s.sample.ram_used_mb for s in seen),
         ram_total_mb=seen[-1].sample.ram_total_mb,
         peak_temperatures_c=peaks,
-        gpu_freq_mhz=sorted({f for s in seen for f in s.sample.gpu_freq_mhz}))
+        gpu_freq_mhz=sorted({f for s in seen for f in s.sample.gpu_freq_mhz}),
+        reliable=unreliable is None, unreliable=unreliable)

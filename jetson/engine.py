@@ -81,6 +81,8 @@ class Knobs(Protocol):
     def optimization_level(self) -> int: ...
     @property
     def tiling_optimization_level(self) -> int | None: ...
+    @property
+    def tf32(self) -> bool: ...
 
 
 def configure_builder(config: tensorrt.IBuilderConfig, spec: Knobs, features: TensorRTFeatures) -> dict:
@@ -105,6 +107,9 @@ def configure_builder(config: tensorrt.IBuilderConfig, spec: Knobs, features: Te
             honoured["tiling_optimization_level"] = spec.tiling_optimization_level
         else:
             ignored["tiling_optimization_level"] = f"TensorRT {features.version} has no tiling optimisation (10.8+)"
+    if not spec.tf32:  # TensorRT sets TF32 by default: fp32 matrix products in TF32 (about 1e-3 relative)
+        config.clear_flag(trt.BuilderFlag.TF32)
+    honoured["tf32"] = spec.tf32
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     return {"honoured": honoured, "not_available": ignored}
 
@@ -132,13 +137,38 @@ def _profile(builder: tensorrt.Builder, network: tensorrt.INetworkDefinition,
     return profile
 
 
+def progress_monitor(keep_building: Callable[[], bool], log: Callable[[str], None]) -> tensorrt.IProgressMonitor:
+    """A monitor that says each top-level build phase on ``log`` and cancels the build when ``keep_building()``
+    turns False: ``step_complete`` returning False stops it (TensorRT 10, pyCore.cpp's PyProgressMonitor)."""
+    import tensorrt as trt
+
+    class CancellingMonitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            if not parent_phase:
+                log(f"TensorRT: {phase_name}")
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return bool(keep_building())
+
+        def phase_finish(self, phase_name: str) -> None:
+            pass
+
+    return CancellingMonitor()
+
+
 def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = (),
                        timing_cache: Path | None = None, log: Callable[[str], None] = print,
-                       logger: tensorrt.ILogger | None = None) -> tuple[bytes, dict]:
+                       logger: tensorrt.ILogger | None = None,
+                       keep_building: Callable[[], bool] | None = None) -> tuple[bytes, dict]:
     """Parse ``graph`` and build a serialised engine with ``spec``; the build facts for the manifest.
 
     ``timing_cache`` is read when it exists and written after the build (a device-local file);
-    ``logger`` receives TensorRT's messages (default: TensorRT's own, warnings and errors on stderr).
+    ``logger`` receives TensorRT's messages (default: warnings and errors on stderr, jetson.trt_log.stderr_logger);
+    ``keep_building`` is asked at every step of the build (where this TensorRT has a progress monitor):
+    False cancels it (the build then fails; the caller knows why).
     """
     if not spec.strongly_typed:  # this builder sets no precision flags and reads no calibration cache
         raise JetsonError(f"the build config of {graph} is weakly typed (precision {spec.precision} by builder flags)",
@@ -150,7 +180,10 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
         raise JetsonError(f"TensorRT {features.version} cannot build strongly typed networks",
                           expected="TensorRT >= 8.6 (10.3 on JetPack 6)", fix="upgrade JetPack")
     started = time.perf_counter()
-    logger = logger or trt.Logger(trt.Logger.WARNING)
+    if logger is None:
+        from jetson.trt_log import stderr_logger
+
+        logger = stderr_logger()
     builder = trt.Builder(logger)
     trt.init_libnvinfer_plugins(logger, "")
     for library in plugins:
@@ -171,12 +204,9 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
         config.add_optimization_profile(profile)
     cache_info: dict[str, Any] = {"path": None}
     if timing_cache is not None and features.timing_cache:
-        data = timing_cache.read_bytes() if timing_cache.is_file() else b""
-        accepted = config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
-        cache_info = {"path": str(timing_cache), "loaded_bytes": len(data), "hit": bool(data) and bool(accepted)}
-        if data and not accepted:
-            log(f"the timing cache {timing_cache} was made by another TensorRT or GPU: building without it")
-            config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+        cache_info = _use_timing_cache(config, timing_cache, log)
+    if keep_building is not None and features.progress_monitor:
+        config.progress_monitor = progress_monitor(keep_building, log)
     log(f"building the engine of {graph} (TensorRT tries tactics: minutes on an Orin Nano)")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -188,6 +218,24 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
         _write_atomic(timing_cache, bytes(config.get_timing_cache().serialize()))
     return engine, {"builder": PYTHON_BUILDER, "knobs": knobs, "timing_cache": cache_info,
                     "features": features.as_dict(), "build_seconds": round(time.perf_counter() - started, 2)}
+
+
+def _use_timing_cache(config: tensorrt.IBuilderConfig, path: Path, log: Callable[[str], None]) -> dict:
+    """Give the build the timing cache in ``path``, or an empty one when TensorRT cannot use it: a cache
+    from another TensorRT makes ``create_timing_cache`` return None ("Magic tag does not match"), one from
+    another GPU makes ``set_timing_cache`` refuse it. The build then times every tactic (slower, same
+    engine) and the file is replaced by this build's cache."""
+    data = path.read_bytes() if path.is_file() else b""
+    cache = config.create_timing_cache(data)
+    accepted = cache is not None and config.set_timing_cache(cache, ignore_mismatch=False)
+    info = {"path": str(path), "loaded_bytes": len(data), "hit": bool(data) and bool(accepted)}
+    if data and not accepted:
+        why = "TensorRT cannot read it" if cache is None else "it was made on another GPU"
+        log(f"the timing cache {path} was not used ({why}: made by another TensorRT or device?): building with an "
+            "empty one, which replaces it after the build")
+        info["stale"] = why
+        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+    return info
 
 
 def cache_key(graph_sha256: str, spec: BuildSpec, file_sha256: dict[str, str], identity: dict,

@@ -70,6 +70,16 @@ class OrtBackend:
     def infer(self) -> None:
         self.session.run(None, self.feed)
 
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference on ``feeds`` (the accuracy gate's images), outside the timing: the outputs by name."""
+        names = [o.name for o in self.session.get_outputs()]
+        unknown = sorted(set(feeds) - set(self.feed))
+        if unknown:
+            raise JetsonError(f"{self.graph} has no input {unknown[0]!r}", expected=f"inputs {', '.join(self.feed)}",
+                              fix="the bundle's gate files do not belong to this graph: make the bundle again")
+        typed = {name: np.asarray(value, dtype=self.feed[name].dtype) for name, value in feeds.items()}
+        return dict(zip(names, self.session.run(None, typed), strict=True))
+
     def report(self, warmup: int = 0) -> dict:
         return {}
 

@@ -5,13 +5,22 @@ A mode's id differs between modules (MAXN_SUPER is 2 on an Orin Nano 8 GB "super
 15W is 0 there, 7W exists only before "super"), so names are mapped to ids from the module's own
 ``/etc/nvpmodel.conf`` and never hard-coded. Entering stores the clocks (``jetson_clocks --store``
 to a fresh file: an existing one would make it ask before overwriting), sets the mode
-(``nvpmodel -m``) and locks the clocks (``jetson_clocks``); leaving sets the original mode back and
-restores the stored clocks, on success, on an exception, on Ctrl-C and on SIGTERM or SIGHUP (a
-dropped SSH session), which inside the block raise Interrupted.
+(``nvpmodel -m``) and locks the clocks (``jetson_clocks``); leaving undoes them in reverse: the
+stored clocks first, then the original mode, on success, on an exception, on Ctrl-C and on
+SIGTERM or SIGHUP (a dropped SSH session), which inside the block raise Interrupted.
+
+Both tools change root-only settings: ``jetson_clocks`` exits 1 for anyone but root, and
+``nvpmodel -m`` writes root-only sysfs files. The runner never runs as root (under ``sudo`` HOME
+moves, the engine cache and a ``pip install --user`` binding with it, and ``results/`` would be left
+owned by root); as any other user it calls the two tools, by absolute path, through ``sudo -n``
+(never a password prompt), and :func:`check_power_rights` refuses a run, before anything is built,
+when the login user lacks the sudoers rule, printing the line to add (:func:`sudoers_line`).
 """
 
 from __future__ import annotations
 
+import getpass
+import os
 import re
 import shutil
 import signal
@@ -28,6 +37,10 @@ from jetson.errors import JetsonError
 
 NVPMODEL_CONF = Path("/etc/nvpmodel.conf")
 TOOL_TIMEOUT_S = 120
+#: where JetPack 6 installs the two root-only tools (packages nvidia-l4t-nvpmodel and nvidia-l4t-tools);
+#: a tool found on PATH first is the one used (and named in the sudoers line)
+JETPACK_TOOLS = {"nvpmodel": "/usr/sbin/nvpmodel", "jetson_clocks": "/usr/bin/jetson_clocks"}
+SUDOERS_FILE = "/etc/sudoers.d/edge-jetson"
 
 _MODE_HEADER = re.compile(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([^\s>]+)\s*>")
 _QUERY_NAME = re.compile(r"NV Power Mode:\s*(\S+)")
@@ -118,8 +131,80 @@ def run_tool(argv: list[str]) -> str:
     if done.returncode != 0:
         said = (done.stderr.strip() + "\n" + done.stdout.strip()).strip()[-500:]
         raise JetsonError(f"`{command}` failed with exit code {done.returncode}", found=said or "no output",
-                          fix="power mode and clock changes need root: run the device runner with sudo")
+                          fix=(f"check that the login user has this sudoers line ({SUDOERS_FILE}): {sudoers_line()}"
+                               if argv[0] == "sudo" else f"see what {Path(argv[0]).name} said (found)"))
     return done.stdout
+
+
+def tool_path(name: str) -> str:
+    """The absolute path of a JetPack tool: the one on PATH, else where JetPack installs it."""
+    return shutil.which(name) or JETPACK_TOOLS[name]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def as_root(argv: list[str]) -> list[str]:
+    """``argv`` with its tool by absolute path, through ``sudo -n`` unless this process is root already."""
+    command = [tool_path(argv[0]), *argv[1:]]
+    return command if is_root() else ["sudo", "-n", *command]
+
+
+def sudoers_line(user: str | None = None) -> str:
+    """The sudoers rule that lets ``user`` (the login user) run exactly the two power tools, nothing else."""
+    return (f"{user or getpass.getuser()} ALL=(root) NOPASSWD: {tool_path('nvpmodel')}, "
+            f"{tool_path('jetson_clocks')}")
+
+
+def tools_needed(power_mode: str | None, lock_clocks: bool) -> list[str]:
+    """The root-only tools a run with these settings calls."""
+    return [tool for tool, wanted in (("nvpmodel", power_mode is not None), ("jetson_clocks", lock_clocks))
+            if wanted]
+
+
+def missing_power_rights(tools: list[str]) -> list[str]:
+    """The tools among ``tools`` that this user may not run as root without a password (``sudo -n -l``
+    answers without running them); empty for root."""
+    if is_root() or not tools:
+        return []
+    if shutil.which("sudo") is None:
+        return [tool_path(tool) for tool in tools]
+    missing = []
+    for tool in tools:
+        done = subprocess.run(["sudo", "-n", "-l", tool_path(tool)], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+        if done.returncode != 0:
+            missing.append(tool_path(tool))
+    return missing
+
+
+def check_power_rights(power_mode: str | None, lock_clocks: bool) -> None:
+    """Refuse, before anything runs, settings this user cannot make: the error names the sudoers line."""
+    missing = missing_power_rights(tools_needed(power_mode, lock_clocks))
+    if not missing:
+        return
+    asked = " and ".join(flag for flag, on in (("--power-mode", power_mode is not None),
+                                                ("--lock-clocks", lock_clocks)) if on)
+    no_sudo = shutil.which("sudo") is None
+    raise JetsonError(f"{asked} need root rights for {', '.join(missing)}, and {getpass.getuser()} may not run "
+                      + ("them: sudo is not installed" if no_sudo else "them through `sudo -n` (no password)"),
+                      expected="root rights for exactly these tools, through a sudoers rule (the runner itself "
+                               "never runs as root)",
+                      fix=(("install sudo, then " if no_sudo else "") + f"add this line with `sudo visudo -f "
+                           f"{SUDOERS_FILE}`: {sudoers_line()}   (or leave out {asked})"))
+
+
+def check_not_under_sudo() -> None:
+    """Refuse a runner started with ``sudo``: HOME moves (the engine cache is rebuilt, a ``pip install
+    --user`` binding vanishes) and results/ would be left owned by root."""
+    user = os.environ.get("SUDO_USER")
+    if is_root() and user and user != "root":
+        raise JetsonError(f"the runner was started with sudo (by {user})",
+                          expected="the runner run as the login user; only nvpmodel and jetson_clocks need root, "
+                                   "and the runner calls them through `sudo -n`",
+                          fix=f"run it without sudo, after adding this line with `sudo visudo -f {SUDOERS_FILE}`: "
+                              f"{sudoers_line(user)}")
 
 
 def query_power_mode() -> PowerMode:
@@ -130,7 +215,7 @@ def query_power_mode() -> PowerMode:
 def set_power_mode(mode: PowerMode) -> None:
     """Switch to ``mode`` (``nvpmodel -m ID``) and check that it took: a mode that needs a reboot
     asks for one, reads no answer and stays where it was."""
-    said = run_tool(["nvpmodel", "-m", str(mode.id)])
+    said = run_tool(as_root(["nvpmodel", "-m", str(mode.id)]))
     now = query_power_mode()
     if now.id != mode.id:
         raise JetsonError(f"power mode {mode.name} (id {mode.id}) did not take effect; still {now.name} "
@@ -166,6 +251,7 @@ class DeviceSettings:
         self._saved_handlers: dict[int, object] = {}
 
     def __enter__(self) -> SettingsRecord:
+        check_power_rights(self.power_mode, self.lock_clocks)
         if self.power_mode is not None:
             self._target = resolve_power_mode(self.power_mode, read_power_modes(self.conf), where=str(self.conf))
             self._original = query_power_mode()
@@ -173,12 +259,12 @@ class DeviceSettings:
         try:
             if self.lock_clocks:
                 self._store_dir = Path(tempfile.mkdtemp(prefix="jetson-clocks-"))
-                run_tool(["jetson_clocks", "--store", str(self._store_file)])
+                run_tool(as_root(["jetson_clocks", "--store", str(self._store_file)]))
             if self._target is not None and self._original is not None and self._target.id != self._original.id:
                 self._mode_changed = True
                 set_power_mode(self._target)
             if self.lock_clocks:
-                run_tool(["jetson_clocks"])
+                run_tool(as_root(["jetson_clocks"]))
         except BaseException:
             self._put_back(raising=False)
             raise
@@ -194,25 +280,25 @@ class DeviceSettings:
         return self._store_dir / "l4t_dfs.conf"
 
     def _put_back(self, *, raising: bool) -> None:
-        """The original mode, then the stored clocks (stored under that mode), with Ctrl-C and the
-        handled signals ignored meanwhile; a failure is raised only if nothing else is."""
+        """Undo in the reverse order of setting up: the stored clocks, then the original mode, with Ctrl-C
+        and the handled signals ignored meanwhile; a failure is raised only if nothing else is."""
         self._ignore_signals()
         failures: list[JetsonError] = []
         try:
+            if self._store_dir is not None:
+                try:
+                    if self._store_file.exists():
+                        run_tool(as_root(["jetson_clocks", "--restore", str(self._store_file)]))
+                except JetsonError as e:
+                    failures.append(e)
+                shutil.rmtree(self._store_dir, ignore_errors=True)
+                self._store_dir = None
             if self._mode_changed and self._original is not None:
                 try:
                     set_power_mode(self._original)
                     self._mode_changed = False
                 except JetsonError as e:
                     failures.append(e)
-            if self._store_dir is not None:
-                try:
-                    if self._store_file.exists():
-                        run_tool(["jetson_clocks", "--restore", str(self._store_file)])
-                except JetsonError as e:
-                    failures.append(e)
-                shutil.rmtree(self._store_dir, ignore_errors=True)
-                self._store_dir = None
         finally:
             self._restore_handlers()
         for failure in failures:

@@ -16,18 +16,21 @@ clock, ``warmup``, ``seconds``, ``weight_bytes``, ``peak_rss_mb``, ``clock``) an
 ``bundle_sha256``, ``config`` and ``config_key`` (what was asked: backend, protocol, power
 settings), ``partial`` (true when the benchmark stopped early: then ``error`` says why and
 ``latency`` covers what was measured, or is null), ``power`` (jetson.energy's PowerSummary:
-energy per inference total and above idle, per rail, peak RAM and temperatures, plus
+energy per call (per batch) and per image, total and above idle, per rail, whether enough tegrastats
+samples stand behind it (``reliable``), peak RAM and temperatures, plus
 ``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
 ``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
 ``python``, TensorRT's Python API, or ``trtexec``, with its argv and version); ONNX Runtime adds
 ``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
+``accuracy``: the accuracy gate's verdict (jetson.accuracy_gate: ``status`` pass | wrong, the figures, the
+failures), null when the bundle carries no gate; a wrong variant still exits 0: its verdict is the news.
 
 ``run.json`` holds ``bundle_sha256``, ``backend``, ``config``, ``device`` (jetson.device's record
 with the power mode read from ``nvpmodel -q``), ``settings`` (the power mode set and the clocks
 locked, if asked), ``variants`` (per id: ``status`` done | cached | failed | interrupted, ``result``
-file, ``error``), ``partial``, ``exit_code``, ``started`` and ``finished``.
+file, ``error``, ``accuracy`` pass | wrong | null), ``partial``, ``exit_code``, ``started`` and ``finished``.
 
 Re-running continues: a variant whose result file holds the same bundle sha256 and config key and
 is not partial is not recomputed (``status: cached``); ``--force`` recomputes everything.
@@ -49,18 +52,25 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
+from jetson.accuracy_gate import check_accuracy
 from jetson.bundle import Bundle, Protocol, Variant, read_bundle, verify_bundle
 from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
-from jetson.power import NVPMODEL_CONF, DeviceSettings, Interrupted, query_power_mode
+from jetson.interrupt import Interruptions
+from jetson.power import (
+    NVPMODEL_CONF,
+    DeviceSettings,
+    Interrupted,
+    check_not_under_sudo,
+    check_power_rights,
+    query_power_mode,
+)
 from jetson.stats import latency_stats
 
 RUN_FORMAT, RESULT_FORMAT, FORMAT_VERSION = "edge-jetson-run", "edge-jetson-result", 1
@@ -78,6 +88,7 @@ class RunOptions:
     out: Path | None = None
     backend: str = "tensorrt"
     warmup: int | None = None
+    warmup_s: float | None = None
     iterations: int | None = None
     duration_s: float | None = None
     cuda_graph: bool | None = None
@@ -108,35 +119,80 @@ class RunOptions:
             raise JetsonError(f"--energy {self.energy!r}", expected=f"one of {', '.join(ENERGY)}")
 
     def protocol(self, bundle: Bundle) -> Protocol:
-        """The bundle's protocol with this run's overrides (--iterations without --duration drops the duration)."""
+        """The bundle's protocol with this run's overrides: --duration or --iterations is the whole timed window
+        (--iterations without --duration drops the durations, the energy one too)."""
         base = bundle.protocol
         overrides: dict[str, Any] = {k: v for k, v in (("warmup", self.warmup), ("iterations", self.iterations),
-                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s))
+                                                        ("cuda_graph", self.cuda_graph), ("idle_s", self.idle_s),
+                                                        ("warmup_s", self.warmup_s))
                                      if v is not None}
         if self.duration_s is not None or self.iterations is not None:
             overrides["duration_s"] = self.duration_s
+            overrides["energy_duration_s"] = None
         if self.duration_s is not None and self.iterations is None:
             overrides["iterations"] = 1
         return replace(base, **overrides)
 
 
 class RunLog:
-    """Lines to stderr and to ``logs/run.log``, each with the time since the run started."""
+    """Lines to ``logs/run.log`` and to stderr, each with the time since the run started.
+
+    The file comes first and never depends on the terminal: when the SSH session that started the runner
+    drops, sshd sends no SIGHUP unless it gave a pty, and the next write to stderr raises BrokenPipeError.
+    Then the run goes on with the file only, and the broken stream's descriptor is pointed at /dev/null
+    (:func:`detach_broken_stream`), so nothing else in the process (a print, TensorRT's std::cerr, Python's
+    flush at exit) meets the broken pipe.
+    """
 
     def __init__(self, path: Path, stream: TextIO | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a")
-        self.stream = stream or sys.stderr
+        self.stream: TextIO | None = stream or sys.stderr
         self.start = time.monotonic()
 
     def __call__(self, message: str) -> None:
         line = f"[{time.monotonic() - self.start:8.1f} s] {message}"
-        print(line, file=self.stream, flush=True)
         self.file.write(line + "\n")
         self.file.flush()
+        self._show(line)
+
+    def _show(self, line: str) -> None:
+        if self.stream is None:
+            return
+        try:
+            print(line, file=self.stream, flush=True)
+        except (OSError, ValueError) as e:  # BrokenPipeError, EIO; ValueError: the stream was closed
+            detach_broken_stream(self.stream)
+            self.stream = None
+            self.file.write(f"[{time.monotonic() - self.start:8.1f} s] the terminal is gone ({type(e).__name__}: "
+                            f"{e}): the run goes on, its lines only in this file\n")
+            self.file.flush()
 
     def close(self) -> None:
         self.file.close()
+
+
+def detach_broken_stream(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (its buffered text then flushes there); nothing for a
+    stream without one."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """``text`` on ``stream`` (stderr), or nowhere when the terminal is gone (a broken pipe is not an error)."""
+    stream = stream or sys.stderr
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        detach_broken_stream(stream)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -157,27 +213,12 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a dropped SSH session) raise Interrupted for the whole run, as Ctrl-C raises
-    KeyboardInterrupt, so partial results are written and the device is put back."""
-    saved = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-
-
 @dataclass
 class Measurement:
     """What a benchmark measured so far: kept by the caller, so an interrupted one still reports."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    warmup_calls: int = 0
     warmup_seconds: float = 0.0
     seconds: float = 0.0
     power: dict | None = None
@@ -198,6 +239,8 @@ class Runner:
         self.trtexec: tuple[str, tuple[int, ...]] | None = None  # the binary and its version (--builder trtexec)
         self.device: dict = {}
         self.summary: dict = {}
+        self.interruptions = Interruptions()  # Ctrl-C, SIGTERM, SIGHUP: raised, or noted during TensorRT calls
+        self.bindings_skipped: list[str] = []
 
     def log(self, message: str) -> None:
         if self.logger is not None:
@@ -205,6 +248,8 @@ class Runner:
 
     # what the run needs, checked before anything runs
     def prepare(self) -> None:
+        check_not_under_sudo()
+        check_power_rights(self.options.power_mode, self.options.lock_clocks)
         verify_bundle(self.bundle)
         count = len(self.bundle.variants)
         self.log(f"bundle {self.bundle.root}: {count} variant{'s' * (count != 1)}, sha256 {self.bundle.sha256[:16]}, "
@@ -223,7 +268,7 @@ class Runner:
             except JetsonError as e:
                 raise JetsonError(e.what, expected=e.expected, found=e.found,
                                   fix=f"{e.fix}; or run the same protocol on ONNX Runtime: --backend ort") from e
-            self.cudart = load_cuda_runtime(self.options.cuda)
+            self.cudart = load_cuda_runtime(self.options.cuda, log=self._binding_skipped)
             from jetson.trt_log import TensorRTLog
 
             self.trt_log = TensorRTLog(load_tensorrt(), self.log)
@@ -232,7 +277,14 @@ class Runner:
         from jetson.device import device_record
 
         self.device = device_record(self.cudart, self.trt_version)
+        if self.options.backend == "tensorrt":
+            self.device["cuda_bindings_skipped"] = self.bindings_skipped
         self.device["power_mode"] = self._power_mode()
+
+    def _binding_skipped(self, why: str) -> None:
+        """A CUDA binding before the one used did not answer (jetson.cuda.load_cuda_runtime): logged and recorded."""
+        self.bindings_skipped.append(why)
+        self.log(why)
 
     def _find_trtexec(self, trt_version: str) -> tuple[str, tuple[int, ...]]:
         """trtexec (--trtexec, PATH, JetPack's) and its version, which must be the Python TensorRT's: an
@@ -312,20 +364,23 @@ class Runner:
                         "settings": None, "config": None, "config_key": None, "variants": {}, "partial": True,
                         "exit_code": None}
         try:
-            with _signals_interrupt():
+            with self.interruptions.handling():
                 self.prepare()
                 self.summary.update(device=self.device, config=self.config(), config_key=self.config_key())
                 self.log(f"device: {self.device.get('device_model') or self.device.get('machine')}, L4T "
                          f"{self.device.get('l4t')}, TensorRT {self.trt_version}, power mode "
                          f"{self.device['power_mode'].get('name')}; backend {self.options.backend}")
+                if self.device.get("device_model_note"):
+                    self.log(f"note: {self.device['device_model_note']}")
                 with DeviceSettings(self.options.power_mode, self.options.lock_clocks,
                                     conf=self.options.nvpmodel_conf) as settings:
                     self.summary["settings"] = {
                         "original_mode": settings.original_mode and asdict(settings.original_mode),
                         "power_mode": settings.power_mode and asdict(settings.power_mode),
                         "clocks_locked": settings.clocks_locked}
-                    for variant in self.selected():
-                        self.run_variant(variant)
+                    with self.interruptions.handling():  # over DeviceSettings' own handlers, which only raise
+                        for variant in self.selected():
+                            self.run_variant(variant)
             failed = any(v["status"] == "failed" for v in self.summary["variants"].values())
             return self.finish(EXIT_FAILED if failed else EXIT_OK, partial=failed)
         except Interrupted as e:
@@ -364,16 +419,21 @@ class Runner:
             self.trt_log.open(self.log_path(variant, "trt"))
         try:
             backend, engine = self.make_backend(variant)
-            self.log(f"{variant.id}: benchmarking ({self.protocol.warmup} warm-up, {self.protocol.iterations} "
-                     f"iterations" + (f", at least {self.protocol.duration_s:g} s" if self.protocol.duration_s else "")
-                     + ")")
+            accuracy = check_accuracy(backend, self.bundle, variant, self.log)  # jetson.accuracy_gate
+            timed_s = self.protocol.timed_s(self.energy_on())
+            self.log(f"{variant.id}: benchmarking (warm-up {self.protocol.warmup} calls and "
+                     f"{self.protocol.warmup_s or 0:g} s, then {self.protocol.iterations} calls"
+                     + (f" and at least {timed_s:g} s" if timed_s else "") + ")")
             self.benchmark(backend, variant, measured)
             result = self.result(variant, backend, measured, engine, partial=False)
+            result["accuracy"], entry["accuracy"] = accuracy, accuracy and accuracy["status"]
             entry["status"] = "done"
             self.log(f"{variant.id}: median {result['latency']['median_ms']:.3f} ms, p99 "
                      f"{result['latency']['p99_ms']:.3f} ms over {result['latency']['iterations']} iterations"
-                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_inference_mj']:.2f} "
-                        f"mJ per inference" if result["power"] and result["power"]["total_rail"] else ""))
+                     + (f", {result['power']['rails'][result['power']['total_rail']]['energy_per_image_mj']:.2f} "
+                        f"mJ per image" if result["power"] and result["power"]["total_rail"] else ""))
+            if result["power"] and not result["power"]["reliable"]:
+                self.log(f"{variant.id}: energy unreliable: {result['power']['unreliable']}")
             write_json(self.result_path(variant), result)
         except JetsonError as e:
             self.log(f"{variant.id}: failed: {e}")
@@ -411,16 +471,26 @@ class Runner:
             from jetson.ort_backend import OrtBackend
 
             return OrtBackend(graph, precision=variant.precision, threads=self.options.threads), None
+        engine, facts = self.engine(variant)
+        backend = None
+        try:
+            with self.interruptions.deferred():  # TensorRT logs while it deserialises
+                backend = self._tensorrt_backend(variant, engine, facts)
+        except BaseException:
+            if backend is not None:  # made, then the noted signal raised: release its CUDA objects
+                backend.close()
+            raise
+        return backend, facts
+
+    def _tensorrt_backend(self, variant: Variant, engine: bytes, facts: dict) -> Any:
         from jetson.trt_backend import TensorRTEngineBackend
 
-        engine, facts = self.engine(variant)
         plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
-        backend = TensorRTEngineBackend(engine, self.cudart, label=f"{variant.id} ({facts['path']})",
-                                        plugins=plugins, batch=variant.build.batch,
-                                        cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
-                                        precision=variant.precision, device=self.device.get("gpu"),
-                                        logger=self.trt_log.logger if self.trt_log is not None else None)
-        return backend, facts
+        return TensorRTEngineBackend(
+            engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
+            batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
+            precision=variant.precision, device=self.device.get("gpu"),
+            logger=self.trt_log.logger if self.trt_log is not None else None)
 
     def engine(self, variant: Variant) -> tuple[bytes, dict]:
         """The variant's engine from the device's cache, else built now (by --builder) and cached."""
@@ -455,9 +525,11 @@ class Runner:
                 plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
             facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
         else:
-            engine, facts = build_engine_bytes(graph, variant.build, plugins=plugins, timing_cache=timing_cache,
-                                               log=self.log,
-                                               logger=self.trt_log.logger if self.trt_log is not None else None)
+            with self.interruptions.deferred():  # a signal cancels the build through its progress monitor
+                engine, facts = build_engine_bytes(
+                    graph, variant.build, plugins=plugins, timing_cache=timing_cache, log=self.log,
+                    logger=self.trt_log.logger if self.trt_log is not None else None,
+                    keep_building=lambda: not self.interruptions.noted)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
                                    variant=variant.id, bundle_sha256=self.bundle.sha256)
         path = cache.store(key, engine, manifest)
@@ -485,7 +557,9 @@ class Runner:
             start, end = self._timed(backend, measured)
             sampler.wait_past(end)
             samples = sampler.samples()
-        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle).to_json()
+        batch = int(backend.describe().get("batch") or 1)
+        measured.power = summarize(samples, Window(start, end), len(measured.latencies_ms), idle, batch=batch,
+                                   interval_ms=protocol.tegrastats_interval_ms).to_json()
         measured.power.update(tegrastats_log=str(log_path.relative_to(self.out)), timed_window_s=[start, end],
                               idle_window_s=[idle.start_s, idle.end_s] if idle else None)
 
@@ -493,18 +567,20 @@ class Runner:
         """Warm up, then time; the monotonic start and end of the timed window."""
         protocol = self.protocol
         t0 = time.perf_counter()
-        for _ in range(protocol.warmup):
+        while measured.warmup_calls < protocol.warmup or time.perf_counter() - t0 < (protocol.warmup_s or 0.0):
             backend.infer()
-        measured.warmup_seconds = time.perf_counter() - t0
+            measured.warmup_calls += 1
+            measured.warmup_seconds = time.perf_counter() - t0
+        timed_s = protocol.timed_s(self.energy_on())
         latencies = measured.latencies_ms
         window_start = time.monotonic()
         started = time.perf_counter()
-        while len(latencies) < protocol.iterations or (protocol.duration_s
-                                                       and time.perf_counter() - started < protocol.duration_s):
+        while len(latencies) < protocol.iterations or time.perf_counter() - started < timed_s:
             t = time.perf_counter()
             backend.infer()
             latencies.append((time.perf_counter() - t) * 1000.0)
             measured.seconds = time.perf_counter() - started
+            self.interruptions.check()  # a signal whose exception a TensorRT callback swallowed
         return window_start, time.monotonic()
 
     def result(self, variant: Variant, backend: Any, measured: Measurement, engine: dict | None, *,
@@ -514,12 +590,15 @@ class Runner:
                                                                "precision": variant.precision}
         batch = int(info.get("batch") or 1)
         latencies = measured.latencies_ms
-        extra = backend.report(self.protocol.warmup) if backend is not None and latencies and not partial else {}
+        extra = {}
+        if backend is not None and latencies and not partial:
+            with self.interruptions.deferred():  # the layer profiler's callbacks run in TensorRT's trampolines
+                extra = backend.report(self.protocol.warmup)
         return {
             "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
             "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,
             "latency": latency_stats(latencies, batch) if latencies else None,
-            "warmup": {"iterations": self.protocol.warmup, "seconds": measured.warmup_seconds},
+            "warmup": {"iterations": measured.warmup_calls, "seconds": measured.warmup_seconds},
             "seconds": measured.seconds,
             "weight_bytes": backend.weight_bytes() if backend is not None else None,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -540,7 +619,7 @@ def run(options: RunOptions, log_stream: TextIO | None = None) -> int:
     try:
         runner = Runner(options)
     except JetsonError as e:
-        print(f"jetson run: error: {e}", file=log_stream or sys.stderr)
+        say(f"jetson run: error: {e}", log_stream)
         return EXIT_USAGE
     log = RunLog(runner.out / "logs" / "run.log", log_stream)
     runner.logger = log

@@ -74,7 +74,11 @@ class TensorRTEngineBackend:
         self.device = device
         self.engine_bytes = len(engine)
         self.features = detect_features(trt)
-        self.logger = logger or trt.Logger(trt.Logger.WARNING)
+        if logger is None:
+            from jetson.trt_log import stderr_logger
+
+            logger = stderr_logger()  # never trt.Logger: it prints on stdout
+        self.logger = logger
         self.runtime = trt.Runtime(self.logger)
         self.plugins = self._load_plugins(trt, plugins)
         self.engine = self.runtime.deserialize_cuda_engine(engine)
@@ -82,6 +86,12 @@ class TensorRTEngineBackend:
             raise JetsonError(f"TensorRT could not deserialise {label}", found="see TensorRT's log above",
                               fix="rebuild the engine on this device")
         self.context = self.engine.create_execution_context()
+        if self.context is None:  # TensorRT returns None when it cannot allocate the activations
+            raise JetsonError(f"TensorRT could not create an execution context for {label}",
+                              found=f"see TensorRT's log; the engine needs {self._activation_mib():.0f} MiB of "
+                                    "device memory for its activations",
+                              fix="free device memory (close other programs; tegrastats shows what is used), or "
+                                  "bundle this variant with a smaller batch")
         self.stream = check(cudart.cudaStreamCreate(), "cudaStreamCreate")
         self.start_event = check(cudart.cudaEventCreate(), "cudaEventCreate")
         self.end_event = check(cudart.cudaEventCreate(), "cudaEventCreate")
@@ -100,6 +110,11 @@ class TensorRTEngineBackend:
         except BaseException:
             self.close()
             raise
+
+    def _activation_mib(self) -> float:
+        size = self.engine.device_memory_size_v2 if self.features.device_memory_size_v2 else \
+            self.engine.device_memory_size
+        return int(size) / (1 << 20)
 
     def _load_plugins(self, trt, plugins: list[str] | tuple[str, ...]) -> list[str]:
         """TensorRT's plugins and the libraries the engine was built with, registered before deserialising."""
@@ -178,6 +193,16 @@ class TensorRTEngineBackend:
         check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
         self.gpu_ms.append(float(check(cudart.cudaEventElapsedTime(self.start_event, self.end_event),
                                        "cudaEventElapsedTime")))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference on ``feeds`` (the accuracy gate's images, each of its input's shape), enqueued directly
+        (never timed, never the CUDA graph): the outputs by name. The inputs stay in the buffers afterwards."""
+        from jetson.accuracy_gate import copy_inputs, read_outputs
+
+        copy_inputs(self, feeds)
+        self._enqueue()
+        check(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+        return read_outputs(self)
 
     def device_memory(self) -> dict:
         engine = self.engine

@@ -5,10 +5,16 @@ summarised on the runner's log (the first few as they come, then a count naming 
 TensorRT keeps the first logger a process gives it for its global messages, and holds a raw pointer
 to it: so a run has one logger (:class:`TensorRTLog`), made once and kept alive for the whole run,
 whose file is switched per variant (:meth:`TensorRTLog.open` / :meth:`TensorRTLog.close`).
+
+Never ``trt.Logger``: it is pyCore's ``DefaultLogger`` (python/src/infer/pyCore.cpp, 10.3 to 11.1), which
+writes to ``std::cout``, so a TensorRT warning would land on stdout before the JSON of ``edge build
+--json`` or ``edge profile --json``. Where no TensorRTLog is given, :func:`stderr_logger` prints the
+same lines on stderr.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +38,24 @@ def _make_logger(sink: Callable[[str, str, int], None]) -> tensorrt.ILogger:
             sink(severity.name, str(msg), int(severity))
 
     return Logger()
+
+
+#: the letter pyCore's DefaultLogger prints per severity
+SEVERITY_LETTERS = {"INTERNAL_ERROR": "F", "ERROR": "E", "WARNING": "W", "INFO": "I", "VERBOSE": "V"}
+
+
+def stderr_logger(verbose: bool = False) -> tensorrt.ILogger:
+    """A TensorRT logger printing warnings and errors (everything when ``verbose``) on stderr as
+    ``[TRT] [W] message``: what ``trt.Logger`` prints, on stderr instead of stdout."""
+    import tensorrt as trt
+
+    worst_shown = int(trt.ILogger.VERBOSE if verbose else trt.ILogger.WARNING)
+
+    def show(severity: str, message: str, level: int) -> None:
+        if level <= worst_shown:
+            print(f"[TRT] [{SEVERITY_LETTERS.get(severity, '?')}] {message}", file=sys.stderr, flush=True)
+
+    return _make_logger(show)
 
 
 class TensorRTLog:

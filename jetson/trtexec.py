@@ -1,6 +1,6 @@
 """Engines built by NVIDIA's ``trtexec`` (``python3 -m jetson run --builder trtexec``) from a bundle's
 build config, for the TensorRT version trtexec itself reports; shared with ``edge build --trtexec``
-(edge.trt.trtexec), which imports the version logic from here.
+(edge.trt.trtexec_command), which imports the version logic from here.
 
 Which flags exist depends on trtexec's version (``samples/common/sampleOptions.cpp`` of each
 release): ``--tilingOptimizationLevel`` from 10.8 (10.3 stops with "Unknown option"); 11 dropped
@@ -133,6 +133,8 @@ def build_argv(binary: str, graph: Path, engine: Path, spec: BuildSpec, version:
         else:
             notes["--tilingOptimizationLevel"] = (f"exists from TensorRT 10.8; trtexec {release} stops on it "
                                                   "(\"Unknown option\")")
+    if not spec.tf32:
+        argv.append("--noTF32")
     if timing_cache is not None:
         argv.append(f"--timingCacheFile={timing_cache}")
     argv += [f"--staticPlugins={p}" for p in plugins]

@@ -28,6 +28,11 @@ if [ ! -x /usr/sbin/sshd ]; then  # the deploy tests start a real sshd on 127.0.
   apt_install openssh-server || echo "setup: continuing without sshd; the deploy tests will be skipped" >&2
 fi
 
+if [ ! -x /usr/bin/sudo ]; then  # the loopback device's non-root user sets power modes through `sudo -n`
+  echo "setup: installing sudo" >&2
+  apt_install sudo || echo "setup: continuing without sudo; the deploy tests will be skipped" >&2
+fi
+
 if ! "$PYTHON" -c "import venv, ensurepip" 2>/dev/null; then
   echo "setup: installing python3-venv" >&2
   apt_install python3-venv python3-pip

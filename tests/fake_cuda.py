@@ -1,5 +1,10 @@
 """FakeCudaRuntime: a stand-in for cuda-python's ``cuda.bindings.runtime``, for unit tests of the TensorRT code.
 
+Mirrors cuda-python 12.9 (``cuda-bindings`` 12.9.x, ``cuda/bindings/runtime.pyx``), the 12.x line JetPack 6
+needs: the names, parameter counts and enum values of every call edge makes, and its answers without a
+driver (``cudaGetDeviceCount`` -> ``(cudaErrorInsufficientDriver, None)``). tests/jetson/test_fakes_surface.py
+checks that against the real module wherever cuda-python is installed.
+
 NOT CUDA. It runs no kernel and its clock is made up; it mimics the calls edge makes, with
 cuda-python's conventions (every call returns a tuple whose first item is a ``cudaError_t``;
 handles are integers), so the execution lines of the builder, the calibrator and the TensorRT
@@ -59,6 +64,8 @@ class FakeCudaRuntime:
 
     def __init__(self, props: dict | None = None, runtime: int = 12060, local_runtime: int | None = 12060,
                  driver: int = 12060) -> None:
+        """``runtime`` above ``driver`` in its major version is a cuda-python too new for the driver (13.x on
+        JetPack 6): it imports, and every call that needs the driver fails with cudaErrorInsufficientDriver."""
         props = {**ORIN_NANO, **(props or {})}
         self.props = types.SimpleNamespace(**{**props, "name": props["name"].encode()})
         self.runtime, self.local_runtime, self.driver = runtime, local_runtime, driver
@@ -72,8 +79,13 @@ class FakeCudaRuntime:
         self.copies: list[tuple[str, int]] = []  # (kind, bytes)
         self.launches = 0
 
+    def _too_new_for_the_driver(self) -> bool:
+        return self.runtime // 1000 > self.driver // 1000
+
     # identity
     def cudaGetDeviceProperties(self, device: int):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         return (OK, self.props) if device == 0 else (cudaError_t.cudaErrorInvalidValue, None)
 
     def cudaRuntimeGetVersion(self):
@@ -82,6 +94,11 @@ class FakeCudaRuntime:
     def cudaDriverGetVersion(self):
         return OK, self.driver
 
+    def cudaGetDeviceCount(self):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None  # as cuda-python 12.9 answers without a driver
+        return OK, 1
+
     def getLocalRuntimeVersion(self):
         if self.local_runtime is None:  # no libcudart on the library path
             raise RuntimeError("Failed to dlopen libcudart.so.12")
@@ -89,6 +106,8 @@ class FakeCudaRuntime:
 
     # memory
     def cudaMalloc(self, nbytes: int):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         pointer = next(self.handles)
         self.memory[pointer] = bytearray(int(nbytes))
         return OK, pointer
@@ -122,6 +141,8 @@ class FakeCudaRuntime:
 
     # streams and work
     def cudaStreamCreate(self):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         stream = next(self.handles)
         self.streams[stream] = None
         return OK, stream
@@ -150,6 +171,8 @@ class FakeCudaRuntime:
 
     # events
     def cudaEventCreate(self):
+        if self._too_new_for_the_driver():
+            return cudaError_t.cudaErrorInsufficientDriver, None
         event = next(self.handles)
         self.events[event] = None
         return OK, event

@@ -2,7 +2,23 @@
 
 NOT TensorRT. It builds nothing and measures nothing: it mimics the Python API surface that
 edge uses (names and signatures as in tensorrt-stubs 10.13) and records what it was asked, so
-tests can check the calls edge makes. Two feature sets, each as the real release has it:
+tests can check the calls edge makes. Where it mirrors behaviour, the source is TensorRT's Python
+bindings, ``python/src/infer/pyCore.cpp`` at v10.3.0 (the same code at v10.13.0 and v11.1):
+
+* ``trt.Logger`` is pyCore's ``DefaultLogger``: it prints ``[MM/DD/YYYY-HH:MM:SS] [TRT] [W] msg`` on
+  **stdout** (``std::cout``) for messages at or above its severity;
+* the trampolines ``PyLogger::log``, ``PyProfiler::reportLayerTime`` and ``PyProgressMonitor::phaseStart/
+  stepComplete/phaseFinish`` catch every exception a Python callback raises (KeyboardInterrupt too),
+  print ``[ERROR] Exception caught in log(): ...`` on stderr and go on; ``stepComplete`` then returns
+  False, and a False from ``step_complete`` cancels the build (``build_serialized_network`` -> None);
+* ``build_serialized_network`` releases the GIL (``py::gil_scoped_release``): while it runs, Python runs
+  only inside those callbacks, so a signal's Python handler runs there and what it raises is swallowed.
+  The fake blocks SIGINT, SIGTERM and SIGHUP for the calling thread while it "builds" and unblocks them
+  only around each callback (``build_seconds`` makes the build last that long in steps);
+* ``create_timing_cache`` returns None for bytes it cannot read (a cache from another TensorRT: "Magic tag
+  does not match"), ``create_execution_context`` returns None when it cannot allocate (``fail_contexts``).
+
+Two feature sets, each as the real release has it:
 
 * ``"10.3"``: strongly typed networks on request (``STRONGLY_TYPED`` = 1), precision builder
   flags (FP16/INT8/...), the INT8 calibrator classes and the calibration profile, no tiling
@@ -18,13 +34,23 @@ batches a legacy calibrator hands over. Plugins: TensorRT's own (``init_libnvinf
 libraries loaded into the plugin registry are per module, as they are per process, and an engine
 that used them does not deserialise in a fresh module that lacks them.
 
-The "engine" it serialises is JSON describing the request, prefixed ``FAKE-ENGINE``.
+The "engine" it serialises is JSON describing the request, prefixed ``FAKE-ENGINE``. Its outputs: an
+enqueue (not a CUDA graph replay) runs the parsed ONNX file in ONNX Runtime on the input buffers and writes
+the output buffers, so the accuracy gate sees what a correct engine computes. ``FAKE_TENSORRT_WRONG_OUTPUTS``
+(comma-separated variant ids ``NAME.PRECISION``, matched against the parsed file ``.../NAME/PRECISION.onnx``)
+makes those engines write their outputs negated: the top-1 becomes the reference's lowest score.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import time
 import types
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -70,26 +96,81 @@ _DTYPES = {"FLOAT": ("FLOAT", np.float32), "FLOAT16": ("HALF", np.float16), "INT
            "INT32": ("INT32", np.int32), "INT64": ("INT64", np.int64), "BOOL": ("BOOL", np.bool_)}
 #: the fake's layers and what each "takes" per inference on the fake GPU clock
 FAKE_LAYERS = {"fake gemm": 0.75, "fake norm": 0.25}
+WRONG_OUTPUTS = "FAKE_TENSORRT_WRONG_OUTPUTS"  # variant ids whose engines compute wrong outputs (docstring)
+
+
+def _graph_session(graph: str | None):
+    """ONNX Runtime on the engine's ONNX file; None without one, or when ONNX Runtime cannot load it (a
+    plugin op): such an engine leaves its output buffers as they are."""
+    if not graph or not Path(graph).is_file():
+        return None
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - ONNX Runtime raises its own types, all meaning "cannot load"
+        return None
+
+
+def _wrong(graph: str) -> bool:
+    path = Path(graph)
+    return f"{path.parent.name}.{path.stem}" in os.environ.get(WRONG_OUTPUTS, "").split(",")
+
+
+#: module attributes that only the fake has: what it records for the tests
+FAKE_RECORDS = ("FAKE", "calls", "cuda", "plugin_libraries", "builtin_plugins", "contexts")
+#: the signals a native call holds back from Python until a callback runs (see the module docstring)
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+BUILD_STEP_S = 0.05  # one step of a slow fake build
+
+
+@contextmanager
+def _native_call():
+    """The calling thread inside C++ with the GIL released: signals wait (blocked) until Python runs."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _callback(name: str, method, *args, on_exception=None):
+    """pyCore's trampoline for a Python callback: a held signal is delivered now (``pthread_sigmask`` runs
+    the pending Python handlers before it returns), and any exception is printed and dropped."""
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+        try:
+            return method(*args)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # blocked again inside a native call only
+    except BaseException as e:  # noqa: BLE001 - pyCore's catch (...): that is the behaviour mirrored
+        print(f"[ERROR] Exception caught in {name}(): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return on_exception
 
 
 def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ...] = (),
                        fail_build: bool = False, plugin_layers: tuple[str, ...] = (),
-                       cuda: FakeCudaRuntime | None = None) -> types.ModuleType:
+                       cuda: FakeCudaRuntime | None = None, build_seconds: float = 0.0,
+                       fail_contexts: int = 0) -> types.ModuleType:
     """A FakeTensorRT module of the given feature set.
 
     ``unsupported_ops`` make the parser fail on them; ``plugin_layers`` are ops the parser imports
     as TensorRT's own plugins (they need ``init_libnvinfer_plugins`` at build and at load time);
-    ``cuda`` is the FakeCudaRuntime the engine runs on and calibration reads from (``m.cuda``).
+    ``cuda`` is the FakeCudaRuntime the engine runs on and calibration reads from (``m.cuda``);
+    ``build_seconds``: each build takes that long, in steps of :data:`BUILD_STEP_S` reported to the
+    progress monitor and the logger; ``fail_contexts``: the first that many ``create_execution_context``
+    calls return None (out of device memory).
     """
     legacy = feature_set.startswith("10.")
     version = {"10.3": "10.3.0.30", "11.0": "11.0.0.114"}[feature_set]
     m = types.ModuleType("tensorrt")
     m.__version__ = version
     m.FAKE = True
-    m.calls = []  # every notable call, for the tests
+    m.calls = []  # every notable call, for the tests (FAKE_RECORDS: the fake's own module attributes)
     m.cuda = cuda or FakeCudaRuntime()
     m.plugin_libraries = []  # the process-wide plugin registry
     m.builtin_plugins = False  # init_libnvinfer_plugins was called
+    m.contexts = 0  # create_execution_context calls
     flag_names = ["DEBUG", "GPU_FALLBACK", "REFIT", "DISABLE_TIMING_CACHE", "TF32", "SPARSE_WEIGHTS", "DIRECT_IO"]
     if legacy:
         flag_names += ["FP16", "BF16", "INT8", "FP8", "OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS"]
@@ -136,12 +217,19 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             pass
 
     class Logger(ILogger):
-        def __init__(self, severity=ILogger.WARNING) -> None:
-            self.severity = severity
+        """pyCore's DefaultLogger: messages at ``min_severity`` or worse on stdout (std::cout)."""
+
+        def __init__(self, min_severity=ILogger.WARNING) -> None:
+            self.min_severity = min_severity
+
+        def log(self, severity, msg: str) -> None:
+            if int(severity) <= int(self.min_severity):
+                stamp = time.strftime("%m/%d/%Y-%H:%M:%S")
+                print(f"[{stamp}] [TRT] [{'FEWIV'[int(severity)]}] {msg}", file=sys.stdout, flush=True)
 
     def _log(logger, severity: str, message: str) -> None:
         if isinstance(logger, ILogger):
-            logger.log(getattr(ILogger.Severity, severity), message)
+            _callback("log", logger.log, getattr(ILogger.Severity, severity), message)
 
     class ParserError:
         def __init__(self, index: int, name: str, op: str, desc: str) -> None:
@@ -214,6 +302,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.network.outputs = [_tensor(v) for v in proto.graph.output]
             self.network.precision = next((p.value for p in proto.metadata_props if p.key == "edge.precision"),
                                           "float32")
+            self.network.graph = path
             return True
 
         num_errors = property(lambda self: len(self.errors))
@@ -242,10 +331,12 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
 
     class IBuilderConfig:
         builder_optimization_level = 3  # a class-level property in the real bindings (feature-detected so)
+        _logger = None  # the builder's (the fake logs through it)
 
         def __init__(self) -> None:
             self.pools: dict = {}
             self.flags: list[str] = []
+            self.cleared_flags: list[str] = []
             self.profiling_verbosity = None
             self.profiles: list[IOptimizationProfile] = []
             self.timing_cache: ITimingCache | None = None
@@ -262,14 +353,28 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def set_flag(self, flag) -> None:
             self.flags.append(repr(flag))
 
+        def clear_flag(self, flag) -> None:  # pyCore: IBuilderConfig.clear_flag (TF32 is set by default)
+            self.cleared_flags.append(repr(flag))
+
         def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
             self.profiles.append(profile)
             return len(self.profiles) - 1
 
-        def create_timing_cache(self, data: bytes) -> ITimingCache:
+        def create_timing_cache(self, data: bytes) -> ITimingCache | None:
+            if data and not bytes(data).startswith(b"FAKE-CACHE:"):
+                _log(self._logger, "ERROR", "[timingCache.cpp::load] Error Code 1: Internal Error (Magic tag does not "
+                                           "match)")
+                return None
+            if data and not bytes(data).startswith(f"FAKE-CACHE:{version}:".encode()):
+                _log(self._logger, "ERROR", "Error Code 1: Internal Error (the timing cache was made by another "
+                                           "TensorRT version)")
+                return None
             return ITimingCache(data)
 
         def set_timing_cache(self, cache: ITimingCache, ignore_mismatch: bool) -> bool:
+            if not isinstance(cache, ITimingCache):  # pybind11 refuses None for a reference argument
+                raise TypeError("set_timing_cache(): incompatible function arguments. The following argument "
+                                "types are supported: (self, cache: tensorrt.ITimingCache, ignore_mismatch: bool)")
             if cache.data and not cache.data.startswith(f"FAKE-CACHE:{version}:".encode()):
                 return False
             self.timing_cache = cache
@@ -331,13 +436,34 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             return INetworkDefinition(flags)
 
         def create_builder_config(self) -> IBuilderConfig:
-            return IBuilderConfig()
+            config = IBuilderConfig()
+            config._logger = self.logger
+            return config
 
         def create_optimization_profile(self) -> IOptimizationProfile:
             return IOptimizationProfile()
 
         def get_plugin_registry(self):
             return registry
+
+        def _steps(self, config: IBuilderConfig) -> bool:
+            """The build's steps (``build_seconds`` long), reported as TensorRT reports them; False: cancelled."""
+            monitor = config.progress_monitor
+            steps = max(1, round(build_seconds / BUILD_STEP_S))
+            if monitor is not None:
+                _callback("phase_start", monitor.phase_start, "Building engine", None, steps)
+            try:
+                for step in range(steps):
+                    with _native_call():
+                        time.sleep(build_seconds / steps)
+                    _log(self.logger, "VERBOSE", f"[fake] tactic step {step + 1} of {steps}")
+                    if monitor is not None and not _callback("step_complete", monitor.step_complete,
+                                                             "Building engine", step, on_exception=False):
+                        return False
+                return True
+            finally:
+                if monitor is not None:
+                    _callback("phase_finish", monitor.phase_finish, "Building engine")
 
         def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig):
             m.calls.append(("build",))
@@ -354,15 +480,19 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                 calibration = _calibrate(network, config)
                 if calibration is None:
                     return None
+            if not self._steps(config):
+                m.calls.append(("build cancelled",))
+                _log(self.logger, "ERROR", "[fake] the build was cancelled (step_complete returned False)")
+                return None
+            _log(self.logger, "WARNING", "[fake] a warning while building, as TensorRT often gives one")
             if config.timing_cache is not None:
                 config.timing_cache.entries += 5  # "timed" some tactics
-            if config.progress_monitor is not None:
-                config.progress_monitor.phase_start("Building engine", None, 3)
-                config.progress_monitor.phase_finish("Building engine")
             io = [{"name": t.name, "mode": mode, "shape": list(t.shape.values), "dtype": t.dtype.name}
                   for mode, tensors in (("INPUT", network.inputs), ("OUTPUT", network.outputs)) for t in tensors]
             request = {"flags": network.flags, "precision": getattr(network, "precision", None),
+                       "graph": getattr(network, "graph", None),
                        "pools": config.pools, "builder_flags": config.flags,
+                       "cleared_flags": config.cleared_flags,
                        "optimization_level": config.builder_optimization_level,
                        "profiles": [p.shapes for p in config.profiles],
                        "calibrator": type(config.int8_calibrator).__name__
@@ -382,7 +512,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             self.profiler = None
 
         def set_input_shape(self, name: str, shape) -> bool:
-            low, _, high = self.engine.profile_of(name)
+            low, _, high = self.engine._profile_of(name)
             if not all(lo <= int(d) <= hi for lo, d, hi in zip(low, shape, high, strict=True)):
                 return False
             self.input_shapes[name] = [int(d) for d in shape]
@@ -410,17 +540,47 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                 return False
             if self.profiler is not None:
                 for layer, ms in FAKE_LAYERS.items():
-                    self.profiler.report_layer_time(layer, ms)
+                    _callback("report_layer_time", self.profiler.report_layer_time, layer, ms)
+            self._compute()
             return True
+
+        def _buffer(self, name: str) -> tuple[int, list[int], np.dtype]:
+            tensor = self.engine.tensors[name]
+            shape = self.input_shapes.get(name) or self.get_tensor_shape(name).values
+            return self.addresses[name], list(shape), np.dtype(numpy_types[tensor["dtype"]])
+
+        def _compute(self) -> None:
+            """The graph's outputs from the input buffers into the output buffers (module docstring)."""
+            session = self.engine._ort_session()
+            if session is None:
+                return
+            feeds = {}
+            for i in session.get_inputs():
+                address, shape, dtype = self._buffer(i.name)
+                feeds[i.name] = np.frombuffer(m.cuda.read(address, int(np.prod(shape)) * dtype.itemsize),
+                                              dtype).reshape(shape)
+            wrong = _wrong(self.engine.request["graph"])
+            for o, value in zip(session.get_outputs(), session.run(None, feeds), strict=True):
+                address, shape, dtype = self._buffer(o.name)
+                data = (-value if wrong else value).astype(dtype).tobytes()
+                m.cuda.memory[address][:len(data)] = data
 
     class ICudaEngine:
         device_memory_size = 1 << 20
+        _logger = None  # the runtime's (the fake logs through it)
         device_memory_size_v2 = 1 << 20
 
         def __init__(self, data: bytes) -> None:
             self.request = json.loads(bytes(data)[len(b"FAKE-ENGINE"):])
             self.tensors = {t["name"]: t for t in self.request["io"]}
             self.names = list(self.tensors)
+            self._ort: list = []
+
+        def _ort_session(self):
+            """ONNX Runtime on the parsed graph, made at the first enqueue (None: outputs are not computed)."""
+            if not self._ort:
+                self._ort.append(_graph_session(self.request.get("graph")))
+            return self._ort[0]
 
         num_io_tensors = property(lambda self: len(self.names))
 
@@ -436,12 +596,16 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         def get_tensor_dtype(self, name: str):
             return getattr(m.DataType, self.tensors[name]["dtype"])
 
-        def profile_of(self, name: str) -> list[list[int]]:
+        def _profile_of(self, name: str) -> list[list[int]]:
             profiles = self.request["profiles"]
             shape = self.tensors[name]["shape"]
             return profiles[0][name] if profiles and name in profiles[0] else [shape, shape, shape]
 
-        def create_execution_context(self) -> IExecutionContext:
+        def create_execution_context(self) -> IExecutionContext | None:
+            m.contexts += 1
+            if m.contexts <= fail_contexts:
+                _log(self._logger, "ERROR", "[fake] Error Code 2: OutOfMemory (Requested size was 1048576 bytes.)")
+                return None
             return IExecutionContext(self)
 
         def create_engine_inspector(self):
@@ -466,6 +630,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                 return None
             _log(self.logger, "INFO", f"Loaded engine size: {len(data) >> 20} MiB")
             engine = ICudaEngine(data)
+            engine._logger = self.logger
             missing = [p for p in engine.request["plugin_libraries"] if p not in m.plugin_libraries]
             if (engine.request["plugin_layers"] and not m.builtin_plugins) or missing:
                 m.calls.append(("error", "getPluginCreator could not find a plugin creator"))

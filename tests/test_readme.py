@@ -406,7 +406,7 @@ def check_outputs(outcome: Outcome, cwd: Path) -> None:
     if out is None:
         return
     if verb == "build" and "--trtexec" in argv:
-        from edge.trt.trtexec import find_trtexec
+        from edge.trt.trtexec_command import find_trtexec
 
         if find_trtexec() is None:     # then it prints the equivalent command and writes nothing
             assert "trtexec --onnx=" in outcome.result.stdout, outcome.explain()
@@ -415,8 +415,21 @@ def check_outputs(outcome: Outcome, cwd: Path) -> None:
     if verb == "analyze" and "--attention" in argv:
         names = (*names, "attention.json")
     assert (cwd / out).exists(), f"{out} was not written\n{outcome.explain()}"
+    if out.endswith(".onnx"):
+        check_tensorrt_rules(cwd / out, outcome)
     missing = [n for n in names if not (cwd / out / n).exists()]
     assert not missing, f"{out} lacks {missing}\n{outcome.explain()}"
+
+
+def check_tensorrt_rules(graph: Path, outcome: Outcome) -> None:
+    """A graph a README command writes breaks none of the rules of TensorRT 10.3's and 10.16's ONNX parsers
+    (edge.graph.tensorrt_rules; issue 29, point 9)."""
+    from edge.graph.tensorrt_rules import check_file
+
+    for tensorrt in ("10.3", "10.16"):
+        report = check_file(graph, tensorrt)
+        broken = [f"[{f['rule']}] {f['node']}: {f['what']}" for f in report["findings"] if f["severity"] == "error"]
+        assert not broken, f"{graph.name} breaks TensorRT {tensorrt}'s rules: {broken[:5]}\n{outcome.explain()}"
 
 
 def _param(index: int, command: Command):

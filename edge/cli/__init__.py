@@ -11,6 +11,7 @@ from edge.cli import (
     analyze,
     build,
     bundle,
+    check,
     clean,
     compress,
     deploy,
@@ -29,7 +30,7 @@ from edge.cli import finetune as finetune_cmd
 from edge.errors import PLEASE_REPORT, EdgeError, InternalError
 from jetson.errors import JetsonError
 
-COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, plan, export, clean, verify, quantize,
+COMMANDS = (info, models, train, eval_cmd, analyze, compress, finetune_cmd, plan, export, clean, verify, quantize, check,
             build, profile, pipeline, bundle, deploy)
 
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         status = InternalError.exit_code
     finally:
         from edge import distributed
-        from edge.compare import log_ort_messages
+        from edge.check.compare import log_ort_messages
 
         log_ort_messages(f"edge {args.command}")  # ONNX Runtime's notes: to a log file, with their count
         several = distributed.shutdown(synchronise=finished)  # under torchrun: all leave the group together

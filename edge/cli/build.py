@@ -55,6 +55,9 @@ def register(subparsers) -> None:
                         help="print the equivalent trtexec command (run it and parse its results where trtexec "
                              "exists); a graph the builder would convert first (e.g. --precision fp16 of a float32 "
                              "graph) is written beside the engine as OUT.VARIANT.onnx for trtexec to read")
+    parser.add_argument("--no-tf32", dest="tf32", action="store_false",
+                        help="fp32 matrix products in full fp32, not TF32 (TensorRT's default, about 1e-3 relative "
+                             "from ONNX Runtime); recorded in the manifest")
     parser.add_argument("--verbose", action="store_true", help="TensorRT's verbose log")
     parser.set_defaults(run=run)
 
@@ -68,7 +71,8 @@ def run(args) -> int:
                          optimization_level=args.opt_level, tiling_optimization_level=args.tiling_level,
                          timing_cache=args.timing_cache, plugins=tuple(args.plugin), batch=args.batch,
                          min_batch=args.min_batch, opt_batch=args.opt_batch, max_batch=args.max_batch,
-                         calibration_data=args.data, calibration_samples=args.samples, verbose=args.verbose)
+                         calibration_data=args.data, calibration_samples=args.samples, verbose=args.verbose,
+                         tf32=args.tf32)
     config.check()
     if args.trtexec:
         return _trtexec(args, config)
@@ -85,7 +89,7 @@ def run(args) -> int:
 
 def _calibration_images(model, source: str, data: str, samples: int):
     """--weakly-typed int8: the seeded, class-balanced images `edge quantize` calibrates on (imported when used)."""
-    from calib.data import calibration_images
+    from edge.precision.calibration import calibration_images
 
     return calibration_images(model, source, data, samples)
 
@@ -96,9 +100,9 @@ def _trtexec(args, config) -> int:
     from pathlib import Path
 
     from edge.fileio import write_atomic
-    from edge.profile.trtexec import trtexec_result
+    from edge.profile.trtexec_output import trtexec_result
     from edge.trt.builder import select_onnx
-    from edge.trt.trtexec import as_shell, find_trtexec, left_out, shape_arguments, trtexec_command
+    from edge.trt.trtexec_command import as_shell, find_trtexec, left_out, shape_arguments, trtexec_command
 
     binary = find_trtexec()
     version = _trtexec_version(binary)
@@ -146,7 +150,7 @@ def _trtexec(args, config) -> int:
 
 def _trtexec_version(binary: str | None) -> tuple[int, ...] | None:
     """trtexec's version from its banner; else the TensorRT this Python loads (JetPack ships them together)."""
-    from edge.trt.trtexec import trtexec_version
+    from edge.trt.trtexec_command import trtexec_version
 
     if binary is not None:
         version = trtexec_version(binary)

@@ -14,6 +14,7 @@ EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant 
 
 def register(subparsers) -> None:
     from edge.bundle import BundleConfig
+    from edge.graph.tensorrt_support import PARSERS
     from jetson.bundle import PRECISIONS, Protocol
 
     parser = add_command(
@@ -43,13 +44,32 @@ def register(subparsers) -> None:
     parser.add_argument("--plugin", action="append", default=[], type=ExistingFile(),
                         help="a TensorRT plugin library to ship (repeatable)")
     parser.add_argument("--warmup", type=config_type(Protocol, "--warmup"), default=Protocol.warmup,
-                        help="device default: warm-up inferences")
+                        help="device default: warm-up calls, at least")
+    parser.add_argument("--warmup-time", type=config_type(Protocol, "--warmup-time", "warmup_s"),
+                        default=Protocol.warmup_s, help="device default: warm-up seconds, at least (trtexec's 0.2)")
     parser.add_argument("--iterations", type=config_type(Protocol, "--iterations"), default=Protocol.iterations,
-                        help="device default: timed inferences")
+                        help="device default: timed calls, at least (trtexec's 10)")
     parser.add_argument("--duration", type=config_type(Protocol, "--duration", "duration_s"),
-                        help="device default: time for at least this many seconds")
+                        default=Protocol.duration_s, help="device default: time for at least this many seconds "
+                                                          "(trtexec's 3)")
+    parser.add_argument("--energy-duration", type=config_type(Protocol, "--energy-duration", "energy_duration_s"),
+                        default=Protocol.energy_duration_s,
+                        help="device default: time for at least this many seconds when energy is measured (10: "
+                             "about 100 tegrastats samples; under 20 samples the energy is marked unreliable)")
     parser.add_argument("--idle", type=config_type(Protocol, "--idle", "idle_s"), default=Protocol.idle_s,
                         help="device default: idle power window, s")
+    parser.add_argument("--no-tf32", dest="tf32", action="store_false",
+                        help="build configs with TF32 off: fp32 matrix products in full fp32 (TensorRT's default "
+                             "TF32 is about 1e-3 relative from ONNX Runtime)")
+    parser.add_argument("--trt", choices=sorted(PARSERS), default=BundleConfig.tensorrt,
+                        help="the TensorRT whose ONNX parser rules every packed graph must pass (edge check)")
+    parser.add_argument("--no-trt-check", dest="check_tensorrt", action="store_false",
+                        help="pack graphs that break those rules (the findings are still counted in the manifest)")
+    parser.add_argument("--gate-images", type=config_type(BundleConfig, "--gate-images", "gate_images"),
+                        default=BundleConfig.gate_images,
+                        help="accuracy gate: held-out images the device runs each engine on, compared with the "
+                             "source graph's float32 ONNX Runtime outputs; a variant outside its precision's "
+                             "thresholds is marked wrong (0: no gate)")
     parser.add_argument("--tar", action="store_true", help="also write OUT.tar.gz")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.set_defaults(run=run)
@@ -64,14 +84,15 @@ def run(args) -> int:
     from jetson.errors import JetsonError
 
     try:
-        protocol = Protocol(warmup=args.warmup, iterations=args.iterations, duration_s=args.duration,
-                            idle_s=args.idle)
+        protocol = Protocol(warmup=args.warmup, warmup_s=args.warmup_time, iterations=args.iterations,
+                            duration_s=args.duration, energy_duration_s=args.energy_duration, idle_s=args.idle)
     except JetsonError as e:
         raise EdgeError(e.what, expected=e.expected) from e
     config = BundleConfig(precisions=args.precision, data=args.data, samples=args.samples,
                           workspace_mib=args.workspace, optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
-                          plugins=tuple(args.plugin), protocol=protocol)
+                          plugins=tuple(args.plugin), protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
+                          check_tensorrt=args.check_tensorrt, gate_images=args.gate_images)
     graphs, source = bundle_inputs(args.inputs)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))

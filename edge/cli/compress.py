@@ -111,7 +111,7 @@ def _finetune(model, manifest: dict, args) -> dict:
 
 def _latency_predictor(step) -> dict:
     """``predict``/``predictor`` for a ``wpac:latency-ms=X:table=FILE`` cut: the table's prediction of a model."""
-    if step.latency_ms is None:
+    if getattr(step, "latency_ms", None) is None:
         return {}
     from edge.latency import LatencyTable, predict_model
 
@@ -124,14 +124,14 @@ def _latency_predictor(step) -> dict:
 def run(args) -> int:
     from edge import distributed
     from edge.compress import CompressConfig, compress, is_artifact, save_artifact
-    from edge.compress.extract import extract_subnetwork, extraction_step
+    from edge.compress.derive import derivation_step, derive_model
     from edge.compress.load import load_model
     from edge.runtime import set_threads
 
     set_threads(args.threads)
-    step = extraction_step(args.plan)
+    step = derivation_step(args.plan)
     if is_artifact(args.model) and step is not None:   # a sub-network of a super-network
-        model, manifest = extract_subnetwork(args.model, args.plan, **_latency_predictor(step))
+        model, manifest = derive_model(args.model, args.plan, **_latency_predictor(step))
     else:
         model = load_model(args.model, weights=args.weights, img_size=args.img_size)
         source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}

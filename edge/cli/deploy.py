@@ -22,13 +22,14 @@ EXAMPLES = """  edge deploy bundles/demo --host nvidia@192.168.1.20      # Tenso
   edge deploy bundles/demo --hosts fleet.txt --identity ~/.ssh/jetson_ed25519 --report runs/demo
   edge deploy bundles/demo --host nvidia@new-board --accept-new-host-key --backend ort
   edge deploy bundles/demo.tar.gz --host nvidia@jetson --builder trtexec   # unpacked on the device
-  edge deploy --latency-table fmnist-deit-tiny --host nvidia@jetson --power-mode MAXN_SUPER --out tables/nano"""
+  edge deploy --latency-table fmnist-deit-tiny --host nvidia@jetson --power-mode MAXN_SUPER --out tables/nano
+  edge deploy --check --host nvidia@jetson --power-mode 15W --lock-clocks     # is the device ready? nothing copied"""
 
 
 def register(subparsers) -> None:
     from edge.deploy.ssh import SshOptions, parse_host
-    from edge.latency.device import PRECISIONS as LATENCY_PRECISIONS
-    from edge.latency.device import DeviceTableConfig
+    from edge.latency.device_table import PRECISIONS as LATENCY_PRECISIONS
+    from edge.latency.device_table import DeviceTableConfig
     from edge.latency.grid import GRIDS, GridConfig
 
     parser = add_command(
@@ -41,7 +42,11 @@ def register(subparsers) -> None:
         "stop the others, and an engine built on one device is reused on those of the same identity.\n"
         "--latency-table MODEL: instead of a bundle, the latency grid of MODEL's parts (edge.latency) is\n"
         "bundled, run there, and each device's table written to OUT/devices/LABEL/latency-table.json.\n"
-        "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input.", EXAMPLES)
+        "Results that come back are checked before anything is written: a link, a name outside results/ or\n"
+        "malformed JSON is refused (exit 2, the file named). Each failed device's error (the device's own\n"
+        "message) is printed on stderr.\n"
+        "Exit status: 0 every device done, 1 some device failed (the summary names it), 2 bad input or\n"
+        "refused results.", EXAMPLES)
     parser.add_argument("bundle", nargs="?", type=ExistingPath(),
                         help="a bundle folder written by `edge bundle`, or its .tar.gz (--tar): copied "
                              "whole and unpacked on the device, after its members are checked here")
@@ -80,6 +85,10 @@ def register(subparsers) -> None:
     parser.add_argument("--report", metavar="RUN_DIR", type=ExistingFolder(),
                         help="a pipeline run folder whose report gains the device "
                                                              "results")
+    parser.add_argument("--check", action="store_true",
+                        help="only check each device, copying and building nothing: SSH, Python, L4T/JetPack, "
+                             "TensorRT, the CUDA binding, sudo rights for --power-mode/--lock-clocks, tegrastats, "
+                             "power modes, memory, swap, disk, CMA; exit 1 when a check fails (its fix is printed)")
     parser.add_argument("--latency-table", metavar="MODEL", type=Model(),
                         help="time the parts of this model (name or compressed artifact) on the devices instead of "
                              "a bundle: one latency table per device")
@@ -113,6 +122,8 @@ def run(args) -> int:
         runner=RunnerOptions(backend=args.backend, builder=args.builder, power_mode=args.power_mode,
                              lock_clocks=args.lock_clocks, nvpmodel_conf=args.nvpmodel_conf),
         remote_dir=args.remote_dir, remote_python=args.remote_python)
+    if args.check:
+        return check_devices(hosts, config, args.json)
     if args.latency_table:
         return latency_tables(args, hosts, config)
     if args.bundle is None:
@@ -123,6 +134,7 @@ def run(args) -> int:
     result = deploy(args.bundle, hosts, config, out=results_folder(args),
                     progress=lambda message: print(message, file=sys.stderr, flush=True))
     result["report"] = report_devices(args.report, result["out"]) if args.report else None
+    print_device_errors(result["devices"])
     lines = [f"{d['host']}: {d['status']}" + (f" ({d['error'].splitlines()[0]})" if d["error"] else "")
              for d in result["devices"]]
     lines.append(f"results in {result['out']}" + (f"; report {result['report']}" if result["report"] else ""))
@@ -130,7 +142,43 @@ def run(args) -> int:
         lines.append(f"{len(result['failed'])} of {len(result['devices'])} devices failed: "
                      + ", ".join(result["failed"]))
     emit(result, args.json, "\n".join(lines))
-    return 1 if result["failed"] else 0
+    return deploy_exit_status(result["devices"])
+
+
+def check_devices(hosts, config, as_json: bool) -> int:
+    """``--check``: each host's checks as a table (or JSON); 1 when one failed, 0 when all passed."""
+    from edge.deploy.preflight import preflight
+    from edge.errors import EdgeError
+    from jetson.check import table
+
+    if not hosts:
+        raise EdgeError("no device given", fix="pass --host user@address (repeatable) or --hosts FILE")
+    result = preflight(hosts, config.ssh, config.remote_python, config.runner)
+    human = "\n\n".join(f"{h['host']}: {'ready' if h['ok'] else 'NOT READY'}\n" + table(h["checks"])
+                         for h in result["hosts"])
+    emit(result, as_json, human)
+    return 0 if result["ok"] else 1
+
+
+def print_device_errors(devices: list[dict]) -> None:
+    """Each failed device's whole error on stderr: the device's own words (its refusal, the value asked and
+    the alternatives, the fix), not only a line of the summary or a file in its folder."""
+    import sys
+
+    for device in devices:
+        if device["error"]:
+            print(f"edge deploy: {device['host']} failed ({device['error_kind']}):\n  "
+                  + device["error"].replace("\n", "\n  "), file=sys.stderr)
+
+
+def deploy_exit_status(devices: list[dict]) -> int:
+    """0 every device done; 2 a device sent results that were refused (a link, a name outside results/,
+    malformed JSON: nothing written); 1 some other device failure."""
+    from edge.deploy.untrusted import REFUSED
+
+    if any(d["error_kind"] == REFUSED for d in devices):
+        return 2
+    return 1 if any(d["status"] != "ok" for d in devices) else 0
 
 
 def results_folder(args):
@@ -158,7 +206,7 @@ def latency_tables(args, hosts, config) -> int:
 
     from edge.compress.load import load_model
     from edge.errors import EdgeError
-    from edge.latency.device import DeviceTableConfig, deploy_table
+    from edge.latency.device_table import DeviceTableConfig, deploy_table
     from edge.latency.grid import GridConfig
 
     if args.bundle is not None or args.report:

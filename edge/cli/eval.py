@@ -21,7 +21,7 @@ EXAMPLES = """  edge eval fmnist-deit-tiny --data fmnist --json
 
 
 def register(subparsers) -> None:
-    from edge.evaluate import EvaluateConfig
+    from edge.check.accuracy import EvaluateConfig
     from edge.probe import ProbeConfig
 
     parser = add_command(subparsers, "eval", "measure top-1 accuracy on a data set's test split",
@@ -40,9 +40,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from edge.check.accuracy import evaluate
     from edge.compress.load import load_model
     from edge.data import InputSpec, load_dataset
-    from edge.evaluate import evaluate
     from edge.models import data_config
     from edge.runtime import hardware, resolve_device, set_threads
 
@@ -50,8 +50,8 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dataset = load_dataset(args.data, args.split)
     if args.model.endswith(".onnx"):
+        from edge.check.onnx_classifier import OnnxClassifier
         from edge.onnx_metadata import precision_of
-        from edge.onnx_model import OnnxClassifier
 
         graph = OnnxClassifier(args.model, threads=args.threads)
         result = {"model": args.model, **evaluate(graph, dataset, InputSpec.from_data_config(graph.data_config()),

@@ -22,8 +22,8 @@ EXAMPLES = """  # twice as fast as the original on ONNX Runtime here (batch 1, 2
 
 
 def register(subparsers) -> None:
-    from edge.plan.job import PlanJobConfig, TargetConfig
-    from edge.plan.search import SearchConfig
+    from edge.planner.job import PlanJobConfig, TargetConfig
+    from edge.planner.search import SearchConfig
 
     parser = add_command(subparsers, "plan", "find the plan across all methods that meets a latency budget",
                          "Candidate steps of every compression method (blocks replaced by linear maps, attention\n"
@@ -79,8 +79,8 @@ def _bounds(config: type, name: str):
 
 def run(args) -> int:
     from edge.compress.load import load_model
-    from edge.plan.job import PlanJobConfig, TargetConfig, plan_to_budget
-    from edge.plan.search import SearchConfig
+    from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget
+    from edge.planner.search import SearchConfig
     from edge.progress import log
     from edge.runtime import set_threads
 

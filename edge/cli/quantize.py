@@ -8,19 +8,26 @@ from edge.cli.options import ExistingFile, OutputFolder, Text
 EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16.onnx
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --method entropy --out runs/ref.int8.onnx
-  edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json"""
+  edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json
+  edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx"""
 
 
 def register(subparsers) -> None:
     from calib.placement import PLACEMENTS
-    from calib.qdq import METHODS, Int8Config
-    from edge.fp16 import Fp16Config
+    from calib.qdq import METHODS
+    from edge.precision.fp16 import Fp16Config
+    from edge.precision.fp16_ranges import RangeCheck
+    from edge.precision.int8 import Int8Config
 
     parser = add_command(
         subparsers, "quantize", "convert a float32 ONNX graph to fp16, or to int8 with Q/DQ nodes (for TensorRT)",
         "fp16: float16 weights and activations; LayerNormalization, reductions and the head stay float32\n"
         "(Softmax too with --softmax fp32), with Casts only where the precision changes; inputs and\n"
-        "outputs stay float32.\n"
+        "outputs stay float32. Range check: the float32 graph runs on the --data images (--samples,\n"
+        "--seed) and every node whose output would pass 65504 / margin (a square, e.g. a norm's\n"
+        "variance: 65504 / margin^2), and every reader of such a tensor, stays float32 too; the nodes\n"
+        "and reasons are printed (--json: range_check.kept). A graph without edge export's metadata\n"
+        "(input size, mean, std) gets no range check, and the output says so.\n"
         "int8: ONNX Runtime static quantization configured for TensorRT: symmetric int8 (zero point 0),\n"
         "per-channel weights, per-tensor activations, Q/DQ on the inputs of MatMul/Gemm/Conv and on one\n"
         "input of each residual Add (--placement); calibrated on seeded, class-balanced training images\n"
@@ -35,9 +42,15 @@ def register(subparsers) -> None:
     parser.add_argument("--fp16-head", action="store_true", help="fp16: convert the head too (default: float32)")
     parser.add_argument("--softmax", default=_short(Fp16Config.softmax), choices=["fp16", "fp32"],
                         help="fp16 and the float16 part of int8: Softmax's precision")
-    add_data_option(parser, Int8Config.data, "int8: calibration data (fmnist, fmnist-mini, a folder)")
-    add_field(parser, "--samples", Int8Config, help="int8: calibration samples (class-balanced)")
-    add_field(parser, "--seed", Int8Config, help="int8: seed of the calibration sample")
+    add_data_option(parser, Int8Config.data, "int8 and the fp16 range check: calibration data (fmnist, "
+                                             "fmnist-mini, a folder)")
+    add_field(parser, "--samples", Int8Config, help="int8 and the fp16 range check: calibration samples "
+                                                    "(class-balanced)")
+    add_field(parser, "--seed", Int8Config, help="int8 and the fp16 range check: seed of the calibration sample")
+    add_field(parser, "--range-margin", RangeCheck, "margin",
+              help="fp16: keep a node float32 when its largest value times this passes 65504")
+    parser.add_argument("--no-range-check", dest="range_check", action="store_false",
+                        help="fp16: keep float32 by op type and head only, without running the graph")
     parser.add_argument("--method", default=Int8Config.method, choices=METHODS, help="int8: calibration method")
     add_field(parser, "--percentile", Int8Config, help="int8 percentile method: share kept, in percent")
     parser.add_argument("--no-residual", dest="residual", action="store_false",
@@ -64,9 +77,10 @@ def _short(precision: str) -> str:
 def run(args) -> int:
     import sys
 
-    from calib.qdq import Int8Config
-    from edge.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
-    from edge.quantize import quantize_file
+    from edge.precision.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
+    from edge.precision.fp16_ranges import RangeCheck
+    from edge.precision.int8 import Int8Config
+    from edge.precision.quantize import quantize_file
 
     full = {"fp16": "float16", "fp32": "float32"}
     fp16 = Fp16Config(block_list=(*DEFAULT_BLOCK_LIST, *args.keep_fp32), keep_head_fp32=not args.fp16_head,
@@ -75,19 +89,46 @@ def run(args) -> int:
                       percentile=args.percentile, quantize_residual=args.residual, exclude_nodes=tuple(args.exclude),
                       cache_dir=args.cache_dir, use_cache=args.cache, placement=args.placement,
                       float_precision=full[args.unquantized])
-    result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8,
+    ranges = RangeCheck(data=args.data, samples=args.samples, seed=args.seed, margin=args.range_margin) \
+        if args.range_check else None
+    result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
                            progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
     if args.precision == "fp16":
         detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"
+        notes = range_lines(result["range_check"])
     else:
         calibration = result["calibration"]
         detail = (f"{result['quantize_nodes']} Q / {result['dequantize_nodes']} DQ ({args.placement} placement), "
                   f"{calibration['method']} on {calibration['samples']} samples"
                   + (" (cached ranges)" if calibration["cache_hit"] else "")
                   + f", the rest {result['float_precision']}")
+        notes = scale_lines(result.get("float16_rest", {}).get("qdq_scales_fp32", []))
     agreement = f"top-1 agreement {check['top1_agreement']:.3f}, " if "top1_agreement" in check else ""
     emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
                             f"{agreement}max abs {check['max_abs']:.2e}"
-                            + (f"\nnote: {check['note']}" if "note" in check else ""))
+                            + (f"\nnote: {check['note']}" if "note" in check else "")
+                            + "".join(f"\n{line}" for line in notes))
     return 0
+
+
+def scale_lines(scales: list[dict]) -> list[str]:
+    """The Q/DQ pairs kept float32 because float16 cannot hold their scale."""
+    return [f"note: Q/DQ scale {s['scale']} (smallest {s['min_abs']:.3g}) is below float16's smallest normal "
+            f"6.1e-5: {', '.join(s['nodes'])} kept float32, a Cast to float16 after the DQ (TensorRT 10.16 on "
+            "SM 8.7 fails on int8 DequantizeLinear with float32 output, NVIDIA/TensorRT#4832)" for s in scales]
+
+
+def range_lines(check: dict) -> list[str]:
+    """What the fp16 range check did, for people: the nodes it kept float32 and why, or why it did not run."""
+    if not check["done"]:
+        return [f"note: no range check was done: {check['reason']}"]
+    head = (f"range check on {check['samples']} samples of {check['data']} (margin {check['margin']:g}x; largest "
+            f"|x| {check['largest']['max_abs']:.4g} in {check['largest']['tensor']}): ")
+    if not check["kept"]:
+        return [head + "every tensor within float16's range"]
+    lines = [head + f"{len(check['kept'])} nodes beyond float16's range, {check['added']} of them kept float32 "
+                    "by this check alone:"]
+    lines += [f"  {k['node']} ({k['op']}){' [already float32]' if k['kept_anyway'] else ''}: {k['reason']}"
+              for k in check["kept"]]
+    return lines

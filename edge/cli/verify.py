@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from edge.cli.common import (
     add_command,
     add_data_option,
@@ -16,6 +18,10 @@ from edge.cli.common import (
 from edge.cli.options import Model
 from edge.config import MAX_BATCH
 
+if TYPE_CHECKING:
+    from edge.check.verify import Side
+    from edge.models import ImgSize
+
 EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyTorch against its export
   edge verify runs/ref.onnx runs/ref.clean.onnx --json        # raw export against the cleaned graph
   edge verify runs/linear-9-10 runs/linear-9-10.clean.onnx --data fmnist --batch 32
@@ -23,7 +29,7 @@ EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyT
 
 
 def register(subparsers) -> None:
-    from edge.compare import Tolerance
+    from edge.check.compare import Tolerance
 
     parser = add_command(subparsers, "verify", "compare the outputs of two models or ONNX graphs",
                          "Each side is a model name, a compressed artifact or an .onnx file (run with ONNX\n"
@@ -46,10 +52,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
-    from edge.compare import Tolerance
+    from edge.check.compare import Tolerance
+    from edge.check.verify import verify_pair
     from edge.data import load_dataset
     from edge.runtime import set_threads
-    from edge.verify import load_side, verify_pair
 
     set_threads(args.threads)
     a = load_side(args.a, args.weights, args.img_size, args.threads)
@@ -73,3 +79,14 @@ def run(args) -> int:
         print(f"edge verify: {args.b} differs from {args.a} beyond tolerance", file=sys.stderr)
         return 1
     return 0
+
+
+def load_side(spec: str, weights: str | None, img_size: ImgSize | None, threads: int | None) -> Side:
+    """One side of ``edge verify``: an .onnx file run with ONNX Runtime, or a model (name or artifact) loaded here."""
+    from edge.check.verify import onnx_side, torch_side
+
+    if spec.endswith(".onnx"):
+        return onnx_side(spec, threads)
+    from edge.compress.load import load_model
+
+    return torch_side(spec, load_model(spec, weights=weights, img_size=img_size))

@@ -1,4 +1,5 @@
-"""Compression: plans, one module per method (found through a registry), and restorable artifacts."""
+"""Compression: plans, one folder per method (edge/compress/methods/, found through a registry), and restorable
+artifacts."""
 
 from edge.compress import methods  # noqa: F401  (registers the built-in methods first)
 from edge.compress.artifact import is_artifact, load_artifact, save_artifact

@@ -143,7 +143,7 @@ def load_artifact(path: str | Path) -> tuple[nn.Module, dict]:
                         expected="an artifact of `edge compress`, or of `edge finetune` on a model edge knows",
                         fix="in Python, build the module as for distil(), load the weights with "
                             f"edge.compress.finetune.load_distilled(module, {str(folder)!r}), then evaluate or "
-                            "export it there (edge.evaluate.evaluate, edge.export.export)")
+                            "export it there (edge.check.accuracy.evaluate, edge.export.export)")
     try:
         source = manifest["source"]
         model = create_model(source["model"], img_size=source.get("img_size"), pretrained_weights=False)

@@ -3,8 +3,11 @@
 A method owns plan keywords (``linear``, ``dwconv``, ...), the step objects it parses them into,
 the statistics it measures, the modules it puts at timm's seams (``blocks[i]``,
 ``blocks[i].attn``, ``blocks[i].mlp``), a JSON record of each applied step and the restore from
-that record. The compressor, the artifact, the plan grammar, the CLI help and the fine-tuner
-know methods only through this interface and :mod:`edge.compress.registry`.
+that record; its step options are one dataclass (``Method.options``, see
+:mod:`edge.compress.options`). The compressor, the artifact, the plan grammar, the CLI help, the
+fine-tuner, the latency planner and the CLI's sub-network cut (``derives``/``derive``, see
+:mod:`edge.compress.derive`) know methods only through this interface and
+:mod:`edge.compress.registry`.
 
 The compressor applies a plan in four phases, each in the registry's order (``Method.order``):
 
@@ -37,7 +40,7 @@ from torch import nn
 
 from edge.compress.search import SearchSpace
 from edge.data.preprocess import InputSpec
-from edge.errors import EdgeError, article
+from edge.errors import EdgeError
 from edge.models.info import ModelInfo
 
 
@@ -181,8 +184,10 @@ class Method:
     step_types: ClassVar[tuple[type, ...]]           # classes of the steps it parses
     module_types: ClassVar[tuple[type[nn.Module], ...]] = ()  # modules it puts at timm's seams
     order: ClassVar[int]                             # place in the application order (lower first)
-    grammar: ClassVar[str]                           # one paragraph of plan grammar for --help
+    grammar: ClassVar[str]                           # one paragraph of plan grammar for --help (options apart)
+    options: ClassVar[type | None] = None            # dataclass of its step options (edge.compress.options)
     calibration_samples: ClassVar[int] = 500         # default calibration size of plans using it (the largest wins)
+    derivations: ClassVar[str] = ""                  # plans that cut a model out of its artifact (derives)
 
     def parse(self, keyword: str, rest: str, text: str) -> Step:
         """``text`` is the whole step, ``keyword`` its lower-cased method word, ``rest`` what follows ``:``."""
@@ -252,6 +257,22 @@ class Method:
         """
         return None
 
+    def derives(self, step: Step) -> bool:
+        """Whether ``step``, as a plan's only step, cuts a model out of a compressed artifact without data
+        (``edge compress ARTIFACT --plan STEP``: WPAC's sub-network of a super-network), see
+        :mod:`edge.compress.derive`."""
+        return False
+
+    def check_derivation(self, step: Step, request: str, manifest: dict, where: str, predict) -> None:
+        """Refuse, before the weights load, a derivation ``request`` that the artifact at ``where`` (its
+        ``manifest``) cannot give; ``predict`` is the caller's latency predictor (``model -> ms``) or None."""
+
+    def derive(self, model: nn.Module, manifest: dict, step: Step, where: str, *, predict=None,
+               predictor: dict | None = None) -> dict:
+        """Cut ``model``, loaded from the artifact at ``where``, in place as ``step`` asks; return the manifest
+        entries that change (``steps`` first, then the method's own: ``supernet``, ``extracted``)."""
+        raise NotImplementedError(f"method {self.name!r} derives nothing from an artifact")
+
     def is_applied(self, model: nn.Module) -> bool:
         return any(isinstance(m, self.module_types) for m in model.modules()) if self.module_types else False
 
@@ -269,10 +290,6 @@ def _merge_dicts(a: dict, b: dict) -> dict:
     return out
 
 
-def format_options(options: dict) -> str:
-    return "".join(f":{k}={v}" for k, v in sorted(options.items()))
-
-
 def parse_count(text: str, step_text: str, what: str, expected: str) -> int:
     """A positive count ``K`` of a plan step (``auto-linear:K``, ``dwconv:auto=K``), or a clear error."""
     try:
@@ -282,22 +299,3 @@ def parse_count(text: str, step_text: str, what: str, expected: str) -> int:
     if count <= 0:
         raise EdgeError(f"plan step {step_text!r} needs a positive {what} count", expected=expected)
     return count
-
-
-def parse_options(parts: list[str], step_text: str, types: dict) -> dict:
-    """``key=value`` parts of a step, each converted by ``types[key]``; unknown keys are refused."""
-    options = {}
-    for part in parts:
-        if "=" not in part:
-            raise EdgeError(f"option {part!r} in plan step {step_text!r} is not key=value",
-                            expected=f"options {', '.join(types)} as :key=value")
-        key, value = part.split("=", 1)
-        if key not in types:
-            raise EdgeError(f"unknown option {key!r} in plan step {step_text!r}",
-                            expected=f"one of {', '.join(types)}")
-        try:
-            options[key] = types[key](value)
-        except ValueError as e:
-            kind = types[key].__name__
-            raise EdgeError(f"option {key}={value} in plan step {step_text!r} is not {article(kind)} {kind}") from e
-    return options

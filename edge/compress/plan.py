@@ -1,9 +1,10 @@
 """Compression plans: steps ``KEYWORD[:...][:key=value...]`` separated by commas.
 
 Each step's keyword names a registered method (:mod:`edge.compress.registry`), which parses the
-rest of the step; the methods' grammars are in their modules (``edge/compress/methods/``) and in
-``edge compress --help``. Steps are kept in one canonical order: by method (the registry's
-application order), then by the method's own key. The same text always parses to the same plan,
+rest of the step; the methods' grammars are in their folders (``edge/compress/methods/``), their
+options in one dataclass each (:mod:`edge.compress.options`), and both in ``edge compress --help``.
+Steps are kept in one canonical order: by method (the registry's application order), then by the
+method's own key. The same text always parses to the same plan,
 and ``str(plan)`` is its canonical form.
 """
 
@@ -13,6 +14,7 @@ import difflib
 from dataclasses import dataclass
 
 from edge.compress.method import PlanCheck, Step
+from edge.compress.options import describe_options
 from edge.compress.registry import keywords, method_for_keyword, method_of, methods
 from edge.errors import EdgeError
 
@@ -73,5 +75,9 @@ def parse_plan(text: str) -> Plan:
 
 
 def plan_grammar() -> str:
-    """The plan grammar of every registered method, for ``--help``."""
-    return "steps separated by commas. " + " ".join(m.grammar for m in methods())
+    """The plan grammar of every registered method, with its options (from its options dataclass), for ``--help``."""
+    return "steps separated by commas. " + " ".join(_method_grammar(m) for m in methods())
+
+
+def _method_grammar(method) -> str:
+    return f"{method.grammar} {describe_options(method.options)}" if method.options else method.grammar

@@ -1,8 +1,8 @@
 """The registry of compression methods (timm's ``register_model``, modelopt's ``register_mode``).
 
 Built-in methods register themselves when :mod:`edge.compress.methods` is imported, which
-``edge.compress`` does first; a new method is one module that calls :func:`register_method`
-with an instance of its :class:`~edge.compress.method.Method`. Names, plan keywords and step
+``edge.compress`` does first; a new method is one folder there whose ``method.py`` calls
+:func:`register_method` with an instance of its :class:`~edge.compress.method.Method`. Names, plan keywords and step
 types must be unique: a second registration of any of them is refused.
 """
 

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge.check.accuracy import head_mismatch
 from edge.compress.artifact import WEIGHTS, is_artifact, load_artifact, source_state_sha256
 from edge.compress.load import load_model
 from edge.errors import EdgeError
-from edge.evaluate import head_mismatch
 from edge.fileio import sha256_file
 from edge.models import ImgSize, data_config, parse_model_spec
 from edge.models.weights_io import load_weights, read_state_dict

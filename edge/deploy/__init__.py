@@ -3,8 +3,8 @@ there, results and logs fetched back into a folder.
 
 ``deploy(bundle, hosts, DeployConfig(...), out=FOLDER)`` returns one record per device. The
 system's OpenSSH does the work (edge.deploy.ssh: host keys checked, every remote word quoted);
-edge.deploy.device is one device's copy, run and fetch; edge.deploy.fleet runs devices in parallel
-and shares engines between devices of one identity; edge.deploy.results reads a folder's fetched
+edge.deploy.device_deploy is one device's copy, run and fetch; edge.deploy.fleet runs devices in
+parallel and shares engines between devices of one identity; edge.deploy.results reads a folder's fetched
 results back as data (:func:`fetched_devices`) for whoever reports them: this package writes no
 report and knows no pipeline run folder.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.deploy.device import RECORD, DeviceDeploy, RunnerOptions
+from edge.deploy.device_deploy import RECORD, DeviceDeploy, RunnerOptions
 from edge.deploy.fleet import deploy_fleet
 from edge.deploy.results import FetchedDevice, fetched_devices
 from edge.deploy.ssh import DeployError, Host, SshOptions, parse_host, read_hosts

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath
 
-from edge.deploy.device import DeviceDeploy
+from edge.deploy.device_deploy import DeviceDeploy
 from edge.deploy.ssh import DeployError, remote_words
 
 MAX_PARALLEL = 16

@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.deploy.device import RECORD, RESULTS
+from edge.deploy.device_deploy import RECORD, RESULTS
+from edge.deploy.untrusted import plain_result_file
 
 RUN_SUMMARY = "run.json"  # results/run.json: the device runner's summary, naming each variant's result file
 
@@ -28,14 +29,17 @@ class FetchedDevice:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def _variant_results(results: Path, run: dict | None) -> dict[str, dict | None]:
+    """Each variant's result; only plain file names inside ``results`` are read, never a link."""
     variants = (run or {}).get("variants") or {}
-    return {i: _read_json(results / e["result"]) for i, e in variants.items() if e.get("result")}
+    return {i: _read_json(path) if (path := plain_result_file(results, e["result"])) else None
+            for i, e in variants.items() if isinstance(e, dict) and e.get("result")}
 
 
 def fetched_devices(folder: str | Path) -> list[FetchedDevice]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import onnx
 
-from edge.compare import Tolerance
+from edge.check.compare import Tolerance
+from edge.check.feeds import compare_outputs, input_sets, run_graph
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.graph.feeds import compare_outputs, input_sets, run_graph
 from edge.graph.graph_pass import GraphPass
 from edge.graph.manager import clean_graph
 from edge.graph.upgrade import STORED_OUTPUTS, upgrade_opset

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
-from edge.compare import Tolerance
+from edge.check.compare import Tolerance
+from edge.check.feeds import InputSet, check_tensor_io, compare_sets, random_feeds, reference_outputs, run_graph
 from edge.errors import EdgeError, InternalError
-from edge.graph.feeds import InputSet, check_tensor_io, compare_sets, random_feeds, reference_outputs, run_graph
 from edge.graph.graph_pass import GraphPass, PassResult
 from edge.graph.passes import PASSES
 from edge.graph.upgrade import default_opset, needed_ir_version, upgrade_checked

@@ -10,9 +10,9 @@ from __future__ import annotations
 import onnx
 from onnx import version_converter
 
-from edge.compare import Tolerance
+from edge.check.compare import Tolerance
+from edge.check.feeds import SAMPLE_LAYOUT, InputSet, compare_sets, reference_outputs, run_graph
 from edge.errors import EdgeError
-from edge.graph.feeds import SAMPLE_LAYOUT, InputSet, compare_sets, reference_outputs, run_graph
 
 OWN_OUTPUTS, STORED_OUTPUTS = "its own outputs", "the outputs stored with it"
 

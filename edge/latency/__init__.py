@@ -4,7 +4,7 @@ A model is a sum of parts (:mod:`edge.latency.parts`: patch embedding, per block
 sub-layer and an MLP, span maps, head). A latency table (:mod:`edge.latency.table`) holds each part's
 latency measured on one target: ONNX Runtime here (:mod:`edge.latency.measure`, every part exported
 once as a single-part graph and timed side by side), or TensorRT / ONNX Runtime on a device through
-the bundle and device runner (:mod:`edge.latency.device`). :func:`predict_model` sums a model's
+the bundle and device runner (:mod:`edge.latency.device_table`). :func:`predict_model` sums a model's
 parts from a table measured on the target asked for (a table from another target is refused).
 Without a device table, :mod:`edge.latency.orin` estimates an Orin Nano's latency per part with a
 roofline per power mode, calibrated on published figures.

@@ -33,7 +33,8 @@ from typing import cast
 import onnx
 from torch import nn
 
-from edge.compare import Tolerance, ort_session
+from edge.check.compare import Tolerance, ort_session
+from edge.check.torch_compare import compare_with_torch, verification_inputs
 from edge.config import MAX_BATCH, option
 from edge.errors import EdgeError
 from edge.export import DEFAULT_OPSET, ExportConfig, export_bytes
@@ -41,7 +42,6 @@ from edge.fileio import write_atomic
 from edge.latency.modules import input_shape, part_module
 from edge.latency.parts import Part, model_parts, model_tokens, overhead_part
 from edge.onnx_metadata import SOURCE_MODEL, VERSION, with_metadata
-from edge.torch_compare import compare_with_torch, verification_inputs
 
 GRIDS = ("model", "full")
 PART_KEY, REPEAT_KEY = "edge.latency_part", "edge.latency_repeat"

@@ -26,10 +26,10 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "count": ("edge.compress", "edge.models"),
     "export": ("edge.export", "edge.compress", "edge.data", "edge.models"),
     "clean": ("edge.graph",),
-    "verify": ("edge.verify", "edge.onnx_model", "edge.compress", "edge.data", "edge.models"),
-    "evaluate": ("edge.evaluate", "edge.onnx_model", "edge.data"),
-    # edge.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision
-    "profile": ("edge.profile", "edge.runtime", "edge.compare", "edge.onnx_metadata"),
+    "verify": ("edge.check.verify", "edge.check.onnx_classifier", "edge.compress", "edge.data", "edge.models"),
+    "evaluate": ("edge.check.accuracy", "edge.check.onnx_classifier", "edge.data"),
+    # edge.check.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision
+    "profile": ("edge.profile", "edge.runtime", "edge.check.compare", "edge.onnx_metadata"),
 }
 EVERY_STEP = ("edge.pipeline.run",)  # where each step's work is written
 #: the packages of this repository (beside edge): their imports are followed, others' are not

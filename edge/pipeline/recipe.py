@@ -69,7 +69,7 @@ SECTIONS = {
     "analysis": Section("edge.analysis.analyze:AnalysisConfig", ("enabled", "samples"), own=AnalysisKeys),
     "export": Section("edge.export:ExportConfig", ("batch", "opset")),
     # the recipe's own defaults: bigger evaluation batches than `edge eval`, more timed runs than `edge profile`
-    "evaluate": Section("edge.evaluate:EvaluateConfig", ("batch_size", "samples"), own=EvaluateKeys,
+    "evaluate": Section("edge.check.accuracy:EvaluateConfig", ("batch_size", "samples"), own=EvaluateKeys,
                         defaults={"batch_size": 500}),
     "profile": Section("edge.profile.sidebyside:SideBySideConfig",
                        ("warmup", "rounds", "sessions", "iterations", "turn_ms", "aa_tolerance",

@@ -2,7 +2,7 @@
 profile all variants together (side by side, with an A/A control).
 
 Every step is one library call (``edge.compress``, ``edge.export``, ``edge.graph.clean``,
-``edge.verify``, ``edge.evaluate``, ``edge.profile.sidebyside``) run through the :class:`StepCache`,
+``edge.check.verify``, ``edge.check.accuracy``, ``edge.profile.sidebyside``) run through the :class:`StepCache`,
 so a rerun redoes only the steps whose inputs changed; the profile step is one step over all
 variants, so latency ratios always come from one measurement. Layout of ``OUT``::
 
@@ -283,12 +283,12 @@ class VariantRun:
                   "seed": recipe.seed, "batch": VERIFY_BATCH}
 
         def work() -> dict:
-            from edge.verify import Side, load_side, verify_pair
+            from edge.check.verify import Side, onnx_side, verify_pair
 
             reference = Side(self.variant.name, "torch", self.ctx.data_config, self._torch_run())
             real = self.ctx.real_images()
             real = real.numpy() if real is not None else None
-            return {graph: verify_pair(reference, load_side(str(self.folder / graph), threads=recipe.threads),
+            return {graph: verify_pair(reference, onnx_side(str(self.folder / graph), threads=recipe.threads),
                                        real=real, batch=VERIFY_BATCH, seed=recipe.seed)
                     for graph in cleaned.outputs}
 
@@ -312,9 +312,9 @@ class VariantRun:
                   "samples": recipe.evaluate.samples, "seed": recipe.seed}
 
         def work() -> dict:
+            from edge.check.accuracy import evaluate
+            from edge.check.onnx_classifier import OnnxClassifier
             from edge.data import InputSpec, balanced_indices
-            from edge.evaluate import evaluate
-            from edge.onnx_model import OnnxClassifier
 
             dataset = self.ctx.test_set
             if recipe.evaluate.samples is not None:
@@ -407,7 +407,7 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
 
 def write_ort_messages(out: Path) -> dict:
     """ONNX Runtime's notes of this run (kept off the terminal) to ``OUT/onnxruntime.log``, with their count."""
-    from edge.compare import ORT_MESSAGES, write_ort_log
+    from edge.check.compare import ORT_MESSAGES, write_ort_log
 
     lines = ORT_MESSAGES.take()
     path = out / ORT_LOG

@@ -47,7 +47,7 @@ class OrtBackend:
         import onnx
         import onnxruntime as ort
 
-        from edge.compare import ort_session
+        from edge.check.compare import ort_session
         from edge.onnx_metadata import metadata_of
 
         self.path = Path(path)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from edge import distributed
+from edge.check.accuracy import evaluate
 from edge.data.preprocess import InputSpec
-from edge.evaluate import evaluate
 
 
 def held_out_accuracy(model: torch.nn.Module, data, spec: InputSpec, device: torch.device) -> dict:
-    """:func:`edge.evaluate.evaluate` without progress; under torchrun each process scores its share of
+    """:func:`edge.check.accuracy.evaluate` without progress; under torchrun each process scores its share of
     ``data`` and the correct counts, sample counts and loss sums are added (the same result in every process)."""
     share = distributed.shard_of(data)
     if not distributed.active():

@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge import __version__, distributed
+from edge.check.accuracy import evaluate
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
 from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.errors import plural
-from edge.evaluate import evaluate
 from edge.fileio import write_text_atomic
 from edge.models import create_model, data_config, model_info, parse_model_spec
 from edge.models.weights_io import save_safetensors

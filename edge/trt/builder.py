@@ -13,13 +13,14 @@ for it (``strongly_typed=False``) and refused with a clear message where the fla
 unit tests swap a fake module in as ``sys.modules["tensorrt"]``.
 
 The legacy calibrator calibrates on images the caller supplies (``calibration_images``: ``edge
-build`` passes ``calib.data.calibration_images``), so this package never imports ``calib``.
+build`` passes ``edge.precision.calibration.calibration_images``), so this package never reads a data set.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
 from jetson.engine import network_flags, parser_errors
+from jetson.interrupt import Interruptions
+from jetson.trt_log import stderr_logger
 
 if TYPE_CHECKING:
     import tensorrt
@@ -70,6 +73,9 @@ class BuildConfig:
     calibration_samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     calibration_cache: str | None = None
     verbose: bool = False
+    #: fp32 matrix products in TF32 (TensorRT's default: about 1e-3 relative from ONNX Runtime); False clears
+    #: BuilderFlag.TF32 (`edge build --no-tf32`, trtexec --noTF32)
+    tf32: bool = True
 
     def check(self) -> None:
         if self.precision not in PRECISIONS:
@@ -104,11 +110,12 @@ class PhaseDisplay:
             print(f"[{elapsed:8.1f} s] {phase}", file=self.stream, flush=True)
 
 
-def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
+def _progress_monitor(display: Callable[[str], None], ctrl_c: Interruptions) -> tensorrt.IProgressMonitor:
     import tensorrt as trt
 
     class Monitor(trt.IProgressMonitor):
-        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven)."""
+        """Top-level TensorRT phases go to the display; steps are not shown (they are uneven). A Ctrl-C
+        cancels the build at the next step (False: stop), as raising from a callback is swallowed."""
 
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
@@ -118,7 +125,7 @@ def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
                 display(f"TensorRT: {phase_name}")
 
         def step_complete(self, phase_name: str, step: int) -> bool:
-            return True  # True: keep building
+            return not ctrl_c.noted  # True: keep building
 
         def phase_finish(self, phase_name: str) -> None:
             pass
@@ -128,9 +135,9 @@ def _progress_monitor(display: PhaseDisplay) -> tensorrt.IProgressMonitor:
 
 def select_onnx(model_path: Path, config: BuildConfig, strongly_typed: bool) -> tuple[onnx.ModelProto, str, dict]:
     """The ONNX the builder parses: for strongly typed builds, the variant of the asked precision."""
-    from edge.fp16 import convert_to_fp16
     from edge.onnx_metadata import set_precision_metadata, source_precision
-    from edge.quantize import load_onnx
+    from edge.precision.fp16 import convert_to_fp16
+    from edge.precision.quantize import load_onnx
 
     model = load_onnx(model_path)
     have = source_precision(model)
@@ -213,10 +220,11 @@ def _load_timing_cache(config: tensorrt.IBuilderConfig, path: str | None) -> dic
         return {"path": None}
     cache_file = Path(path)
     data = cache_file.read_bytes() if cache_file.is_file() else b""
-    cache = config.create_timing_cache(data)
-    accepted = config.set_timing_cache(cache, ignore_mismatch=False)
-    if data and not accepted:
-        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU",
+    cache = config.create_timing_cache(data)  # None: TensorRT cannot read it ("Magic tag does not match")
+    accepted = cache is not None and config.set_timing_cache(cache, ignore_mismatch=False)
+    if not accepted:
+        raise EdgeError(f"timing cache {path} was made by another TensorRT or GPU"
+                        + (" (TensorRT cannot read it)" if cache is None else ""),
                         fix="delete it (a new one is written after this build) or pass another --timing-cache")
     return {"path": str(cache_file), "loaded_bytes": len(data), "hit": bool(data)}
 
@@ -291,7 +299,8 @@ def _legacy_calibrator(config: BuildConfig, features: TensorRTFeatures, model: o
     if calibration_images is None:
         raise EdgeError("a weakly typed int8 build calibrates in TensorRT, and build_engine was given no "
                         "calibration_images", expected="a function (model, source, data, samples) -> float32 images",
-                        fix="pass calibration_images=calib.data.calibration_images (what `edge build` does)")
+                        fix="pass calibration_images=edge.precision.calibration.calibration_images "
+                            "(what `edge build` does)")
     from edge.trt.calibrator import make_entropy_calibrator
 
     images = calibration_images(model, source, config.calibration_data, config.calibration_samples)
@@ -307,7 +316,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     folder, plugins, calibration images) is checked before TensorRT starts its minutes-long build,
     so a missing part never throws a built engine away. ``device`` replaces the identity read with
     cuda-python (tests). ``calibration_images`` is needed only by a weakly typed int8 build from a
-    float32 graph (the legacy calibrator); ``edge build`` passes ``calib.data.calibration_images``.
+    float32 graph (the legacy calibrator); ``edge build`` passes ``edge.precision.calibration.calibration_images``.
     """
     config = config or BuildConfig()
     config.check()
@@ -334,7 +343,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
     model, variant, conversion = select_onnx(model_path, config, strongly_typed)
     model_bytes = model.SerializeToString()
 
-    logger = trt.Logger(trt.Logger.VERBOSE if config.verbose else trt.Logger.WARNING)
+    logger = stderr_logger(verbose=config.verbose)  # never trt.Logger: it prints on stdout, before --json's JSON
     builder = trt.Builder(logger)
     plugins = _load_plugins(builder, logger, config.plugins)
     network = builder.create_network(network_flags(strongly_typed, features))
@@ -359,10 +368,14 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         knobs["honoured"]["int8_calibrator"] = "IInt8EntropyCalibrator2 (legacy)"
         knobs["honoured"]["calibration_shape"] = shape
     timing = _load_timing_cache(builder_config, config.timing_cache) if features.timing_cache else {"path": None}
-    if features.progress_monitor and isinstance(display, PhaseDisplay):
-        builder_config.progress_monitor = _progress_monitor(display)
+    # Ctrl-C during the build: TensorRT's callbacks swallow a KeyboardInterrupt (jetson.interrupt), so it is
+    # noted, the progress monitor cancels the build, and it is raised when the build returns
+    ctrl_c = Interruptions((signal.SIGINT,))
+    if features.progress_monitor:
+        builder_config.progress_monitor = _progress_monitor(display, ctrl_c)
     display("building the engine (TensorRT tries tactics: minutes on an Orin Nano)")
-    serialized = builder.build_serialized_network(network, builder_config)
+    with ctrl_c.handling(), ctrl_c.deferred():
+        serialized = builder.build_serialized_network(network, builder_config)
     if serialized is None:
         raise EdgeError(f"TensorRT could not build an engine from {model_path}", found="see TensorRT's log above",
                         fix=f"if it ran out of memory, lower --workspace (now {config.workspace_mib} MiB) or close "
@@ -382,6 +395,7 @@ def build_engine(model_path: str | Path, out: str | Path, config: BuildConfig | 
         "runtime": {"tensorrt": features.version, **device},
         "precision": config.precision,
         "strongly_typed": strongly_typed,
+        "tf32": config.tf32,
         "shapes": {**_io_shapes(network), **shape_info},
         "knobs": knobs,
         "config": asdict(config),

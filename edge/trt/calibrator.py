@@ -10,7 +10,8 @@ calibration profile's opt shape for a dynamic batch): ``get_batch_size`` is a le
 implicit batch. So the batch is that shape's first dimension, never a constant of ours.
 
 It takes the images as an array: which images and how they are preprocessed is the caller's
-business (``edge build`` passes ``calib.data.calibration_images``), so ``edge.trt`` never imports ``calib``.
+business (``edge build`` passes ``edge.precision.calibration.calibration_images``), so ``edge.trt``
+never reads a data set.
 """
 
 from __future__ import annotations

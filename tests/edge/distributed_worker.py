@@ -18,9 +18,9 @@ from edge import distributed
 from edge.analysis.attention import collect_attention_stats
 from edge.analysis.collect import collect_block_moments
 from edge.analysis.entropy import collect_entropy, nose_search, transfer_entropy
-from edge.compress.attnrm_apply import collect_attention_moments
-from edge.compress.dwconv_apply import fit_kernels
-from edge.compress.wpac import collect_statistics
+from edge.compress.methods.attnrm.build import collect_attention_moments
+from edge.compress.methods.dwconv.build import fit_kernels
+from edge.compress.methods.wpac.statistics import collect_statistics
 from edge.data import InputSpec, calibration_set
 from edge.models import create_model, data_config
 from edge.models.info import model_info

@@ -1,6 +1,6 @@
 """``edge bundle``: from ONNX files and (through the CLI, which asks edge.pipeline for the graphs) from a
 pipeline run folder, with a manifest whose checksums the device runner checks, written atomically; fp16
-and int8 graphs made by edge.quantize on real images."""
+and int8 graphs made by edge.precision.quantize on real images."""
 
 import json
 import tarfile
@@ -30,7 +30,8 @@ def test_bundle_of_onnx_files_lists_every_file_with_its_checksum(tmp_path):
     build = manifest["variants"][0]["build"]
     assert build == {"precision": "fp32", "strongly_typed": True, "workspace_mib": 2048, "optimization_level": 3,
                      "tiling_optimization_level": None, "batch": None, "min_batch": None, "opt_batch": None,
-                     "max_batch": None, "timing_cache": None, "plugins": [], "calibration_cache": None}
+                     "max_batch": None, "timing_cache": None, "plugins": [], "calibration_cache": None,
+                     "tf32": True}
     assert manifest["variants"][0]["inputs"] == [{"name": "input", "shape": [1, 16], "dtype": "float32"}]
     # every file but the manifest, with its sha256 and size; the runner's package is the repository's own
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)

@@ -142,12 +142,12 @@ def model_files(tmp_path, monkeypatch):
 
 
 def test_cli_defaults_are_the_library_defaults(model_files):
-    from calib.qdq import Int8Config
     from edge.analysis.analyze import AnalysisConfig
-    from edge.compare import Tolerance
+    from edge.check.accuracy import EvaluateConfig
+    from edge.check.compare import Tolerance
     from edge.compress import CompressConfig
-    from edge.evaluate import EvaluateConfig
     from edge.export import ExportConfig
+    from edge.precision.int8 import Int8Config
     from edge.profile import ProfileConfig
     from edge.trt.builder import BuildConfig
 

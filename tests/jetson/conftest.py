@@ -26,7 +26,7 @@ def bundle(tmp_path) -> Path:
     """Two variants (a and b), fp32, a short protocol."""
     graphs = [tiny_onnx(tmp_path / "a.onnx"), tiny_onnx(tmp_path / "b.onnx")]
     make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=Protocol(
-        warmup=2, iterations=20, idle_s=0.3)))
+        warmup=2, warmup_s=None, iterations=20, duration_s=None, energy_duration_s=None, idle_s=0.3)))
     return tmp_path / "bundle"
 
 
@@ -38,5 +38,5 @@ def fake_device(tmp_path, monkeypatch):
     monkeypatch.setattr(device_module, "DEVICE_TREE_MODEL", str(model))
     trt = make_fake_tensorrt("10.3")
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None: trt.cuda)
+    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None, log=None: trt.cuda)
     return trt

@@ -2,7 +2,10 @@
  * binding calls, with CUDA's C signatures, over host memory: "device" memory is malloc'd, streams and
  * events are counters, an event's time is the number of fake_launch calls before it was recorded.
  * Error codes and names are CUDA's own (cudaErrorInvalidValue = 1, cudaErrorInvalidResourceHandle =
- * 400). Compiled by tests/jetson/test_cudart.py with the system cc. */
+ * 400). Compiled by tests/jetson/test_cudart.py with the system cc. Mirrors the declarations of
+ * cuda_runtime_api.h (CUDA 12.6; 13.0 folds cudaGetDeviceProperties_v2 back into cudaGetDeviceProperties):
+ * tests/jetson/test_fakes_surface.py checks every entry point here against the header where a CUDA
+ * toolkit is installed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +27,7 @@ const char *cudaGetErrorName(cudaError_t error) {
 
 cudaError_t cudaRuntimeGetVersion(int *version) { *version = 12060; return OK; }
 cudaError_t cudaDriverGetVersion(int *version) { *version = 12080; return OK; }
+cudaError_t cudaGetDeviceCount(int *count) { *count = 1; return OK; }
 
 cudaError_t cudaGetDeviceProperties_v2(void *props, int device) {
     if (device != 0) return INVALID_VALUE;

@@ -36,25 +36,44 @@ class FakeJetson:
 
     def calls(self) -> list[list[str]]:
         """Every call so far, in order, as [program, *arguments]."""
+        return [entry["argv"] for entry in self.call_entries()]
+
+    def call_entries(self) -> list[dict]:
+        """Every call so far: ``{"argv": [...], "euid": N}`` (``euid`` None for a fake that logs no user)."""
         if not self.call_log.exists():
             return []
-        return [json.loads(line) for line in self.call_log.read_text().splitlines()]
+        entries = [json.loads(line) for line in self.call_log.read_text().splitlines()]
+        return [entry if isinstance(entry, dict) else {"argv": entry, "euid": None} for entry in entries]
 
 
 def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.conf",
-                  trace: Path = DATA / "jp6_orin_nano_user_trace.log") -> FakeJetson:
-    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks,trtexec}`` that run the fakes with this
-    interpreter, isolated and without site (a tenth of the start-up time of ``python3`` via PATH)."""
+                  trace: Path = DATA / "jp6_orin_nano_user_trace.log", python: str = sys.executable,
+                  site_packages: str | None = None) -> FakeJetson:
+    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks,trtexec}`` that run the fakes with
+    ``python`` (this interpreter by default), isolated and without site (a tenth of the start-up time of
+    ``python3`` via PATH). The fakes' variables are written into the wrappers too, so a call through
+    ``sudo`` (which resets the environment) reaches the same state and call log; the call log is
+    writable by every user (the device's login user and root through sudo both append to it).
+    ``site_packages``: where trtexec's fake finds numpy and onnx when ``python`` is not this one."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    fakes = FakeJetson(bin_dir, root / "calls.jsonl", root / "nvpmodel.state", conf, trace)
+    fakes.call_log.touch()
+    fakes.call_log.chmod(0o666)
+    baked = " ".join(f"{name}={shlex.quote(value)}" for name, value in fakes.variables().items()
+                     if name != "PATH")
     for real, fake in REAL_NAMES.items():
         wrapper = bin_dir / real
-        command = f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(BIN / fake))}"
-        wrapper.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        command = f"{shlex.quote(python)} -I -S {shlex.quote(str(BIN / fake))}"
+        wrapper.write_text(f'#!/bin/sh\nexport {baked}\nexec {command} "$@"\n')
         wrapper.chmod(0o755)
     # trtexec "builds" with tests/fake_tensorrt.py, which needs numpy and onnx: the interpreter's site stays on
     trtexec = bin_dir / "trtexec"
-    command = f"{shlex.quote(sys.executable)} -I {shlex.quote(str(BIN / 'fake_trtexec'))}"
-    trtexec.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+    if site_packages:
+        baked += f" PYTHONPATH={shlex.quote(site_packages)}"
+        command = f"{shlex.quote(python)} {shlex.quote(str(BIN / 'fake_trtexec'))}"
+    else:
+        command = f"{shlex.quote(python)} -I {shlex.quote(str(BIN / 'fake_trtexec'))}"
+    trtexec.write_text(f'#!/bin/sh\nexport {baked}\nexec {command} "$@"\n')
     trtexec.chmod(0o755)
-    return FakeJetson(bin_dir, root / "calls.jsonl", root / "nvpmodel.state", conf, trace)
+    return fakes

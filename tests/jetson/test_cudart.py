@@ -5,15 +5,20 @@ with cuda-python's conventions on the Python side."""
 import ctypes
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from jetson import cuda as cuda_module
 from jetson.cuda import check, load_cuda_runtime
 from jetson.cudart import CtypesCudaRuntime, cudaMemcpyKind, find_libcudart
 from jetson.device import cuda_identity
 from jetson.errors import JetsonError
+from tests.fake_cuda import FakeCudaRuntime
+from tests.fake_pycuda import install_fake_pycuda
 
 SOURCE = Path(__file__).with_name("fake_libcudart.c")
 
@@ -26,6 +31,12 @@ def fake_libcudart(tmp_path_factory) -> Path:
     library = tmp_path_factory.mktemp("cudart") / "libcudart_fake.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(SOURCE)], check=True, timeout=120)
     return library
+
+
+def hide_cuda_python(monkeypatch) -> None:
+    """``import cuda...`` fails, even where the real cuda-python was imported before (both its layouts)."""
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+        monkeypatch.setitem(sys.modules, name, None)
 
 
 def test_memory_copies_and_errors_with_their_names(fake_libcudart):
@@ -91,9 +102,9 @@ def test_without_any_binding_the_error_lists_what_was_tried(monkeypatch):
     with pytest.raises(JetsonError, match="libcudart.so was not found") as e:
         find_libcudart()
     assert "/nonexistent/libcudart.so" in str(e.value)
-    monkeypatch.setitem(__import__("sys").modules, "cuda", None)
-    monkeypatch.setitem(__import__("sys").modules, "pycuda", None)
-    with pytest.raises(JetsonError, match="no CUDA runtime binding could be loaded") as e:
+    hide_cuda_python(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    with pytest.raises(JetsonError, match="no CUDA runtime binding answered") as e:
         load_cuda_runtime()
     assert "cuda-python: cuda-python was not found" in str(e.value) and "pycuda: pycuda was not found" in str(e.value)
     assert "ctypes: the CUDA runtime library libcudart.so was not found" in str(e.value)
@@ -115,89 +126,12 @@ def test_a_real_libcudart_without_a_gpu_answers_a_named_error():
     assert props is None and error.name.startswith("cudaError")
 
 
-def fake_pycuda_driver():
-    """A FAKE ``pycuda.driver`` (NOT pycuda): the driver-API objects PycudaRuntime uses, over host memory."""
-    import types
-
-    driver = types.ModuleType("pycuda.driver")
-    driver.Error = RuntimeError
-    driver.device_attribute = types.SimpleNamespace(MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
-    driver.memory = {}
-    driver.clock = [0.0]
-    driver.init = lambda: None
-    driver.get_version = lambda: (12, 6, 0)
-    driver.get_driver_version = lambda: 12080
-
-    class Context:
-        def push(self):
-            driver.pushed = True
-
-        def pop(self):
-            driver.pushed = False
-
-    class Device:
-        def __init__(self, index):
-            self.index = index
-
-        def retain_primary_context(self):
-            return Context()
-
-        name = staticmethod(lambda: "Orin")
-        compute_capability = staticmethod(lambda: (8, 7))
-        get_attribute = staticmethod(lambda attribute: 8)
-        total_memory = staticmethod(lambda: 7620 << 20)
-
-    class Allocation:
-        def __init__(self, nbytes):
-            self.buffer = ctypes.create_string_buffer(nbytes)
-            driver.memory[int(self)] = self
-
-        def __int__(self):
-            return ctypes.addressof(self.buffer)
-
-        def free(self):
-            driver.memory.pop(int(self))
-
-    def memcpy_htod(dst, src):
-        ctypes.memmove(dst, bytes(src), len(src))
-
-    def memcpy_dtoh(dst, src):
-        ctypes.memmove(ctypes.addressof(dst), src, len(dst))
-
-    class Stream:
-        handle = 0x100
-
-        def synchronize(self):
-            pass
-
-    class Event:
-        count = 0
-
-        def __init__(self):
-            Event.count += 1
-            self.handle = 0x200 + Event.count
-
-        def record(self, stream):
-            self.at = driver.clock[0]
-
-        def time_since(self, other):
-            return self.at - other.at
-
-    driver.Device, driver.mem_alloc, driver.Stream, driver.Event = Device, Allocation, Stream, Event
-    driver.memcpy_htod, driver.memcpy_dtoh = memcpy_htod, memcpy_dtoh
-    return driver
-
-
-def test_pycuda_speaks_cuda_pythons_conventions(monkeypatch, tmp_path):
-    import sys
-    import types
-
-    driver = fake_pycuda_driver()
-    package = types.ModuleType("pycuda")
-    package.driver = driver
-    monkeypatch.setitem(sys.modules, "pycuda", package)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
-    monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-python absent: pycuda is next
+def test_pycuda_speaks_cuda_pythons_conventions_with_events_that_have_no_handle(monkeypatch, tmp_path):
+    """Issue 29 D1: pycuda's Event has no ``handle`` (wrap_cudadrv.cpp binds it on Stream only); the binding
+    numbers its events itself."""
+    driver = install_fake_pycuda(monkeypatch)
+    assert not hasattr(driver.Event(), "handle")
+    hide_cuda_python(monkeypatch)  # cuda-python absent: pycuda is next
     cuda = load_cuda_runtime()
     assert cuda.binding == "pycuda" and cuda.captures_graphs is False and driver.pushed
     host = np.arange(8, dtype=np.float32)
@@ -223,3 +157,63 @@ def test_pycuda_speaks_cuda_pythons_conventions(monkeypatch, tmp_path):
     assert identity["cuda_python_runtime"] == "12.6" and identity["cuda_driver"] == "12.8"
     cuda.close()
     assert not driver.pushed
+
+
+def install_fake_cuda_python(monkeypatch, runtime: FakeCudaRuntime) -> None:
+    """``runtime`` as cuda-python's ``cuda.bindings.runtime``."""
+    package, bindings = types.ModuleType("cuda"), types.ModuleType("cuda.bindings")
+    package.bindings, bindings.runtime = bindings, runtime
+    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", runtime)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_a_cuda_python_that_imports_but_fails_its_first_call_falls_through_to_pycuda(monkeypatch):
+    """Issue 29 D8: `pip install cuda-python` gives 13.x, which imports on JetPack 6 (a CUDA 12.6 driver) and
+    answers cudaErrorInsufficientDriver at its first call (as cuda-python 12.9 does here, without a driver)."""
+    install_fake_cuda_python(monkeypatch, FakeCudaRuntime(runtime=13000, driver=12060))
+    install_fake_pycuda(monkeypatch)
+    heard = []
+    cuda = load_cuda_runtime(log=heard.append)
+    assert cuda.binding == "pycuda"
+    assert len(heard) == 1 and heard[0].startswith("CUDA binding cuda-python skipped: ")
+    assert "cudaErrorInsufficientDriver (35)" in heard[0]
+    cuda.close()
+
+
+def test_then_pycuda_without_a_gpu_falls_through_to_libcudart(monkeypatch, fake_libcudart):
+    install_fake_cuda_python(monkeypatch, FakeCudaRuntime(runtime=13000, driver=12060))
+    driver = install_fake_pycuda(monkeypatch, devices=0)
+    monkeypatch.setattr("jetson.cudart.LIBRARY_NAMES", (str(fake_libcudart),))
+    monkeypatch.setattr("ctypes.util.find_library", lambda name: None)
+    heard = []
+    cuda = load_cuda_runtime(log=heard.append)
+    assert cuda.binding == "ctypes libcudart" and cuda.path == str(fake_libcudart)
+    assert [line.split(":")[0] for line in heard] == ["CUDA binding cuda-python skipped",
+                                                     "CUDA binding pycuda skipped"]
+    assert "pycuda could not open the GPU" in heard[1] and "invalid device ordinal" in heard[1]
+    assert driver.pushed is False
+
+
+def test_a_binding_asked_for_by_name_is_probed_too_and_its_failure_named(monkeypatch):
+    install_fake_cuda_python(monkeypatch, FakeCudaRuntime(runtime=13000, driver=12060))
+    with pytest.raises(JetsonError, match="the CUDA binding cuda-python did not answer") as e:
+        load_cuda_runtime("cuda-python")
+    assert "cudaGetDeviceCount failed" in str(e.value) and "cuda-python>=12.6,<13" in str(e.value)
+    cuda, reason = cuda_module.try_cuda_binding("cuda-python")
+    assert cuda is None and "cudaErrorInsufficientDriver" in reason
+    install_fake_cuda_python(monkeypatch, FakeCudaRuntime())
+    cuda, reason = cuda_module.try_cuda_binding("cuda-python")
+    assert reason is None and check(cuda.cudaGetDeviceCount(), "cudaGetDeviceCount") == 1
+
+
+def test_a_binding_whose_first_call_raises_is_skipped_with_the_exception(monkeypatch):
+    """cuda-python raises RuntimeError ("Failed to dlopen libcudart.so.13") where its library is missing."""
+    runtime = FakeCudaRuntime()
+
+    def raising():
+        raise RuntimeError("Failed to dlopen libcudart.so.13")
+
+    runtime.cudaGetDeviceCount = raising
+    install_fake_cuda_python(monkeypatch, runtime)
+    cuda, reason = cuda_module.try_cuda_binding("cuda-python")
+    assert cuda is None and "RuntimeError: Failed to dlopen libcudart.so.13" in reason

@@ -8,14 +8,14 @@ meant; the rails are in both.
 
 import pytest
 
-from jetson.energy import Window, energy_mj, rail_energy, rail_power, summarize, window_samples
+from jetson.energy import MIN_ENERGY_SAMPLES, Window, energy_mj, rail_energy, rail_power, summarize, window_samples
 from jetson.errors import JetsonError
 from jetson.tegrastats import TimedSample, read_log
 from tests.jetson.fakes import DATA
 
 IDLE = Window(0.0, 3.0)
 TIMED = Window(4.0, 6.0)
-INFERENCES = 100
+CALLS = 100
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +45,42 @@ def test_trapezoidal_energy_matches_the_hand_integral(trace, window, millijoules
     assert energy_mj(times, power, window) == pytest.approx(millijoules, rel=1e-12)
 
 
-def test_energy_per_inference_total_and_above_idle(trace):
-    vdd_in = rail_energy(trace, "VDD_IN", TIMED, INFERENCES, idle=IDLE)
+def test_energy_per_call_total_and_above_idle(trace):
+    vdd_in = rail_energy(trace, "VDD_IN", TIMED, CALLS, idle=IDLE)
     assert vdd_in.energy_mj == pytest.approx(11434.5, rel=1e-12)
     assert vdd_in.mean_power_mw == pytest.approx(11434.5 / 2, rel=1e-12)
     assert vdd_in.idle_power_mw == pytest.approx(10446 / 3, rel=1e-12)                  # 3482 mW
-    assert vdd_in.energy_per_inference_mj == pytest.approx(114.345, rel=1e-12)
-    assert vdd_in.energy_above_idle_per_inference_mj == pytest.approx((11434.5 - 3482 * 2) / 100, rel=1e-12)
+    assert vdd_in.energy_per_call_mj == vdd_in.energy_per_image_mj == pytest.approx(114.345, rel=1e-12)  # batch 1
+    assert vdd_in.energy_above_idle_per_call_mj == pytest.approx((11434.5 - 3482 * 2) / 100, rel=1e-12)
 
-    cv = rail_energy(trace, "VDD_CPU_GPU_CV", TIMED, INFERENCES, idle=IDLE)
+    cv = rail_energy(trace, "VDD_CPU_GPU_CV", TIMED, CALLS, idle=IDLE)
     assert cv.energy_mj == pytest.approx((1215 + 770) / 2 + (770 + 730) / 2, rel=1e-12)  # 1742.5
     assert cv.idle_power_mw == pytest.approx(((523 + 442) / 2 + 442 + 442) / 3, rel=1e-12)  # 455.5
-    assert cv.energy_above_idle_per_inference_mj == pytest.approx((1742.5 - 455.5 * 2) / 100, rel=1e-12)
+    assert cv.energy_above_idle_per_call_mj == pytest.approx((1742.5 - 455.5 * 2) / 100, rel=1e-12)
 
-    no_idle = rail_energy(trace, "VDD_IN", TIMED, INFERENCES)
-    assert no_idle.idle_power_mw is None and no_idle.energy_above_idle_per_inference_mj is None
+    no_idle = rail_energy(trace, "VDD_IN", TIMED, CALLS)
+    assert no_idle.idle_power_mw is None and no_idle.energy_above_idle_per_call_mj is None
+    assert no_idle.energy_above_idle_per_image_mj is None
+
+
+def test_energy_per_image_divides_a_call_by_its_batch(trace):
+    """A call at batch 8 computes 8 images: energy per call is per batch, per image an eighth of it."""
+    batched = rail_energy(trace, "VDD_IN", TIMED, CALLS, idle=IDLE, batch=8)
+    assert batched.energy_per_call_mj == pytest.approx(114.345, rel=1e-12)
+    assert batched.energy_per_image_mj == pytest.approx(114.345 / 8, rel=1e-12)
+    assert batched.energy_above_idle_per_image_mj == pytest.approx((11434.5 - 3482 * 2) / 800, rel=1e-12)
+    summary = summarize(trace, TIMED, CALLS, idle=IDLE, batch=8)
+    assert (summary.calls, summary.batch) == (100, 8)
+    assert summary.rails["VDD_IN"] == batched
 
 
 def test_summary_of_the_timed_window(trace):
-    summary = summarize(trace, TIMED, INFERENCES, idle=IDLE)
+    summary = summarize(trace, TIMED, CALLS, idle=IDLE)
     assert summary.total_rail == "VDD_IN"
     assert list(summary.rails) == ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"]
     assert summary.rails["VDD_SOC"].energy_mj == pytest.approx((1663 + 1663) / 2 + (1663 + 1623) / 2, rel=1e-12)
     assert (summary.samples_timed, summary.samples_idle) == (3, 4)
-    assert (summary.timed_s, summary.idle_s, summary.inferences) == (2.0, 3.0, 100)
+    assert (summary.timed_s, summary.idle_s, summary.calls, summary.batch) == (2.0, 3.0, 100, 1)
     # the window's samples and the one before it (t = 3 s, 2837 MB) bound what it saw
     assert [s.time_s for s in window_samples(trace, TIMED)] == [3, 4, 5, 6]
     assert (summary.peak_ram_used_mb, summary.ram_total_mb) == (6677, 7620)
@@ -76,7 +88,22 @@ def test_summary_of_the_timed_window(trace):
                                            "tj": 52.812, "soc1": 52.812}
     assert summary.gpu_freq_mhz == [306]
     as_json = summary.to_json()
-    assert as_json["rails"]["VDD_IN"]["energy_per_inference_mj"] == pytest.approx(114.345, rel=1e-12)
+    assert as_json["rails"]["VDD_IN"]["energy_per_call_mj"] == pytest.approx(114.345, rel=1e-12)
+    # 3 samples in the window: the energy is there, marked unreliable with the reason
+    assert as_json["reliable"] is False and as_json["min_samples"] == MIN_ENERGY_SAMPLES == 20
+    assert as_json["unreliable"].startswith("only 3 tegrastats samples in the timed window, fewer than 20")
+
+
+def test_energy_is_reliable_from_the_sample_minimum_on(trace):
+    """20 samples (2 s at tegrastats' 100 ms) bound the error of the window's edges to about 1/20: the minimum."""
+    dense = [TimedSample(n * 0.1, trace[4 + n % 3].sample) for n in range(30)]
+    enough = summarize(dense, Window(0.05, 0.05 + 0.1 * MIN_ENERGY_SAMPLES), 50, interval_ms=100)
+    assert enough.samples_timed == MIN_ENERGY_SAMPLES and enough.reliable and enough.unreliable is None
+    short = summarize(dense, Window(0.05, 0.05 + 0.1 * (MIN_ENERGY_SAMPLES - 1)), 50, interval_ms=100)
+    assert short.samples_timed == MIN_ENERGY_SAMPLES - 1 and not short.reliable
+    assert short.unreliable == ("only 19 tegrastats samples in the timed window, fewer than 20 (one every 100 ms: "
+                                "time at least 2 s): the energy of the window's edges is a guess of up to 1/19 of "
+                                "the total")
 
 
 def test_a_window_the_samples_do_not_cover_is_refused(trace):
@@ -95,5 +122,5 @@ def test_a_rail_missing_from_a_sample_is_named(trace):
 def test_empty_windows_and_no_inferences_are_refused(trace):
     with pytest.raises(JetsonError, match=r"time window \[2, 2\] s is empty"):
         Window(2, 2)
-    with pytest.raises(JetsonError, match="needs at least one inference, got 0"):
+    with pytest.raises(JetsonError, match="needs at least one call of at least one image, got 0 calls"):
         rail_energy(trace, "VDD_IN", TIMED, 0)

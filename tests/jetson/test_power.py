@@ -108,8 +108,8 @@ def test_an_exception_mid_benchmark_puts_mode_and_clocks_back(fake_jetson):
         ["jetson_clocks", "--store", stored],
         ["nvpmodel", "-m", "0"], ["nvpmodel", "-q"],
         ["jetson_clocks"],
-        ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"],
-        ["jetson_clocks", "--restore", stored],
+        ["jetson_clocks", "--restore", stored],   # undone in reverse: the clocks first (issue 29),
+        ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"],   # then the original mode
     ]
     assert query_power_mode() == PowerMode(1, "25W")
 
@@ -117,12 +117,12 @@ def test_an_exception_mid_benchmark_puts_mode_and_clocks_back(fake_jetson):
 def test_a_failure_while_setting_up_undoes_what_was_done(fake_jetson, tmp_path):
     conf = tmp_path / "nvpmodel.conf"
     conf.write_text("< POWER_MODEL ID=9 NAME=BROKEN >\n")
-    with pytest.raises(JetsonError, match="`nvpmodel -m 9` failed with exit code 1") as e:
+    with pytest.raises(JetsonError, match="nvpmodel -m 9` failed with exit code 1") as e:
         with DeviceSettings(power_mode="BROKEN", lock_clocks=True, conf=conf):
             pytest.fail("the block must not run")
     assert "NVPM ERROR: Invalid mode id 9" in str(e.value)
     calls = fake_jetson.calls()
-    assert calls[-1] == ["jetson_clocks", "--restore", calls[1][2]]
+    assert calls[-3:] == [["jetson_clocks", "--restore", calls[1][2]], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
     assert ["jetson_clocks"] not in calls
 
 
@@ -163,5 +163,20 @@ def test_a_signal_mid_benchmark_puts_mode_and_clocks_back(fake_jetson, signum, c
     assert child.returncode == code, err
     calls = fake_jetson.calls()
     stored = calls[1][2]
-    assert calls[-3:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"], ["jetson_clocks", "--restore", stored]]
+    assert calls[-3:] == [["jetson_clocks", "--restore", stored], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
     assert query_power_mode() == PowerMode(1, "25W")
+
+
+def test_a_runner_started_under_sudo_is_refused_naming_the_sudoers_line(bundle, monkeypatch, capsys):
+    """Under sudo HOME moves (the engine cache, a `pip install --user` binding) and results/ would be root's:
+    refused before anything runs, with the line that makes sudo unnecessary for the two tools."""
+    from jetson.runner import RunOptions, run
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a runner under sudo runs as root")
+    monkeypatch.setenv("SUDO_USER", "nvidia")
+    assert run(RunOptions(bundle=bundle, backend="ort", energy="off")) == 2
+    summary = (bundle / "results" / "run.json").read_text()
+    assert "the runner was started with sudo (by nvidia)" in summary
+    assert "nvidia ALL=(root) NOPASSWD: " in summary and "/jetson_clocks" in summary
+    assert not (bundle / "results" / "a.fp32.json").exists()

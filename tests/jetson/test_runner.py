@@ -99,21 +99,25 @@ def test_energy_from_the_replayed_tegrastats_trace_and_the_power_mode_put_back(b
     result = json.loads((bundle / "results" / "a.fp32.json").read_text())
     power = result["power"]
     assert power["total_rail"] == "VDD_IN" and set(power["rails"]) == {"VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"}
-    assert power["inferences"] == result["latency"]["iterations"] and power["samples_idle"] >= 2
+    assert power["calls"] == result["latency"]["iterations"] and power["batch"] == 1 and power["samples_idle"] >= 2
+    # 0.35 s timed (--duration, which also sets the energy window): a few samples, so marked unreliable
+    assert power["reliable"] is False and "fewer than 20" in power["unreliable"]
+    assert "a.fp32: energy unreliable: only" in (bundle / "results" / "logs" / "run.log").read_text()
     # the figures are the trapezoidal integral of the samples the log holds, over the recorded windows
     samples = read_sampler_log(bundle / "results" / power["tegrastats_log"])
     timed, idle = Window(*power["timed_window_s"]), Window(*power["idle_window_s"])
-    again = rail_energy(samples, "VDD_IN", timed, power["inferences"], idle)
+    again = rail_energy(samples, "VDD_IN", timed, power["calls"], idle)
     assert power["rails"]["VDD_IN"]["energy_mj"] == pytest.approx(again.energy_mj, rel=1e-12)
-    assert power["rails"]["VDD_IN"]["energy_above_idle_per_inference_mj"] == pytest.approx(
-        again.energy_above_idle_per_inference_mj, rel=1e-12)
+    assert power["rails"]["VDD_IN"]["energy_above_idle_per_image_mj"] == pytest.approx(
+        again.energy_above_idle_per_image_mj, rel=1e-12)
     # the replayed trace's VDD_IN lies between 4.8 and 6.2 W: so does the mean power
     assert 4800 < power["rails"]["VDD_IN"]["mean_power_mw"] < 6200
     calls = fake_jetson.calls()
     summary = json.loads((bundle / "results" / "run.json").read_text())
     assert summary["device"]["power_mode"] == {"name": "25W", "id": 1}  # the fake's mode before the run
-    assert calls[calls.index(["nvpmodel", "-m", "0"]) + 1:][-3:] == [  # 15W for the run, then 25W again
-        ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"], ["jetson_clocks", "--restore", calls[-1][2]]]
+    stored = next(c[2] for c in calls if c[:2] == ["jetson_clocks", "--store"])
+    assert calls[calls.index(["nvpmodel", "-m", "0"]) + 1:][-3:] == [  # 15W for the run; the clocks, then 25W again
+        ["jetson_clocks", "--restore", stored], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
     assert summary["settings"]["power_mode"] == {"id": 0, "name": "15W"} and summary["settings"]["clocks_locked"]
 
 
@@ -215,7 +219,7 @@ def test_a_cached_engine_from_another_device_is_refused(bundle, fake_device, tmp
 def test_another_gpu_gets_another_cache_key(bundle, fake_device, tmp_path, monkeypatch):
     assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",))) == 0
     fake_device.cuda = FakeCudaRuntime(AGX_ORIN)  # 16 SMs, the rest as the Orin Nano
-    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None: fake_device.cuda)
+    monkeypatch.setattr(cuda_module, "load_cuda_runtime", lambda binding=None, log=None: fake_device.cuda)
     assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",),
                           force=True)) == 0
     assert len(list((tmp_path / "cache" / "engines").glob("*.engine"))) == 2
@@ -237,3 +241,51 @@ def test_bad_options_are_usage_errors(bundle):
                           env=runner_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "invalid choice" in done.stderr
     assert DATA.is_dir()
+
+
+def test_the_runner_finishes_when_its_terminal_is_gone(bundle):
+    """Issue 29 D6: an SSH session without a pty drops, sshd sends no SIGHUP, and the runner's stderr and
+    stdout pipes have no reader any more: every later write to them raises BrokenPipeError. The runner goes
+    on with its log file, finishes both variants and writes run.json with `finished` and `exit_code`."""
+    process = subprocess.Popen([sys.executable, "-m", "jetson", "run", "--backend", "ort", "--duration", "1",
+                                "--energy", "off"], cwd=bundle, env=runner_env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:
+            if "a.fp32: benchmarking" in line:
+                break
+        process.stderr.close()  # the parent (sshd) goes away mid-benchmark
+        process.stdout.close()
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    assert summary["exit_code"] == 0 and summary["finished"] and summary["partial"] is False
+    assert {k: v["status"] for k, v in summary["variants"].items()} == {"a.fp32": "done", "b.fp32": "done"}
+    log = (bundle / "results" / "logs" / "run.log").read_text()
+    assert "the terminal is gone (BrokenPipeError" in log and "b.fp32: median" in log
+    assert json.loads((bundle / "results" / "b.fp32.json").read_text())["partial"] is False
+
+
+def test_a_cuda_python_too_new_for_the_driver_is_skipped_and_the_run_goes_on(bundle, tmp_path, monkeypatch):
+    """Issue 29 D8 in the runner: `pip install cuda-python` (13.x) on JetPack 6 imports and fails at its first
+    call; the runner goes on with the next binding (here pycuda, played by the fake GPU) and records why."""
+    from jetson import device as device_module
+    from tests.fake_tensorrt import make_fake_tensorrt
+    from tests.jetson.test_cudart import install_fake_cuda_python
+
+    trt = make_fake_tensorrt("10.3")
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    model = tmp_path / "device-tree-model"
+    model.write_bytes(NANO_MODEL.encode() + b"\x00")
+    monkeypatch.setattr(device_module, "DEVICE_TREE_MODEL", str(model))
+    install_fake_cuda_python(monkeypatch, FakeCudaRuntime(runtime=13000, driver=12060))
+    monkeypatch.setattr(cuda_module, "PycudaRuntime", lambda: trt.cuda)
+    assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a",))) == 0
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    skipped = summary["device"]["cuda_bindings_skipped"]
+    assert len(skipped) == 1 and skipped[0].startswith("CUDA binding cuda-python skipped: CUDA call "
+                                                       "cudaGetDeviceCount failed (cudaErrorInsufficientDriver (35))")
+    assert summary["variants"]["a.fp32"]["status"] == "done"

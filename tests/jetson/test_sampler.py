@@ -45,8 +45,8 @@ def test_energy_over_idle_and_timed_windows_is_the_integral_of_the_replayed_trac
         figures = summary.rails[rail]
         assert figures.energy_mj == pytest.approx(dense_integral(times, values, timed), rel=1e-6)
         assert figures.idle_power_mw == pytest.approx(dense_integral(times, values, idle) / idle.duration_s, rel=1e-6)
-        assert figures.energy_per_inference_mj == pytest.approx(figures.energy_mj / 9, rel=1e-12)
-        assert figures.energy_above_idle_per_inference_mj == pytest.approx(
+        assert figures.energy_per_call_mj == pytest.approx(figures.energy_mj / 9, rel=1e-12)
+        assert figures.energy_above_idle_per_call_mj == pytest.approx(
             (figures.energy_mj - figures.idle_power_mw * timed.duration_s) / 9, rel=1e-12)
     assert summary.total_rail == "VDD_IN" and summary.peak_ram_used_mb == 6677
     assert read_sampler_log(log) == samples

@@ -10,6 +10,7 @@ from edge.graph.passes import (
     fold_constants,
     fold_linear_chains,
     fold_scalar_scales,
+    fuse_layer_norm,
     linear_to_gemm,
     merge_reshapes,
     remove_noops,
@@ -17,8 +18,9 @@ from edge.graph.passes import (
 from edge.graph.registry import PassRegistry
 
 PASSES = PassRegistry()
-# linear-to-gemm writes Reshapes that merge-reshapes, next, folds into their neighbours.
-for _module in (fold_constants, remove_noops, cancel_transposes, linear_to_gemm, merge_reshapes,
+# linear-to-gemm writes Reshapes that merge-reshapes, next, folds into their neighbours;
+# fuse-layer-norm reads eps, axes and gamma as constants: it runs after fold-constants.
+for _module in (fold_constants, remove_noops, fuse_layer_norm, cancel_transposes, linear_to_gemm, merge_reshapes,
                 fold_linear_chains, fold_scalar_scales, fold_channel_scales):
     PASSES.register(_module.PASS)
 

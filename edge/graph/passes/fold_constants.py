@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from edge.compare import ort_messages
+from edge.check.compare import ort_messages
 from edge.graph.graph_pass import InPlacePass
 from edge.graph.util import infer_shapes
 

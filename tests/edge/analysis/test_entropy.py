@@ -101,7 +101,7 @@ def test_transfer_entropy_and_nose_trajectory_match_direct(setup):
 
 def test_zero_branch_is_the_mlp_only_block(setup):
     """'Attention made identity' is exactly MLPOnlyBlock(scale=1): x + ls2(mlp(norm2(x)))."""
-    from edge.compress.attnrm import MLPOnlyBlock
+    from edge.compress.methods.attnrm.module import MLPOnlyBlock
 
     model, _, _ = setup
     x = torch.randn(3, 17, 32, generator=torch.Generator().manual_seed(1))

@@ -75,7 +75,7 @@ def test_every_default_is_shown_once_and_as_it_is(tmp_path):
 
 #: The order the slow test runs the verbs' examples in: an example reads what an earlier one wrote.
 ORDER = ("info", "models", "train", "export", "compress", "finetune", "analyze", "eval", "clean", "verify",
-         "quantize", "build", "profile", "plan", "pipeline", "bundle", "deploy")
+         "quantize", "check", "build", "profile", "plan", "pipeline", "bundle", "deploy")
 
 
 def examples() -> list[tuple[str, list[str]]]:

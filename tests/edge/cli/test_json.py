@@ -81,10 +81,12 @@ def argv_of(case: str, root: Path, data: Path) -> list[str]:
         "export": ["export", "fmnist-deit-tiny", "--data", d, "--out", str(root / "again.onnx")],
         "clean": ["clean", onnx, "--out", str(root / "ref.clean.onnx")],
         "verify": ["verify", onnx, onnx, "--data", d],
-        "quantize-fp16": ["quantize", onnx, "--precision", "fp16", "--out", str(root / "fp16.onnx")],
+        "quantize-fp16": ["quantize", onnx, "--precision", "fp16", "--data", d, "--samples", "10",
+                          "--out", str(root / "fp16.onnx")],
         **{f"quantize-int8-{method}": ["quantize", onnx, "--precision", "int8", "--method", method, "--data", d,
                                        "--samples", "10", "--no-cache", "--out", str(root / f"{method}.onnx")]
            for method in ("minmax", "entropy", "percentile")},
+        "check": ["check", onnx, "--trt", "10.16"],
         "build": ["build", onnx, "--out", str(root / "ref.engine"), "--trtexec"],
         "profile": ["profile", onnx, "--warmup", "1", "--iterations", "5"],
         "bundle": ["bundle", onnx, "--precision", "fp32", "--out", str(root / "bundle")],
@@ -95,7 +97,7 @@ def argv_of(case: str, root: Path, data: Path) -> list[str]:
 
 # in this order: finetune needs compress's artifact
 CASES = ["info", "models", "train", "eval", "analyze", "compress", "finetune", "export", "clean", "verify",
-         "quantize-fp16", "quantize-int8-minmax", "quantize-int8-entropy", "quantize-int8-percentile", "build",
+         "quantize-fp16", "quantize-int8-minmax", "quantize-int8-entropy", "quantize-int8-percentile", "check", "build",
          "profile", "bundle", "plan"]
 
 

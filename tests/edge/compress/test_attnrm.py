@@ -8,10 +8,10 @@ from torch import nn
 
 from edge.analysis import entropy
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.attnrm import AffineAttention, AttnRmStep, MLPOnlyBlock
-from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.cost import analytic_flops, measured_flops
-from edge.compress.dwconv import DepthwiseAttention
+from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLPOnlyBlock
+from edge.compress.methods.block_approximation.module import ApproximatedSpan
+from edge.compress.methods.dwconv.module import DepthwiseAttention
 from edge.compress.plan import parse_plan, plan_grammar
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError
@@ -83,7 +83,7 @@ def test_grammar_is_in_the_help():
     ("attnrm:blocks=1:select=first", "nothing is selected"),
     ("attnrm:blocks=1:init=zero", "init=zero"),
     ("attnrm:blocks=1:ridge=0.1", "init=affine only"),
-    ("attnrm:blocks=1:init=affine:ridge=-1", "negative"),
+    ("attnrm:blocks=1:init=affine:ridge=-1", r"ridge=-1 .* out of range\n.*expected: ridge >= 0"),
     ("attnrm:blocks=1:k=3", "unknown option 'k'"),
 ])
 def test_bad_step_text_is_explained(plan, message):
@@ -295,7 +295,7 @@ def _block_nodes(path, block):
 
 def _export_and_clean(model, plan, tmp_path, spec=TINY):
     report = export(model, tmp_path / "m.onnx", source=spec, plan=plan, data_config=data_config(model))
-    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.compare)
+    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.check.compare)
     cleaned = clean_file(tmp_path / "m.onnx", tmp_path / "c.onnx")
     assert all(r["passed"] for r in cleaned["verification"])
     return tmp_path / "c.onnx"

@@ -5,9 +5,9 @@ import torch
 
 from edge.analysis.collect import block_outputs
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.block_approx import ApproximatedSpan
 from edge.compress.cost import analytic_flops, measured_flops
 from edge.compress.load import load_model
+from edge.compress.methods.block_approximation.module import ApproximatedSpan
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError
 from edge.models import create_model, data_config

@@ -1,4 +1,4 @@
-"""Dilution learning (edge/compress/dilution.py) and ``edge finetune --dilute``.
+"""Dilution learning (edge/compress/methods/attnrm/dilution.py) and ``edge finetune --dilute``.
 
 The attention-removal method is not needed: a small test method (``mlponly:blocks=0+1``) puts
 ``MLPOnlyBlock(scale=1)`` at the listed blocks, as a training-free attention removal does, and
@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from edge.cli import main
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.attnrm import MLPOnlyBlock
-from edge.compress.dilution import DilutedBlock, check_schedule, decay_steps, dilution_phase, mask_value
 from edge.compress.finetune import FinetuneConfig, finetune
 from edge.compress.method import BuildContext, Built, Method, PlanCheck
+from edge.compress.methods.attnrm.dilution import DilutedBlock, check_schedule, decay_steps, dilution_phase, mask_value
+from edge.compress.methods.attnrm.module import MLPOnlyBlock
 from edge.compress.registry import registered
 from edge.errors import EdgeError
 from edge.models import create_model

@@ -10,9 +10,9 @@ from torch.nn import functional as F
 from edge.analysis.attention import WelfordMap, attention_maps, attention_modules, collect_attention_stats
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.cost import analytic_flops, measured_flops
-from edge.compress.dwconv import DepthwiseAttention, depthwise_from_attention, ensembled_projections
-from edge.compress.dwconv_apply import build_dwconv, prefix_pool_weights, token_grid
-from edge.compress.dwconv_init import KernelFit, gaussian_kernel, mean_attention_kernel
+from edge.compress.methods.dwconv.build import build_dwconv, prefix_pool_weights, token_grid
+from edge.compress.methods.dwconv.kernels import KernelFit, gaussian_kernel, mean_attention_kernel
+from edge.compress.methods.dwconv.module import DepthwiseAttention, depthwise_from_attention, ensembled_projections
 from edge.compress.plan import parse_plan
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError

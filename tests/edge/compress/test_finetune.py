@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from edge.check.accuracy import evaluate
 from edge.cli import main
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.finetune import (
@@ -17,7 +18,6 @@ from edge.compress.finetune import (
 from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
 from edge.models import create_model, data_config
 from edge.models.weights_io import save_safetensors
 from edge.train import training_batch, training_set

@@ -8,13 +8,13 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from edge.check.accuracy import evaluate
 from edge.cli import main
 from edge.compress.artifact import source_state_sha256
 from edge.compress.finetune import FinetuneConfig, distil, finetune, load_distilled
 from edge.compress.load import load_model
 from edge.data import InputSpec, balanced_indices, load_dataset
 from edge.errors import EdgeError
-from edge.evaluate import evaluate
 from edge.models import create_model, data_config
 from edge.models.weights_io import save_safetensors
 

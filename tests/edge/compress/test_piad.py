@@ -1,4 +1,5 @@
-"""PIAD (edge/compress/piad.py), its units and order (supernet.py), and sub-network extraction (extract.py).
+"""PIAD (edge/compress/methods/wpac/piad.py), its units and order (supernet.py), and sub-network
+extraction (extract.py, through edge/compress/derive.py).
 
 The tiny teacher of conftest.py (embed 32, 2 heads of 16, MLP 128) is compressed by
 ``wpac:keep=1:align=8:mlp_align=32``: full widths in WPAC's order, and with these alignments every
@@ -15,12 +16,13 @@ import torch
 from edge.cli import main
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.cost import analytic_flops
-from edge.compress.droppable import DroppableAttention, DroppableMlp, Droppables
-from edge.compress.extract import extract_subnetwork
+from edge.compress.derive import derive_model
 from edge.compress.finetune import FinetuneConfig, finetune
-from edge.compress.piad import growth_steps, sampled_drops, wpac_parts
-from edge.compress.plan import parse_plan
-from edge.compress.supernet import (
+from edge.compress.methods.wpac.build import cut_widths
+from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
+from edge.compress.methods.wpac.module import NarrowAttention
+from edge.compress.methods.wpac.piad import growth_steps, sampled_drops, wpac_parts
+from edge.compress.methods.wpac.supernet import (
     Part,
     dropped_flops,
     greedy_order,
@@ -30,8 +32,7 @@ from edge.compress.supernet import (
     supernet_record,
     widths_after,
 )
-from edge.compress.width import NarrowAttention
-from edge.compress.wpac_apply import cut_widths
+from edge.compress.plan import parse_plan
 from edge.errors import EdgeError
 from edge.export import export
 from edge.models import create_model, data_config
@@ -146,8 +147,8 @@ def test_selection_is_the_largest_sub_network_within_the_target_and_refuses_belo
 
 
 @pytest.mark.parametrize("plan,message", [
-    ("wpac:macs=0", r"macs=0 .* outside \(0, 1\]"),
-    ("wpac:macs=1.5", r"macs=1.5 .* outside \(0, 1\]"),
+    ("wpac:macs=0", r"macs=0 .* out of range\n.*expected: 0 < macs <= 1"),
+    ("wpac:macs=1.5", r"macs=1.5 .* out of range\n.*expected: 0 < macs <= 1"),
     ("wpac:macs=0.5:keep=0.5", "both macs= and keep="),
     ("wpac:macs=0.5:criterion=random", "criterion=wpac"),
 ])
@@ -276,7 +277,7 @@ def test_an_interrupted_piad_run_resumes_to_the_same_super_network(full, superne
 
 def test_extraction_at_macs_1_is_the_super_network(supernet):
     out, _ = supernet
-    model, manifest = extract_subnetwork(out, "wpac:macs=1")
+    model, manifest = derive_model(out, "wpac:macs=1")
     original, _ = load_artifact(out)
     x = _images()
     with torch.no_grad():
@@ -287,7 +288,7 @@ def test_extraction_at_macs_1_is_the_super_network(supernet):
 @pytest.mark.parametrize("fraction", [0.9, 0.75, 0.6, 0.5])
 def test_extraction_keeps_at_most_the_fraction_and_is_the_largest_such_sub_network(supernet, tmp_path, fraction):
     out, _ = supernet
-    model, manifest = extract_subnetwork(out, f"wpac:macs={fraction}")
+    model, manifest = derive_model(out, f"wpac:macs={fraction}")
     full_flops = manifest["before"]["flops_analytic"]
     flops = analytic_flops(model)
     assert flops == manifest["after"]["flops"] == manifest["extracted"]["flops"]
@@ -309,11 +310,11 @@ def test_extraction_keeps_at_most_the_fraction_and_is_the_largest_such_sub_netwo
 
 def test_a_sub_network_of_a_sub_network_is_the_same_cut(supernet, tmp_path):
     out, _ = supernet
-    model, manifest = extract_subnetwork(out, "wpac:macs=0.8")
+    model, manifest = derive_model(out, "wpac:macs=0.8")
     save_artifact(model, tmp_path / "s80", manifest)
-    direct, _ = extract_subnetwork(out, "wpac:macs=0.5")
+    direct, _ = derive_model(out, "wpac:macs=0.5")
     target = 0.5 * manifest["before"]["flops_analytic"] / manifest["after"]["flops_analytic"]
-    nested, _ = extract_subnetwork(tmp_path / "s80", f"wpac:macs={target:.12f}")
+    nested, _ = derive_model(tmp_path / "s80", f"wpac:macs={target:.12f}")
     assert analytic_flops(nested) == analytic_flops(direct)
 
 
@@ -321,20 +322,20 @@ def test_extraction_refusals(supernet, full, teacher_weights, tmp_path):
     out, _ = supernet
     smallest = select(load_artifact(out)[1]["supernet"], 1.0).smallest_flops / analytic_flops(load_artifact(out)[0])
     with pytest.raises(EdgeError, match=rf"below the smallest sub-network .*\n.*macs >= {smallest:.3f}"):
-        extract_subnetwork(out, "wpac:macs=0.05")
+        derive_model(out, "wpac:macs=0.05")
     with pytest.raises(EdgeError, match="not a super-network"):   # full width, but never ranked
-        extract_subnetwork(full, "wpac:macs=0.5")
+        derive_model(full, "wpac:macs=0.5")
     with pytest.raises(EdgeError, match="takes only a sub-network plan"):
-        extract_subnetwork(out, "wpac:macs=0.5:blocks=0")
+        derive_model(out, "wpac:macs=0.5:blocks=0")
     with pytest.raises(EdgeError, match="takes only a sub-network plan"):
-        extract_subnetwork(out, "wpac:keep=0.5")
+        derive_model(out, "wpac:keep=0.5")
 
 
 def test_extracted_sub_network_exports_with_aligned_matmuls(tmp_path):
     artifact = _artifact(None, tmp_path / "super", plan="wpac:macs=1", spec=WIDE)
     manifest = load_artifact(artifact)[1]
     assert manifest["supernet"]["by"] == "wpac" and manifest["after"]["flops"] == manifest["before"]["flops"]
-    model, sub = extract_subnetwork(artifact, "wpac:macs=0.5")
+    model, sub = derive_model(artifact, "wpac:macs=0.5")
     assert sub["after"]["flops"] <= 0.5 * sub["before"]["flops"]
     report = export(model, tmp_path / "m.onnx", source=WIDE, plan=sub["plan"], data_config=data_config(model))
     assert all(r["passed"] for r in report["verification"])
@@ -358,7 +359,7 @@ def test_compress_at_macs_ranks_and_cuts_in_one_step(tmp_path):
     assert macs["fraction"] == 0.6 and macs["flops"] == manifest["after"]["flops"]
     assert manifest["supernet"]["flops"] == manifest["after"]["flops"]       # what is left can be cut further
     save_artifact(model, tmp_path / "w60", manifest)
-    sub, _ = extract_subnetwork(tmp_path / "w60", "wpac:macs=0.5")
+    sub, _ = derive_model(tmp_path / "w60", "wpac:macs=0.5")
     assert analytic_flops(sub) <= 0.5 * manifest["after"]["flops"]
 
 
@@ -431,7 +432,7 @@ def _synthetic_table(supernet, path):
 
 
 def test_a_latency_budget_keeps_the_largest_sub_network_predicted_within_it(supernet, tmp_path):
-    from edge.compress.extract import extract_subnetwork as cut
+    from edge.compress.derive import derive_model as cut
     from edge.latency import predict_model
 
     out, _ = supernet
@@ -471,7 +472,7 @@ def test_cli_latency_budget_reads_the_table(supernet, tmp_path, capsys):
     ("wpac:latency-ms=5", "latency-ms= and table= go together"),
     ("wpac:table=t.json", "latency-ms= and table= go together"),
     ("wpac:latency-ms=5:table=t.json:macs=0.5", "drop macs"),
-    ("wpac:latency-ms=-1:table=t.json", "a positive latency budget"),
+    ("wpac:latency-ms=-1:table=t.json", r"latency-ms=-1 .* out of range\n.*expected: 0 < latency-ms <= 1000000000"),
 ])
 def test_bad_latency_steps_are_refused_when_parsed(plan, message):
     with pytest.raises(EdgeError, match=message):

@@ -1,6 +1,6 @@
 import pytest
 
-from edge.compress.block_approx import AutoStep, SpanStep
+from edge.compress.methods.block_approximation.module import AutoStep, SpanStep
 from edge.compress.plan import parse_plan
 from edge.errors import EdgeError
 
@@ -33,7 +33,7 @@ def test_adjacent_spans_are_not_overlapping():
     ("linear:2-3:ridge=x", "is not a float"),
     ("linear:2-3:gamma=1", "unknown option 'gamma'"),
     ("linear:2-3:prefix=mine", "prefix=shared or prefix=own"),
-    ("linear:2-3:ridge=-1", "negative"),
+    ("linear:2-3:ridge=-1", r"ridge=-1 .* out of range\n.*expected: ridge >= 0"),
     ("auto-linear:0", "positive block count"),
     ("auto-linear:2,auto-affine:2", "auto steps"),
     ("linear:0-10,auto-linear:3", "2 are left"),
@@ -51,7 +51,7 @@ def test_unknown_method_suggests_close_name():
 
 
 def test_dwconv_steps_parse_to_canonical_form():
-    from edge.compress.dwconv import DWConvStep
+    from edge.compress.methods.dwconv.module import DWConvStep
 
     plan = parse_plan("dwconv:auto=6:init=lsq:k=3:variant=ensembled, linear:9-10")
     step = plan.steps_of("dwconv")[0]

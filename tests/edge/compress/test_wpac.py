@@ -7,15 +7,15 @@ import torch
 
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.cost import analytic_flops
-from edge.compress.plan import parse_plan, plan_grammar
-from edge.compress.width import NarrowAttention, WpacStep, aligned_width
-from edge.compress.wpac import (
+from edge.compress.methods.wpac.build import build_wpac, place_wpac
+from edge.compress.methods.wpac.module import NarrowAttention, WpacStep, aligned_width
+from edge.compress.methods.wpac.statistics import (
     WeightedMoments,
     collect_statistics,
     permutation_bases,
     principal_axes,
 )
-from edge.compress.wpac_apply import build_wpac, place_wpac
+from edge.compress.plan import parse_plan, plan_grammar
 from edge.data import ArrayPreprocess, InputSpec, calibration_set
 from edge.errors import EdgeError
 from edge.export import export
@@ -84,10 +84,10 @@ def test_grammar_is_in_the_help():
 @pytest.mark.parametrize("plan,message", [
     ("wpac", "does not say how much to keep"),
     ("wpac:align=8", "does not say how much to keep"),
-    ("wpac:keep=0", r"keep=0 .* outside \(0, 1\]"),
-    ("wpac:keep=1.5", r"keep=1.5 .* outside \(0, 1\]"),
-    ("wpac:qk=-0.5", r"qk=-0.5 .* outside \(0, 1\]"),
-    ("wpac:keep=0.5:mlp=2", r"mlp=2 .* outside \(0, 1\]"),
+    ("wpac:keep=0", r"keep=0 .* out of range\n.*expected: 0 < keep <= 1"),
+    ("wpac:keep=1.5", r"keep=1.5 .* out of range\n.*expected: 0 < keep <= 1"),
+    ("wpac:qk=-0.5", r"qk=-0.5 .* out of range\n.*expected: 0 < qk <= 1"),
+    ("wpac:keep=0.5:mlp=2", r"mlp=2 .* out of range\n.*expected: 0 < mlp <= 1"),
     ("wpac:keep=0.5:align=0", "align=0"),
     ("wpac:keep=0.5:mlp_align=-64", "mlp_align=-64"),
     ("wpac:keep=0.5:criterion=best", "criterion=best"),
@@ -350,7 +350,7 @@ def _matmul_widths(path):
 def test_export_and_clean_give_aligned_matmuls(tmp_path):
     model, manifest = run("wpac:qk=0.25:v=0.75:mlp=0.5")
     report = export(model, tmp_path / "m.onnx", source=WIDE, plan=manifest["plan"], data_config=data_config(model))
-    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.compare)
+    assert all(r["passed"] for r in report["verification"])   # max abs <= 1e-4, rel L2 <= 1e-5 (edge.check.compare)
     cleaned = clean_file(tmp_path / "m.onnx", tmp_path / "c.onnx")
     assert all(r["passed"] for r in cleaned["verification"])
     matmuls = _matmul_widths(tmp_path / "c.onnx")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, format_options, parse_options
+from edge.compress.method import BuildContext, Built, Method, PlanCheck
+from edge.compress.options import format_options, option_defaults, parse_options, plan_option
 from edge.errors import EdgeError
 
 
@@ -27,6 +28,11 @@ class Gain(nn.Module):
 
     def flops(self, tokens: int) -> int:
         return 0
+
+
+@dataclass(frozen=True)
+class GainOptions:
+    value: float = plan_option(1.0, minimum=-10, maximum=10)   # the gain's initial value
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class GainMethod(Method):
     step_types = (GainStep,)
     module_types = (Gain,)
     order = 30
+    options = GainOptions
     grammar = "Toy: gain:blocks=1+2[:value=F] scales the MLP input instead of running the MLP."
 
     def parse(self, keyword: str, rest: str, text: str) -> GainStep:
@@ -53,7 +60,7 @@ class GainMethod(Method):
         if not where.startswith("blocks="):
             raise EdgeError(f"plan step {text!r} names no blocks", expected="gain:blocks=1+2")
         return GainStep(tuple(sorted(int(b) for b in where.removeprefix("blocks=").split("+"))),
-                        parse_options(parts, text, {"value": float}))
+                        parse_options(parts, text, GainOptions))
 
     def validate(self, steps: tuple, check: PlanCheck) -> None:
         for step in steps:
@@ -62,7 +69,8 @@ class GainMethod(Method):
                     raise EdgeError(f"plan step {step} scales block {block}, which {check.removed[block]} removes")
 
     def build(self, steps: tuple, context: BuildContext) -> Built:
-        modules = {b: Gain(s.options.get("value", 1.0)) for s in steps for b in s.blocks}
+        default = option_defaults(GainOptions)["value"]
+        modules = {b: Gain(s.options.get("value", default)) for s in steps for b in s.blocks}
         return Built(steps, modules, {"gain": {str(b): m.gain.item() for b, m in modules.items()}})
 
     def place(self, model: nn.Module, built: Built) -> None:

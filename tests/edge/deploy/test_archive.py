@@ -23,7 +23,7 @@ from tests.edge.trt.test_build import tiny_onnx
 def packed(tmp_path) -> Path:
     """``bundle.tar.gz`` of a one-variant bundle, as `edge bundle --tar` writes it."""
     make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle", BundleConfig(
-        precisions=("fp32",), protocol=Protocol(warmup=1, iterations=2)), tar=True)
+        precisions=("fp32",), protocol=Protocol(warmup=1, warmup_s=None, iterations=2, duration_s=None)), tar=True)
     return tmp_path / "bundle.tar.gz"
 
 

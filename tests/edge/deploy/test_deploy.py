@@ -7,41 +7,20 @@ import shutil
 import socket
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
-from edge.deploy import DeployConfig, RunnerOptions, checked_source, deploy, parse_host, read_hosts
-from edge.deploy.device import DeviceDeploy
+from edge.deploy import RunnerOptions, checked_source, deploy, parse_host, read_hosts
+from edge.deploy.device_deploy import RUNNER_LOCK, DeviceDeploy
 from edge.errors import EdgeError
-from jetson.bundle import Protocol, read_bundle
+from jetson.bundle import read_bundle
 from jetson.energy import Window, rail_energy
 from jetson.sampler import read_sampler_log
 from tests.conftest import TINY
-from tests.edge.deploy.sshd import keygen, start_sshd, why_no_sshd
+from tests.edge.deploy.conftest import PROTOCOL, config, only, ssh_args, statuses
+from tests.edge.deploy.sshd import keygen
 from tests.edge.trt.test_build import tiny_onnx
-
-PROTOCOL = Protocol(warmup=2, iterations=20, idle_s=0.3)
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    """``sshd(faults, ...)``: a started server with one device per argument (its extra environment)."""
-    reason = why_no_sshd()
-    if reason:
-        pytest.skip(reason)
-    servers = []
-
-    def start(*faults: dict):
-        servers.append(start_sshd(tmp_path / f"sshd{len(servers)}", list(faults) or [{}]))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -64,32 +43,6 @@ variants:
     return root / "run"
 
 
-@pytest.fixture
-def bundle(tmp_path) -> Path:
-    """Two tiny variants (a, b: other weights), fp32, a short protocol."""
-    b = onnx.load(str(tiny_onnx(tmp_path / "b.onnx")))
-    b.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones(8, np.float32), "b1"))
-    onnx.save(b, str(tmp_path / "b.onnx"))
-    graphs = [tiny_onnx(tmp_path / "a.onnx"), tmp_path / "b.onnx"]
-    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=PROTOCOL))
-    return tmp_path / "bundle"
-
-
-def ssh_args(server) -> list[str]:
-    return ["--identity", str(server.user_key), "--known-hosts", str(server.known_hosts), "--connect-timeout", "5",
-            "--remote-python", str(server.python)]
-
-
-def config(server, **changes) -> DeployConfig:
-    runner = changes.pop("runner", RunnerOptions(backend="ort"))
-    return DeployConfig(ssh=server.options(**changes.pop("ssh", {})), runner=runner,
-                        remote_python=str(server.python), **changes)
-
-
-def statuses(results: Path) -> dict:
-    return {k: v["status"] for k, v in json.loads((results / "run.json").read_text())["variants"].items()}
-
-
 def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, capsys):
     """Pipeline run -> bundle -> deploy over SSH (ORT backend, power mode and clocks set) -> the run's
     report gains the device section (the pipeline's writer renders it: edge deploy hands it the fetched
@@ -99,9 +52,9 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     run = Path(shutil.copytree(pipeline_run, tmp_path / "run"))
     bundle = tmp_path / "bundle"
     assert main(["bundle", str(run), "--out", str(bundle), "--precision", "fp32", "--warmup", "2", "--iterations",
-                 "20", "--duration", "0.35", "--idle", "0.3"]) == 0
+                 "20", "--duration", "0.35", "--energy-duration", "0.35", "--warmup-time", "0", "--idle", "0.3"]) == 0
     capsys.readouterr()
-    remote = tmp_path / "remote" / "x y;touch PWNED"
+    remote = device.home / "remote" / "x y;touch PWNED"
     code = main(["deploy", str(bundle), "--host", str(device.host), *ssh_args(server), "--backend", "ort",
                  "--power-mode", "15W", "--lock-clocks", "--nvpmodel-conf", str(device.fakes.nvpmodel_conf),
                  "--remote-dir", str(remote), "--report", str(run), "--json"])
@@ -111,11 +64,14 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert summary["failed"] == [] and summary["report"] == str(run / "report.json")
     # the quoted remote folder holds the bundle; nothing was injected
     assert (remote / "manifest.json").read_bytes() == (bundle / "manifest.json").read_bytes()
-    assert not list(tmp_path.rglob("PWNED")) and not (device.home / "PWNED").exists()
+    assert not list(tmp_path.rglob("PWNED")) and not list(device.home.rglob("PWNED"))
     # results and logs fetched into RUN_DIR/device/LABEL
     results = run / "device" / device.host.label / "results"
     assert statuses(results) == {"original.fp32": "done", "lin.fp32": "done"}
     assert "original.fp32: median" in (results / "logs" / "run.log").read_text()
+    # the accuracy gate ran each engine on the bundle's images: ONNX Runtime's own fp32 passes it
+    gates = [json.loads((results / f"{i}.json").read_text())["accuracy"] for i in ("original.fp32", "lin.fp32")]
+    assert [(g["status"], g["data"], g["images"]) for g in gates] == [("pass", "fmnist-mini:test", 32)] * 2
     # the report's device section
     report = json.loads((run / "report.json").read_text())
     assert [v["name"] for v in report["variants"]] == ["original", "lin"]  # the pipeline's own section kept
@@ -132,14 +88,16 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
         assert row["latency"]["median_ms"] == result["latency"]["median_ms"] > 0
         assert row["latency"]["p99_ms"] == result["latency"]["p99_ms"]
         assert row["memory"]["peak_ram_used_mb"] == result["power"]["peak_ram_used_mb"] > 0
-        # energy per inference: the trapezoidal integral of the replayed trace over the timed window
+        # energy per image and per call: the trapezoidal integral of the replayed trace over the timed window
         power = result["power"]
         samples = read_sampler_log(results / power["tegrastats_log"])
-        again = rail_energy(samples, "VDD_IN", Window(*power["timed_window_s"]), power["inferences"],
-                            Window(*power["idle_window_s"]))
-        assert row["energy"]["per_inference_mj"] == pytest.approx(again.energy_per_inference_mj, rel=1e-12)
-        assert row["energy"]["above_idle_per_inference_mj"] == pytest.approx(
-            again.energy_above_idle_per_inference_mj, rel=1e-12)
+        again = rail_energy(samples, "VDD_IN", Window(*power["timed_window_s"]), power["calls"],
+                            Window(*power["idle_window_s"]), batch=power["batch"])
+        assert row["energy"]["per_image_mj"] == pytest.approx(again.energy_per_image_mj, rel=1e-12)
+        assert row["energy"]["above_idle_per_image_mj"] == pytest.approx(
+            again.energy_above_idle_per_image_mj, rel=1e-12)
+        assert row["energy"]["per_call_mj"] == pytest.approx(again.energy_per_call_mj, rel=1e-12)
+        assert row["energy"]["reliable"] is False  # 0.35 s: a few samples, marked in the report with a *
         assert 4800 < row["energy"]["mean_power_mw"] < 6200  # the trace's VDD_IN lies between 4.8 and 6.2 W
     markdown = (run / "report.md").read_text()
     assert "## On the devices" in markdown and "| original | fp32 | onnxruntime | done |" in markdown.replace(
@@ -147,8 +105,15 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert "power mode 25W (set to 15W for the run), clocks locked" in markdown
     assert "On the devices" in (run / "report.html").read_text()
     calls = device.fakes.calls()
-    assert ["nvpmodel", "-m", "0"] in calls and calls[-3:-1] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
-    assert calls[-1][:2] == ["jetson_clocks", "--restore"]
+    assert ["nvpmodel", "-m", "0"] in calls and calls[-2:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
+    assert calls[-3][:2] == ["jetson_clocks", "--restore"]  # clocks restored first, then the mode (reverse order)
+    # the login user is not root: the two tools ran as root through `sudo -n`, everything else as the user
+    changes = [c for c in device.fakes.call_entries() if c["argv"][:2] == ["nvpmodel", "-m"]
+               or c["argv"][0] == "jetson_clocks"]
+    assert len(changes) == 5 and all(c["euid"] == 0 for c in changes)  # store, -m 0, lock, restore, -m 1
+    assert {c["euid"] for c in device.fakes.call_entries() if c not in changes} == {device.uid}
+    # results/ on the device and every file in it stay the login user's
+    assert {p.stat().st_uid for p in [remote / "results", *(remote / "results").rglob("*")]} == {device.uid}
 
 
 def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd, tmp_path):
@@ -161,12 +126,13 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
     archive = tmp_path / "bundle.tar.gz"
     (tmp_path / "made" / "bundle.tar.gz").rename(archive)  # only the archive is left on the host
     shutil.rmtree(tmp_path / "made")
-    remote = tmp_path / "remote" / "it's here"
+    remote = device.home / "remote" / "it's here"
     first = only(deploy(archive, [device.host], config(server, remote_dir=str(remote)), out=tmp_path / "out"))
     assert first["status"] == "ok", first["error"]
     assert first["copy"]["archive"] == str(archive) and first["copy"]["bytes_sent"] == archive.stat().st_size
     assert not (tmp_path / "bundle").exists()  # never unpacked here
-    assert [p.name for p in remote.iterdir() if p.name.startswith(".")] == []  # the uploaded archive removed
+    hidden = {p.name for p in remote.iterdir() if p.name.startswith(".")}
+    assert hidden == {RUNNER_LOCK}  # the uploaded archive, the runner's output and the results' tar removed
     assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done"}
     # a file damaged on the device: the archive is sent and unpacked again, and checked; then nothing is sent
     (remote / "jetson" / "runner.py").write_text("damaged")
@@ -181,11 +147,6 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
 
 
 # faults, each a test
-
-def only(result: dict) -> dict:
-    assert len(result["devices"]) == 1
-    return result["devices"][0]
-
 
 @pytest.mark.parametrize("listening", [False, True], ids=["closed-port", "silent-host"])
 def test_an_unreachable_host_fails_clearly_within_the_connect_timeout(sshd, bundle, tmp_path, listening):
@@ -254,8 +215,8 @@ def test_a_device_fault_in_mid_benchmark_keeps_partial_results_and_logs_and_puts
     assert (results / "logs" / "a.fp32.tegrastats.log").is_file()
     calls = target.fakes.calls()
     assert ["nvpmodel", "-m", "0"] in calls  # 15W for the run
-    assert calls[-3:-1] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]  # the original mode (25W) again
-    assert calls[-1][:2] == ["jetson_clocks", "--restore"]
+    assert calls[-3][:2] == ["jetson_clocks", "--restore"]  # the clocks, then
+    assert calls[-2:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]  # the original mode (25W) again
 
 
 def test_an_interrupted_deploy_run_again_continues_without_redoing_what_is_done(sshd, bundle, tmp_path):
@@ -263,7 +224,7 @@ def test_an_interrupted_deploy_run_again_continues_without_redoing_what_is_done(
     dropped session does), the second continues in the same remote folder."""
     server = sshd({"FAKE_DEVICE_SIGTERM_AFTER": "30"}, {})
     stopping, healthy = server.devices
-    remote = tmp_path / "remote"
+    remote = stopping.home / "remote"  # both ports log in as the same user
     first = only(deploy(bundle, [stopping.host], config(server, remote_dir=str(remote)), out=tmp_path / "out"))
     assert first["runner_exit_code"] == 143 and "interrupted by SIGTERM" in first["error"]
     fetched = tmp_path / "out" / stopping.host.label / "results"
@@ -326,8 +287,8 @@ def test_a_tampered_bundle_is_refused_naming_the_file_before_any_device_sees_it(
 
 def test_an_unwritable_remote_folder_is_named(sshd, bundle, tmp_path):
     server = sshd({})
-    (tmp_path / "a-file").write_text("not a folder")
-    remote = tmp_path / "a-file" / "bundle"
+    (server.devices[0].home / "a-file").write_text("not a folder")
+    remote = server.devices[0].home / "a-file" / "bundle"
     device = only(deploy(bundle, [server.devices[0].host], config(server, remote_dir=str(remote)),
                          out=tmp_path / "out"))
     assert device["error_kind"] == "remote dir" and f"cannot write the remote folder '{remote}'" in device["error"]
@@ -346,7 +307,7 @@ def test_a_fleet_of_three_where_one_fails_reports_each_device(sshd, bundle, tmp_
     out = capsys.readouterr()
     assert code == 1
     assert f"1 of 3 devices failed: {bad.host.label}" in out.out
-    assert f"{bad.host}: failed (root@127.0.0.1:{bad.port}: some variants failed" in out.out
+    assert f"{bad.host}: failed ({bad.host}: some variants failed" in out.out
     for device in (good, other):
         assert (device.home / "edge-bundles" / "bundle" / "manifest.json").is_file()  # each device its own copy
         assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done", "b.fp32": "done"}

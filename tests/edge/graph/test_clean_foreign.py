@@ -9,11 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.check.compare import ort_session
+from edge.check.feeds import input_sets
 from edge.cli import main
-from edge.compare import ort_session
 from edge.errors import EdgeError
 from edge.graph.clean import clean_file
-from edge.graph.feeds import input_sets
 from tests.edge.graph.onnx_backend_data import DATA, backend_models, clean_outcome, label
 
 RNG = np.random.default_rng(0)

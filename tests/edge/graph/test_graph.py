@@ -9,8 +9,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import edge.graph.passes
+from edge.check.compare import ort_session, run_ort
 from edge.cli import build_parser, main
-from edge.compare import ort_session, run_ort
 from edge.errors import EdgeError, InternalError
 from edge.graph import DEFAULT_PASSES, PASSES, InPlacePass, PassRegistry, PassResult, clean_graph
 from edge.graph.util import bypass, same_op_pairs
@@ -292,8 +292,8 @@ def test_a_pass_that_changes_numbers_is_named():
 # ---- the pass contract and the registry ---------------------------------------------------
 
 def test_passes_are_registered_in_the_order_each_round_runs_them():
-    assert PASSES.names() == ("fold-constants", "remove-noops", "cancel-transposes", "linear-to-gemm",
-                              "merge-reshapes", "fold-linear-chains", "fold-scalar-scales", "fold-channel-scales")
+    assert PASSES.names() == ("fold-constants", "remove-noops", "fuse-layer-norm", "cancel-transposes",
+                              "linear-to-gemm", "merge-reshapes", "fold-linear-chains", "fold-scalar-scales", "fold-channel-scales")
     assert DEFAULT_PASSES == tuple(PASSES) == PASSES.select()
     kept = [p.name for p in PASSES.select(skip=["linear-to-gemm"])]
     assert kept == [n for n in PASSES.names() if n != "linear-to-gemm"]
@@ -307,7 +307,7 @@ def test_registry_refuses_a_duplicate_name():
     assert registry.names() == ("corrupt-weights",) and registry["corrupt-weights"] is CORRUPTING_PASS
     with pytest.raises(ValueError, match="'remove-noops' is already registered"):
         PASSES.register(InPlacePass("remove-noops", "a second remove-noops", lambda graph: False))
-    assert len(PASSES) == 8
+    assert len(PASSES) == 9
     with pytest.raises(TypeError, match="is not a graph pass"):
         registry.register(lambda graph: False)
     with pytest.raises(EdgeError, match="unknown pass 'nope'") as caught:
@@ -390,6 +390,12 @@ PASS_CASES = {
         {"start": np.array([0], np.int64), "end": np.array([1], np.int64), "minus_one": np.array([-1], np.int64)},
         out_shape=(2, 12)),
     "remove-noops": _relu_chain,
+    "fuse-layer-norm": lambda: make_model(
+        [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]), helper.make_node("Sub", ["x", "m"], ["d"]),
+         helper.make_node("Pow", ["d", "two"], ["sq"]), helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+         helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["s"]),
+         helper.make_node("Div", ["d", "s"], ["y"])],
+        {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32)}),
     "cancel-transposes": lambda: make_model([helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1]),
                                              helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1]),
                                              helper.make_node("Relu", ["b"], ["y"])], {}),

@@ -11,11 +11,11 @@ import onnx
 import pytest
 import torch
 
-from edge.compare import Tolerance, ort_session
+from edge.check.compare import Tolerance, ort_session
+from edge.check.torch_compare import compare_with_torch, verification_inputs
 from edge.export import ExportConfig, export
 from edge.graph.clean import clean_file
 from edge.models import create_model, data_config
-from edge.torch_compare import compare_with_torch, verification_inputs
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ from edge.cli import main
 from edge.deploy import DeployConfig, RunnerOptions
 from edge.errors import EdgeError
 from edge.latency import LatencyTable, Target, model_parts, predict_model
-from edge.latency.device import DeviceTableConfig, deploy_table, table_from_results
+from edge.latency.device_table import DeviceTableConfig, deploy_table, table_from_results
 from edge.latency.grid import GridConfig
 from jetson.bundle import Protocol
 from tests.conftest import TINY
 from tests.edge.deploy.sshd import start_sshd, why_no_sshd
 
-PROTOCOL = Protocol(warmup=1, iterations=3, idle_s=0.0)
+PROTOCOL = Protocol(warmup=1, warmup_s=None, iterations=3, duration_s=None, energy_duration_s=None, idle_s=0.0)
 
 
 @pytest.fixture
@@ -113,8 +113,8 @@ def test_the_planner_plans_on_a_table_timed_over_loopback_ssh(server, tiny, tmp_
     """Issue 20: the full grid timed by the device runner over real SSH is a table `edge plan --table` takes:
     a plan within the budget, predicted from the device's timings, saved restorable; nothing timed here."""
     from edge.compress import load_artifact
-    from edge.plan import SearchConfig
-    from edge.plan.job import PlanJobConfig, TargetConfig, plan_to_budget
+    from edge.planner import SearchConfig
+    from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget
 
     device = server.devices[0]
     config = DeployConfig(ssh=server.options(), runner=RunnerOptions(backend="ort"), remote_python=str(server.python))

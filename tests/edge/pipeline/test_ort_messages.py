@@ -29,7 +29,7 @@ def _graph_ort_warns_about() -> bytes:
 def test_a_default_logger_session_is_kept_off_the_terminal(capfd):
     import onnxruntime as ort
 
-    from edge.compare import ORT_MESSAGES, ort_messages
+    from edge.check.compare import ORT_MESSAGES, ort_messages
 
     ORT_MESSAGES.take()
     with ort_messages():

@@ -332,15 +332,15 @@ def test_default_recipe_end_to_end(tmp_path):
 
 
 def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, monkeypatch, capsys):
-    import edge.verify
-    from edge.compare import Tolerance
+    import edge.check.verify
+    from edge.check.compare import Tolerance
 
-    real_verify_pair = edge.verify.verify_pair
+    real_verify_pair = edge.check.verify.verify_pair
 
     def exact(a, b, **kwargs):  # zero tolerance: float32 round-off is now "beyond tolerance"
         return real_verify_pair(a, b, **{**kwargs, "tolerance": Tolerance(0.0, 0.0)})
 
-    monkeypatch.setattr(edge.verify, "verify_pair", exact)
+    monkeypatch.setattr(edge.check.verify, "verify_pair", exact)
     recipe, out, _ = first_run
     copy = tmp_path / "out"
     shutil.copytree(out, copy)

@@ -160,17 +160,17 @@ def test_legacy_int8_needs_the_calibrator_class(tmp_path, fake_trt):
 
 def test_legacy_int8_calibrates_on_the_images_edge_build_supplies(tmp_path, fake_trt, monkeypatch, capsys):
     """edge build hands calib's seeded sampler to the builder; edge.trt itself never imports calib."""
-    import calib.data
+    import edge.precision.calibration
 
     fake_trt("10.3")
     sampled = []
-    sampler = calib.data.calibration_images
+    sampler = edge.precision.calibration.calibration_images
 
     def recording_sampler(*args):
         sampled.append(sampler(*args))
         return sampled[-1]
 
-    monkeypatch.setattr(calib.data, "calibration_images", recording_sampler)
+    monkeypatch.setattr(edge.precision.calibration, "calibration_images", recording_sampler)
     model, out = tiny_onnx(tmp_path / "m.onnx"), tmp_path / "m.engine"
     assert main(["build", str(model), "--precision", "int8", "--weakly-typed", "--data", "fmnist-mini",
                  "--samples", "20", "--out", str(out), "--json"]) == 0
@@ -180,7 +180,7 @@ def test_legacy_int8_calibrates_on_the_images_edge_build_supplies(tmp_path, fake
     assert manifest["knobs"]["honoured"]["int8_calibrator"] == "IInt8EntropyCalibrator2 (legacy)"
     with pytest.raises(EdgeError, match="no calibration_images") as e:  # the library call without them
         build(tmp_path, BuildConfig(precision="int8", strongly_typed=False, calibration_data="fmnist-mini"))
-    assert "calib.data.calibration_images" in str(e.value)
+    assert "edge.precision.calibration.calibration_images" in str(e.value)
 
 
 def test_strongly_typed_int8_asks_for_the_qdq_graph(tmp_path, fake_trt):

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from edge.errors import EdgeError
-from edge.profile.trtexec import parse_profile, parse_summary, parse_times, trtexec_result
+from edge.profile.trtexec_output import parse_profile, parse_summary, parse_times, trtexec_result
 from edge.trt import BuildConfig
-from edge.trt.trtexec import banner_version, left_out, shape_arguments, trtexec_command
+from edge.trt.trtexec_command import banner_version, left_out, shape_arguments, trtexec_command
 
 STAT = ("min = {0} ms, max = 5.82495 ms, mean = 4.29966 ms, median = 4.29718 ms, percentile(90%) = 4.30725 ms, "
         "percentile(95%) = 4.31128 ms, percentile(99%) = 4.32874 ms")
@@ -115,7 +115,7 @@ def test_trtexec_command_of_a_strongly_typed_fp16_build_points_at_the_fp16_graph
     from onnx import TensorProto, helper, numpy_helper
 
     from edge.cli import main
-    from edge.trt import trtexec as trtexec_module
+    from edge.trt import trtexec_command as trtexec_module
 
     monkeypatch.setattr(trtexec_module, "find_trtexec", lambda: None)  # as on a host without TensorRT
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
@@ -226,7 +226,7 @@ def test_trtexec_run_reads_its_warnings_from_stderr(tmp_path, capsys, monkeypatc
     import sys
 
     from edge.cli import main
-    from edge.trt import trtexec as trtexec_module
+    from edge.trt import trtexec_command as trtexec_module
 
     summary = "\n".join(line for line in LOG.splitlines() if "[W]" not in line and "&&&&" not in line)
     script = tmp_path / "trtexec"

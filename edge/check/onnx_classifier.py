@@ -1,0 +1,53 @@
+"""An exported ONNX graph as a classifier: ONNX Runtime behind the same call as a PyTorch model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from edge.check.compare import ort_session
+from edge.errors import EdgeError
+from edge.onnx_metadata import metadata_of, preprocessing
+
+
+class OnnxClassifier:
+    """Call with a float batch ``[N, C, H, W]``; returns logits as a tensor. Static batches are chunked/padded."""
+
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise EdgeError(f"{self.path} does not exist", expected="an ONNX file", fix="check the path")
+        try:
+            proto = onnx.load(str(self.path), load_external_data=False)
+        except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+            raise EdgeError(f"{self.path} is not a readable ONNX model", found=str(e)[:300],
+                            fix="pass a file written by `edge export`") from e
+        self.metadata = metadata_of(proto)
+        self.session = ort_session(str(self.path), threads)
+        shape = self.session.get_inputs()[0].shape
+        self.static_batch = shape[0] if isinstance(shape[0], int) else None
+        self.input_name = self.session.get_inputs()[0].name
+
+    def data_config(self) -> dict:
+        """The preprocessing recorded in the graph's metadata by ``edge export``."""
+        try:
+            return preprocessing(self.metadata)
+        except KeyError as e:
+            raise EdgeError(f"{self.path} has no edge preprocessing metadata ({e.args[0]} missing)",
+                            fix="export the model with `edge export`, which records input size, mean and std") from e
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        array = x.numpy().astype(np.float32)
+        if self.static_batch is None:
+            return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
+        outputs = []
+        for start in range(0, len(array), self.static_batch):
+            chunk = array[start:start + self.static_batch]
+            pad = self.static_batch - len(chunk)
+            if pad:
+                chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), np.float32)])
+            outputs.append(self.session.run(None, {self.input_name: chunk})[0][: len(chunk) - pad])
+        return torch.from_numpy(np.concatenate(outputs))
