@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from edge import __version__
+from edge.check.accuracy import evaluate
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
 from edge.data.images import LabeledImages
-from edge.evaluate import evaluate
 from edge.fileio import write_text_atomic
 from edge.models import create_model, data_config
 from edge.models.layernorm_spread import spread_layernorm_channels
