@@ -30,7 +30,8 @@ def run(args) -> int:
         rows = {name: {"architecture": b.arch, "description": b.description,
                        "accuracy": (model_card(name) or {}).get("eval", {}).get("accuracy")}
                 for name, b in BUNDLED.items()}
-        human = "\n".join(f"{n:<20} {r['description']}" for n, r in rows.items())
+        width = max(len(n) for n in rows)
+        human = "\n".join(f"{n:<{width}}  {r['description']}" for n, r in rows.items())
         human += "\n\nand any timm ViT as timm:ARCH (e.g. timm:deit_small_patch16_224)"
         emit({"bundled": rows}, args.json, human)
         return 0

@@ -39,6 +39,7 @@ class Bundled:
     kwargs: dict
     data_config: dict
     description: str
+    made_by: str = "train them with the command in the model card"   # the fix when the weights are missing
 
     @property
     def weights(self) -> Path:
@@ -58,6 +59,19 @@ BUNDLED: dict[str, Bundled] = {
         data_config=dict(input_size=(1, 28, 28), mean=FMNIST_MEAN, std=FMNIST_STD,
                          interpolation="bilinear", crop_pct=1.0),
         description="DeiT-Tiny geometry (embed 192, depth 12, heads 3) on 28x28 Fashion-MNIST, patch 4",
+    ),
+    # made by scripts/make_outlier_model.py (recipe: edge/train/outliers.py; docs/reference-model.md)
+    "fmnist-deit-tiny-outliers": Bundled(
+        name="fmnist-deit-tiny-outliers",
+        arch="deit_tiny_patch16_224",
+        kwargs=dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=12,
+                    num_heads=3, mlp_ratio=4.0),
+        data_config=dict(input_size=(1, 28, 28), mean=FMNIST_MEAN, std=FMNIST_STD,
+                         interpolation="bilinear", crop_pct=1.0),
+        description="fmnist-deit-tiny with the activation outliers of pretrained ViTs (massive residual "
+                    "channels, high-norm tokens, post-LayerNorm channel spread)",
+        made_by="make them with scripts/make_outlier_model.py (docs/outlier-model.md) and copy model.safetensors "
+                "and card.json to edge/models/weights/fmnist-deit-tiny-outliers.{safetensors,json}",
     ),
 }
 
@@ -165,7 +179,7 @@ def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None,
     elif spec.bundled is not None and pretrained_weights:
         if not spec.bundled.weights.is_file():
             raise EdgeError(f"the bundled weights of {spec.bundled.name} are missing ({spec.bundled.weights})",
-                            fix="reinstall edge, or train them with the command in the model card")
+                            fix=f"reinstall edge, or {spec.bundled.made_by}")
         load_weights(model, read_state_dict(spec.bundled.weights), spec.bundled.name)
     model.eval()
     return model
