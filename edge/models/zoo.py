@@ -50,24 +50,26 @@ class Bundled:
         return WEIGHTS_DIR / f"{self.name}.json"
 
 
+# the reference network's geometry and input, shared by the bundled models made from it
+FMNIST_DEIT_TINY = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=12,
+                        num_heads=3, mlp_ratio=4.0)
+FMNIST_DATA_CONFIG = dict(input_size=(1, 28, 28), mean=FMNIST_MEAN, std=FMNIST_STD, interpolation="bilinear",
+                          crop_pct=1.0)
+
 BUNDLED: dict[str, Bundled] = {
     "fmnist-deit-tiny": Bundled(
         name="fmnist-deit-tiny",
         arch="deit_tiny_patch16_224",
-        kwargs=dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=12,
-                    num_heads=3, mlp_ratio=4.0),
-        data_config=dict(input_size=(1, 28, 28), mean=FMNIST_MEAN, std=FMNIST_STD,
-                         interpolation="bilinear", crop_pct=1.0),
+        kwargs=FMNIST_DEIT_TINY,
+        data_config=FMNIST_DATA_CONFIG,
         description="DeiT-Tiny geometry (embed 192, depth 12, heads 3) on 28x28 Fashion-MNIST, patch 4",
     ),
-    # made by scripts/make_outlier_model.py (recipe: edge/train/outliers.py; docs/reference-model.md)
+    # made by scripts/make_outlier_model.py (recipe: edge/train/outliers.py; docs/outlier-model.md)
     "fmnist-deit-tiny-outliers": Bundled(
         name="fmnist-deit-tiny-outliers",
         arch="deit_tiny_patch16_224",
-        kwargs=dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=12,
-                    num_heads=3, mlp_ratio=4.0),
-        data_config=dict(input_size=(1, 28, 28), mean=FMNIST_MEAN, std=FMNIST_STD,
-                         interpolation="bilinear", crop_pct=1.0),
+        kwargs=FMNIST_DEIT_TINY,
+        data_config=FMNIST_DATA_CONFIG,
         description="fmnist-deit-tiny with the activation outliers of pretrained ViTs (massive residual "
                     "channels, high-norm tokens, post-LayerNorm channel spread)",
         made_by="make them with scripts/make_outlier_model.py (docs/outlier-model.md) and copy model.safetensors "
