@@ -299,3 +299,10 @@ def parse_count(text: str, step_text: str, what: str, expected: str) -> int:
     if count <= 0:
         raise EdgeError(f"plan step {step_text!r} needs a positive {what} count", expected=expected)
     return count
+
+
+def check_block_index(step, block: int, n: int) -> None:
+    """Refuse a plan step that names block ``block`` of a model with ``n`` blocks when there is none."""
+    if not 0 <= block < n:
+        raise EdgeError(f"plan step {step}: block {block} is out of range for a model with {n} blocks",
+                        expected=f"block indices 0..{n - 1}", fix="`edge models MODEL` lists the model's blocks")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, check_block_index, parse_count
 from edge.compress.methods.attnrm.build import (
     attnrm_records,
     check_block,
@@ -93,10 +93,7 @@ class AttentionRemoval(Method):
         mine: set[int] = set()
         for step in (s for s in steps if s.is_resolved):
             for block in step.blocks:
-                if not 0 <= block < n:
-                    raise EdgeError(f"plan step {step}: block {block} is out of range for a model with {n} blocks",
-                                    expected=f"block indices 0..{n - 1}",
-                                    fix="`edge models MODEL` lists the model's blocks")
+                check_block_index(step, block, n)
                 if block in check.removed:
                     raise EdgeError(f"plan step {step} removes the attention of block {block}, which "
                                     f"{check.removed[block]} replaces as a whole",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.method import BuildContext, Built, Method, PlanCheck, parse_count
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, check_block_index, parse_count
 from edge.compress.methods.dwconv.build import build_dwconv, dwconv_records, place_dwconv, restore_dwconv
 from edge.compress.methods.dwconv.module import (
     DWCONV,
@@ -88,10 +88,7 @@ class DepthwiseConvolution(Method):
         seen: dict[int, DWConvStep] = {}
         for step in steps:
             for block in step.touched_blocks:
-                if not 0 <= block < n:
-                    raise EdgeError(f"plan step {step}: block {block} is out of range for a model with {n} blocks",
-                                    expected=f"block indices 0..{n - 1}",
-                                    fix="`edge models MODEL` lists the model's blocks")
+                check_block_index(step, block, n)
                 if block in removed:
                     raise EdgeError(f"plan step {step} replaces the attention of block {block}, which a span "
                                     "removes", fix="leave that block out of one of the two steps")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from edge.compress.method import BuildContext, Built, Method, PlanCheck
+from edge.compress.method import BuildContext, Built, Method, PlanCheck, check_block_index
 from edge.compress.methods.wpac.build import (
     build_wpac,
     cut_by_macs,
@@ -129,10 +129,7 @@ class WidthCompression(Method):
         mine: dict[int, WpacStep] = {}
         for step in steps:
             for block in step.blocks:
-                if not 0 <= block < n:
-                    raise EdgeError(f"plan step {step}: block {block} is out of range for a model with {n} blocks",
-                                    expected=f"block indices 0..{n - 1}",
-                                    fix="`edge models MODEL` lists the model's blocks")
+                check_block_index(step, block, n)
             for block in step_blocks(step, n):
                 if block in mine:
                     raise EdgeError(f"plan steps {mine[block]} and {step} both narrow block {block}",
