@@ -351,7 +351,8 @@ def _check_plugin_library(library: str, sources: bool) -> None:
                         "the device, or a library cross-built on the host", fix="drop one of the two options")
     if not Path(library).is_file():
         raise EdgeError(f"--plugin-lib {library} does not exist",
-                        expected="the library `make -C docker plugins` writes (plugins/build/aarch64/libedge_plugins.so)",
+                        expected="the library `make -C docker plugins` writes "
+                                 "(plugins/build/aarch64/libedge_plugins.so)",
                         fix="run `make -C docker plugins` (docker/README.md), or bundle the sources: --plugins")
     stamp_path = Path(stamp_of(library))
     if not stamp_path.is_file():

@@ -272,7 +272,6 @@ def build_library(sources: Path, cache_root: Path, toolchain: Toolchain, *, sm: 
     key = build_key(sources_sha256(sources), toolchain, sm)
     folder = cache_root / key
     library, record_path = folder / LIBRARY_NAME, folder / "build.json"
-    facts = {"tensorrt": toolchain.tensorrt, "cuda": toolchain.cuda, "sm": sm}
     if library.is_file() and record_path.is_file():
         try:
             record = json.loads(record_path.read_text())
@@ -280,7 +279,7 @@ def build_library(sources: Path, cache_root: Path, toolchain: Toolchain, *, sm: 
             record = {}
         if record.get("sha256") == sha256_file(library):
             log(f"plugin library from the cache: {library}")
-            return PluginLibrary(str(library), record["sha256"], "cached", key, **facts)
+            return PluginLibrary(str(library), record["sha256"], "cached", key, toolchain.tensorrt, toolchain.cuda, sm)
         log(f"the cached plugin library {library} does not match its build.json: building it again")
     cache_root.mkdir(parents=True, exist_ok=True)
     log_path = log_path or cache_root / f"{key}.nvcc.log"
@@ -294,7 +293,8 @@ def build_library(sources: Path, cache_root: Path, toolchain: Toolchain, *, sm: 
         if not built.is_file() or built.stat().st_size == 0:
             raise JetsonError(f"nvcc exited 0 but wrote no library; its output: {log_path}")
         digest = sha256_file(built)
-        record = {"key": key, "sha256": digest, **facts, "argv": argv, "sources": str(sources), "log": str(log_path),
+        record = {"key": key, "sha256": digest, "tensorrt": toolchain.tensorrt, "cuda": toolchain.cuda, "sm": sm,
+                  "argv": argv, "sources": str(sources), "log": str(log_path),
                   "build_seconds": round(seconds, 2), "recipe": RECIPE,
                   "built": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         (work / "build.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -303,7 +303,8 @@ def build_library(sources: Path, cache_root: Path, toolchain: Toolchain, *, sm: 
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"plugin library built in {seconds:.1f} s: {library} (sha256 {digest[:16]})")
-    return PluginLibrary(str(library), digest, "built", key, **facts, build_seconds=round(seconds, 2))
+    return PluginLibrary(str(library), digest, "built", key, toolchain.tensorrt, toolchain.cuda, sm,
+                         build_seconds=round(seconds, 2))
 
 
 # ---- a prebuilt library and its stamp ----------------------------------------------------------------------
@@ -406,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cross and not args.jetpack:
             raise JetsonError("cross: --jetpack is missing", expected="the JetPack release, e.g. 6.1")
-        toolchain = find_toolchain(args.nvcc, args.tensorrt_include, host_compiler=args.host_compiler if cross else None,
+        toolchain = find_toolchain(args.nvcc, args.tensorrt_include,
+                                   host_compiler=args.host_compiler if cross else None,
                                    target_dir=args.target_dir if cross else None)
         args.out.mkdir(parents=True, exist_ok=True)
         library = args.out / LIBRARY_NAME

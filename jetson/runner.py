@@ -571,13 +571,13 @@ class Runner:
         if source in self.edge_plugins:
             return self.edge_plugins[source]
         sm = (self.device.get("compute_capability") or "").replace(".", "") or None
-        if build.plugin_library:
+        if build.plugin_library is not None:
             self.log(f"{variant.id}: checking the prebuilt plugin library {build.plugin_library} against this device")
             library = plugin_build.check_prebuilt(
                 self.bundle.path(build.plugin_library), tensorrt=self.trt_version,
                 cuda=self.device.get("cuda_runtime") or self.device.get("cuda_python_runtime"),
                 l4t=self.device.get("l4t"), sm=sm, log=self.log)
-        else:
+        else:  # the sources (source is one of the two)
             toolchain = plugin_build.find_toolchain()
             if self.trt_version and toolchain.tensorrt.split(".")[:2] != self.trt_version.split(".")[:2]:
                 raise JetsonError(f"TensorRT's headers in {toolchain.tensorrt_include} are TensorRT "
@@ -585,7 +585,7 @@ class Runner:
                                   expected="the headers of the TensorRT that loads the plugins",
                                   fix="install the matching libnvinfer-dev (`sudo apt install nvidia-jetpack`), or "
                                       "point EDGE_JETSON_TENSORRT_INCLUDE at the right headers")
-            library = plugin_build.build_library(self.bundle.path(build.plugin_sources), cache_root / "plugins",
+            library = plugin_build.build_library(self.bundle.path(source), cache_root / "plugins",
                                                  toolchain, sm=sm or plugin_build.DEFAULT_SM, log=self.log,
                                                  log_path=self.out / "logs" / "plugins.nvcc.log")
         self.edge_plugins[source] = library

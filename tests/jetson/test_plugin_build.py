@@ -43,7 +43,8 @@ def plugin_graph(path: Path) -> Path:
     node = helper.make_node("TokenDepthwiseConv", ["tokens"], ["out"], name="blocks.1.attn.mixer", kernel_size=3,
                             grid=[4, 4], prefix_tokens=1, prefix_mode="mean", weight=weight, plugin_version="1",
                             plugin_namespace="")
-    graph = helper.make_graph([node], "plugin", [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, 17, 8])],
+    graph = helper.make_graph([node], "plugin",
+                              [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, 17, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 17, 8])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
