@@ -68,6 +68,11 @@ class BundleConfig:
     tiling_optimization_level: int | None = option(None, minimum=0, maximum=3)
     timing_cache: str | None = None     # a TensorRT timing cache to ship (seeds the device's own)
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
+    # edge's own plugins (plugins/ of the repository, jetson.plugin_build): True ships their sources, compiled on
+    # the device (also done without asking for a graph holding a plugin node); plugin_library ships instead a
+    # library cross-built on the host (docker/Dockerfile.cross) with its stamp beside it
+    edge_plugins: bool = False
+    plugin_library: str | None = None
     protocol: Protocol = field(default_factory=Protocol)
     tf32: bool = True                   # False: every build config clears TF32 (edge bundle --no-tf32)
     tensorrt: str = DEFAULT_TENSORRT    # the TensorRT whose ONNX parser rules every packed graph must pass
@@ -87,6 +92,8 @@ class BundleConfig:
         for path in (self.timing_cache, *self.plugins):
             if path is not None and not Path(path).is_file():
                 raise EdgeError(f"{path} does not exist", expected="a file to ship in the bundle")
+        if self.plugin_library is not None:
+            _check_plugin_library(self.plugin_library, self.edge_plugins)
 
 
 @dataclass(frozen=True)
@@ -223,8 +230,10 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     for graph in graphs:  # before minutes of calibration, not after
         for precision in config.precisions:
             _check_convertible(graph, precision)
+    needs_plugins = {graph.name: _holds_plugin_ops(graph.path) for graph in graphs}
     with atomic_folder(out) as tmp:
         plugins = _ship(config.plugins, PLUGINS, tmp)
+        edge_plugins = _ship_edge_plugins(config, any(needs_plugins.values()), tmp, progress)
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
         for graph in graphs:
@@ -232,7 +241,8 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
             for precision in config.precisions:  # every graph TensorRT would refuse is named before the gate
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
-                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
+                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress,
+                                      plugin_ops=bool(edge_plugins))
                 written[precision] = relative, made
             gate = _write_gate(graph, tmp, config, progress)
             for precision, (relative, made) in written.items():
@@ -240,7 +250,8 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
                                   tactic_dram_mib=config.tactic_dram_mib, optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
-                                  timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32)
+                                  timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32,
+                                  **(edge_plugins if needs_plugins[graph.name] or config.edge_plugins else {}))
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
                                         calibration=(made or {}).get("calibration"), source=str(graph.path),
@@ -272,12 +283,16 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
 
 
-def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
+def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None],
+                          plugin_ops: bool = False) -> None:
     """The TensorRT parser rules on a packed graph (edge.graph.tensorrt_rules): a graph breaking one is refused
-    with the findings, before a device spends minutes on a build that fails; with the check off, it is said."""
+    with the findings, before a device spends minutes on a build that fails; with the check off, it is said.
+    ``plugin_ops``: the bundle ships edge's plugins, whose op types the parser then imports as plugins."""
     from edge.graph.tensorrt_rules import check_file, refusal
 
     report = check_file(graph, config.tensorrt)
+    if plugin_ops:
+        report = _without_plugin_op_findings(report)
     if report["passed"]:
         return
     if config.check_tensorrt:
@@ -303,3 +318,88 @@ def write_tar(folder: Path) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return target
+
+
+# ---- edge's own TensorRT plugins (jetson.plugin_build) -----------------------------------------------------
+
+def plugins_source_folder() -> Path:
+    """``plugins/`` of the repository edge runs from (the plugin sources are not part of the installed package)."""
+    folder = Path(jetson.__file__).resolve().parents[1] / "plugins"
+    if not (folder / "CMakeLists.txt").is_file():
+        raise EdgeError(f"edge's plugin sources are not at {folder}", expected="plugins/ of the edge repository "
+                        "(CMakeLists.txt, edgePlugins.cpp, one folder per plugin)",
+                        fix="run edge from a clone of its repository (pip install -e .), or ship a library "
+                            "cross-built on the host: --plugin-lib")
+    return folder
+
+
+def _holds_plugin_ops(graph: Path) -> bool:
+    """Whether the graph holds a node of edge's plugin ops (jetson.plugin_build.PLUGIN_OPS)."""
+    import onnx
+
+    from jetson.plugin_build import PLUGIN_OPS
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return any(node.op_type in PLUGIN_OPS for node in model.graph.node)
+
+
+def _check_plugin_library(library: str, sources: bool) -> None:
+    from jetson.plugin_build import read_stamp, sha256_file, stamp_of
+
+    if sources:
+        raise EdgeError(f"--plugins with --plugin-lib {library}", expected="one of them: the sources, compiled on "
+                        "the device, or a library cross-built on the host", fix="drop one of the two options")
+    if not Path(library).is_file():
+        raise EdgeError(f"--plugin-lib {library} does not exist",
+                        expected="the library `make -C docker plugins` writes "
+                                 "(plugins/build/aarch64/libedge_plugins.so)",
+                        fix="run `make -C docker plugins` (docker/README.md), or bundle the sources: --plugins")
+    stamp_path = Path(stamp_of(library))
+    if not stamp_path.is_file():
+        raise EdgeError(f"--plugin-lib {library} has no stamp beside it", expected=f"{stamp_path} (the JSON the cross "
+                        "build writes: TensorRT, CUDA and JetPack versions, sha256)",
+                        fix="ship the library with its stamp: both come from `make -C docker plugins`")
+    try:
+        stamp = read_stamp(stamp_path)
+    except JetsonError as e:
+        raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
+    if stamp["sha256"] != sha256_file(library) or stamp["library"] != Path(library).name:
+        raise EdgeError(f"--plugin-lib {library} is not the library its stamp {stamp_path.name} describes",
+                        expected=f"{stamp['library']} with sha256 {stamp['sha256']}",
+                        fix="ship the library and the stamp written by the same `make -C docker plugins`")
+
+
+def _ship_edge_plugins(config: BundleConfig, needed: bool, out: Path, progress: Callable[[str], None]) -> dict:
+    """Ship edge's plugins when asked or when a graph needs them: the build config's fields (jetson.bundle.BuildSpec
+    plugin_sources or plugin_library), empty when none are shipped."""
+    from jetson.bundle import PLUGIN_SOURCES
+    from jetson.plugin_build import source_files, stamp_of
+
+    if config.plugin_library:
+        relative = f"{PLUGINS}/{Path(config.plugin_library).name}"
+        (out / PLUGINS).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(config.plugin_library, out / relative)
+        shutil.copyfile(stamp_of(config.plugin_library), out / stamp_of(relative))
+        progress(f"edge's plugins: the prebuilt {Path(config.plugin_library).name} and its stamp")
+        return {"plugin_library": relative}
+    if not (config.edge_plugins or needed):
+        return {}
+    folder = plugins_source_folder()
+    files = source_files(folder)
+    for name, path in files.items():
+        (out / PLUGIN_SOURCES / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, out / PLUGIN_SOURCES / name)
+    progress(f"edge's plugins: {len(files)} source files from {folder}, compiled on the device"
+             + ("" if config.edge_plugins else " (a graph holds a plugin node)"))
+    return {"plugin_sources": PLUGIN_SOURCES}
+
+
+def _without_plugin_op_findings(report: dict) -> dict:
+    """The report without the "not in TensorRT's support table" findings of edge's plugin ops (the bundle ships
+    their library, so the parser imports them as plugins)."""
+    from jetson.plugin_build import PLUGIN_OPS
+
+    kept = [f for f in report["findings"]
+            if not (f["rule"] == "operator" and any(f["what"].startswith(f"{op} is not in") for op in PLUGIN_OPS))]
+    errors = sum(f["severity"] == "error" for f in kept)
+    return {**report, "findings": kept, "errors": errors, "passed": errors == 0}

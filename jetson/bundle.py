@@ -8,7 +8,9 @@ Both go through this module, so the format has one definition. A bundle is a fol
       manifest.json            this module's format (below)
       graphs/NAME/PRECISION.onnx   one ONNX graph per variant and precision, its precision inside
       caches/...               timing caches and INT8 calibration caches shipped with it, if any
-      plugins/...              TensorRT plugin libraries (.so), if any
+      plugins/...              TensorRT plugin libraries (.so), if any; edge's own plugins as sources
+                               (plugins/src/: compiled on the device, jetson.plugin_build) or cross-built
+                               (plugins/libedge_plugins.so with its stamp plugins/libedge_plugins.json)
       gate/...                 the accuracy gate's images and reference outputs (.npy; jetson.accuracy_gate)
       jetson/...               the device-side package itself (run with `python3 -m jetson run`)
 
@@ -32,7 +34,9 @@ Both go through this module, so the format has one definition. A bundle is a fol
                              "tactic_dram_mib": 3072, "batch": null,
                              "min_batch": null, "opt_batch": null, "max_batch": null,
                              "timing_cache": null | "caches/...", "plugins": ["plugins/x.so"],
-                             "calibration_cache": null | "caches/...", "tf32": true}}],
+                             "calibration_cache": null | "caches/...", "tf32": true,
+                             "plugin_sources": null | "plugins/src",
+                             "plugin_library": null | "plugins/libedge_plugins.so"}}],
      "files": {"graphs/baseline/fp16.onnx": {"sha256": "...", "bytes": 12345}, "jetson/runner.py": {...}}}
 
 ``files`` lists every file of the bundle but ``manifest.json``, with its sha256 and size. The runner
@@ -56,11 +60,13 @@ from pathlib import Path
 
 from jetson.accuracy_gate import GATE, GateSpec
 from jetson.errors import JetsonError
+from jetson.plugin_build import stamp_of
 
 FORMAT = "edge-jetson-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPHS, CACHES, PLUGINS, PACKAGE = "graphs", "caches", "plugins", "jetson"
+PLUGIN_SOURCES = f"{PLUGINS}/src"  # edge's plugin sources (plugins/ of the repository), built on the device
 OWNED = (GRAPHS, CACHES, PLUGINS, PACKAGE, GATE)
 PRECISIONS = ("fp32", "fp16", "int8")
 #: the ONNX precision (edge.precision metadata) each bundle precision's graph has
@@ -101,6 +107,11 @@ class BuildSpec:
     #: fp32 matrix products in TF32 (TensorRT's default; about 1e-3 relative from ONNX Runtime); False clears
     #: BuilderFlag.TF32 (trtexec --noTF32)
     tf32: bool = True
+    #: edge's plugin sources (a folder of the bundle, :data:`PLUGIN_SOURCES`), compiled on the device into the
+    #: library the build loads (jetson.plugin_build); None: the graph needs none
+    plugin_sources: str | None = None
+    #: or edge's plugin library cross-built on a host, with its stamp beside it (jetson.plugin_build.stamp_of)
+    plugin_library: str | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -114,6 +125,15 @@ class BuildSpec:
                                   f"and {DEFAULT_WORKSPACE_MIB} MiB)")
         if not 0 <= self.optimization_level <= 5:
             raise JetsonError(f"optimisation level {self.optimization_level}", expected="0..5 (TensorRT's default 3)")
+        if self.plugin_sources and self.plugin_library:
+            raise JetsonError(f"a build config with plugin sources {self.plugin_sources} and the prebuilt library "
+                              f"{self.plugin_library}", expected="one of them",
+                              fix="make the bundle again with either --plugins or --plugin-lib")
+
+    @property
+    def needs_edge_plugins(self) -> bool:
+        """Whether the graph needs edge's plugin library (built from the sources or shipped prebuilt)."""
+        return bool(self.plugin_sources or self.plugin_library)
 
     def to_json(self) -> dict:
         return {**asdict(self), "plugins": list(self.plugins)}
@@ -327,7 +347,7 @@ def verify_bundle(bundle: Bundle, found: dict[str, dict] | None = None) -> None:
                           fix="remove the file, or make the bundle again with `edge bundle`")
     for variant in bundle.variants:
         named = [variant.graph, *variant.build.plugins, variant.build.timing_cache, variant.build.calibration_cache,
-                 *(variant.gate.files() if variant.gate else ())]
+                 *(variant.gate.files() if variant.gate else ()), *_edge_plugin_files(variant.build, bundle.files)]
         for relative in filter(None, named):
             if relative not in bundle.files:
                 raise JetsonError(f"variant {variant.id} names {relative}, which manifest.json does not list",
@@ -335,3 +355,14 @@ def verify_bundle(bundle: Bundle, found: dict[str, dict] | None = None) -> None:
         if bundle.files[variant.graph]["sha256"] != variant.graph_sha256:
             raise JetsonError(f"variant {variant.id}: the sha256 of {variant.graph} differs from the one listed",
                               fix="make the bundle again with `edge bundle`")
+
+
+def _edge_plugin_files(build: BuildSpec, files: dict[str, dict]) -> list[str]:
+    """The bundle files a build config's edge plugins need: a prebuilt library and its stamp, or (the sources
+    folder) at least one listed file under it."""
+    if build.plugin_library:
+        return [build.plugin_library, stamp_of(build.plugin_library)]
+    if build.plugin_sources:
+        prefix = build.plugin_sources.rstrip("/") + "/"
+        return [next((name for name in files if name.startswith(prefix)), prefix)]
+    return []

@@ -194,8 +194,8 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
         logger = stderr_logger()
     builder = trt.Builder(logger)
     trt.init_libnvinfer_plugins(logger, "")
-    for library in plugins:
-        builder.get_plugin_registry().load_library(str(library))
+    for library in plugins:  # before parsing: the parser looks each plugin node up in the registry
+        load_plugin_library(builder.get_plugin_registry(), library)
     network = builder.create_network(network_flags(spec.strongly_typed, features))
     parser = trt.OnnxParser(network, logger)
     log(f"parsing {graph}")
@@ -247,17 +247,22 @@ def _use_timing_cache(config: tensorrt.IBuilderConfig, path: Path, log: Callable
 
 
 def cache_key(graph_sha256: str, spec: BuildSpec, file_sha256: dict[str, str], identity: dict,
-              builder: str = PYTHON_BUILDER) -> str:
+              builder: str = PYTHON_BUILDER, edge_plugins_sha256: str | None = None) -> str:
     """The engine cache key: graph, build config (files by content), the builder (:data:`BUILDERS`: each
-    makes engines of its own), TensorRT version and device identity."""
+    makes engines of its own), TensorRT version and device identity, and the sha256 of edge's plugin library
+    the engine is built with (jetson.plugin_build), if any."""
     build = spec.to_json()
     for field in ("timing_cache", "calibration_cache"):
         build[field] = file_sha256.get(build[field]) if build[field] else None
     build["plugins"] = [file_sha256.get(p, p) for p in build["plugins"]]
     build.pop("timing_cache")  # speeds the build up, makes no other engine
-    text = json.dumps({"graph": graph_sha256, "build": build, "builder": builder,
-                       "identity": {f: identity.get(f) for f in IDENTITY}}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    for field in ("plugin_sources", "plugin_library"):  # by the library's sha256 below; absent: keys as before
+        build.pop(field)
+    key: dict = {"graph": graph_sha256, "build": build, "builder": builder,
+                 "identity": {f: identity.get(f) for f in IDENTITY}}
+    if edge_plugins_sha256:
+        key["edge_plugins"] = edge_plugins_sha256
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -322,13 +327,26 @@ class EngineCache:
 
 
 def engine_manifest(graph: Path, spec: BuildSpec, identity: dict, facts: dict, *, key: str, plugins: Sequence[Path],
-                    variant: str, bundle_sha256: str) -> dict:
-    """An engine manifest in ``edge build``'s format (edge.trt.manifest), plus where it came from."""
+                    variant: str, bundle_sha256: str, edge_plugins: dict | None = None) -> dict:
+    """An engine manifest in ``edge build``'s format (edge.trt.manifest), plus where it came from;
+    ``edge_plugins``: edge's plugin library it was built with (jetson.plugin_build.PluginLibrary.to_json: its
+    sha256, its plugin cache key, how it came), null when none."""
     builder = facts.get("builder", PYTHON_BUILDER)
     return {"manifest_version": ENGINE_MANIFEST_VERSION, "edge": None,
             "built_by": "jetson runner" + (f" ({builder})" if builder != PYTHON_BUILDER else ""),
             "onnx": {"path": str(graph), "sha256": sha256_file(graph), "variant": GRAPH_PRECISION[spec.precision],
                      "conversion": None},
             "runtime": {**identity}, "precision": spec.precision, "strongly_typed": spec.strongly_typed,
-            "config": spec.to_json(), "plugins": [str(p) for p in plugins], "cache_key": key,
-            "bundle": {"sha256": bundle_sha256, "variant": variant}, **facts}
+            "config": spec.to_json(), "plugins": [str(p) for p in plugins], "edge_plugins": edge_plugins,
+            "cache_key": key, "bundle": {"sha256": bundle_sha256, "variant": variant}, **facts}
+
+
+def load_plugin_library(registry: Any, path: str | Path) -> None:
+    """Register the creators of a plugin library (``IPluginRegistry::loadLibrary``: it calls the library's
+    ``getCreators``); a JetsonError naming the library when TensorRT refuses it (a null handle)."""
+    if not Path(path).is_file():
+        raise JetsonError(f"the plugin library {path} does not exist", fix="make the bundle again")
+    if registry.load_library(str(path)) is None:
+        raise JetsonError(f"TensorRT could not load the plugin library {path}", found="see TensorRT's log above "
+                          "(a library built for another TensorRT or GPU, or a plugin already registered)",
+                          fix="rebuild it for this device (bundle the sources: `edge bundle --plugins`)")

@@ -21,7 +21,10 @@ samples stand behind it (``reliable``), peak RAM and temperatures, plus
 ``tegrastats_log`` and the ``timed_window_s`` and ``idle_window_s`` on the log's monotonic clock, so
 the figures can be checked against the samples; null without tegrastats), and per backend:
 TensorRT adds ``gpu_latency`` (CUDA events), ``device_memory``, ``layers``, ``cuda_graph``,
-``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, build facts: ``builder`` is
+``cuda_binding`` and ``engine`` (cache key, path, whether it was cached, ``edge_plugins``: edge's plugin
+library the engine was built with, its sha256, plugin cache key and origin (jetson.plugin_build: compiled
+here from the bundle's sources, nvcc's output in ``logs/plugins.nvcc.log``, or prebuilt and its stamp
+checked), null when the graph needs none, build facts: ``builder`` is
 ``python``, TensorRT's Python API, built in a child process with its memory limits in ``knobs`` and
 its peak memory in ``build_memory``: jetson.build_process, or ``trtexec``, with its argv and version); ONNX Runtime adds
 ``onnxruntime`` and ``providers``. ``logs`` names the variant's log files (relative to the results).
@@ -242,6 +245,7 @@ class Runner:
         self.summary: dict = {}
         self.interruptions = Interruptions()  # Ctrl-C, SIGTERM, SIGHUP: raised, or noted during TensorRT calls
         self.bindings_skipped: list[str] = []
+        self.edge_plugins: dict[str, Any] = {}  # jetson.plugin_build.PluginLibrary per sources/library, this run
 
     def log(self, message: str) -> None:
         if self.logger is not None:
@@ -471,6 +475,12 @@ class Runner:
         if self.options.backend == "ort":
             from jetson.ort_backend import OrtBackend
 
+            if variant.build.needs_edge_plugins:
+                raise JetsonError(f"{variant.id}: its graph holds edge's TensorRT plugin nodes (TokenDepthwiseConv), "
+                                  "which ONNX Runtime on the device cannot run",
+                                  fix="run it with --backend tensorrt, or bundle the graph without `edge clean "
+                                      "--plugins`")
+
             return OrtBackend(graph, precision=variant.precision, threads=self.options.threads), None
         engine, facts = self.engine(variant)
         backend = None
@@ -487,6 +497,8 @@ class Runner:
         from jetson.trt_backend import TensorRTEngineBackend
 
         plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
+        if facts.get("edge_plugins"):
+            plugins.append(facts["edge_plugins"]["path"])
         return TensorRTEngineBackend(
             engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
             batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
@@ -501,13 +513,18 @@ class Runner:
         cache = EngineCache(root / "engines")
         identity = self.device["identity"]
         files = {name: entry["sha256"] for name, entry in self.bundle.files.items()}
-        key = cache_key(variant.graph_sha256, variant.build, files, identity, self.options.builder)
+        library = self.edge_plugin_library(variant, root)
+        edge_plugins = library.to_json() if library is not None else None
+        key = cache_key(variant.graph_sha256, variant.build, files, identity, self.options.builder,
+                        library.sha256 if library is not None else None)
         cached = cache.load(key, identity, self.log)
         if cached is not None:
             self.log(f"{variant.id}: engine from the cache ({cache.engine_path(key)})")
             return cached[0], {"cache_key": key, "path": str(cache.engine_path(key)), "cached": True,
-                               **{fact: cached[1].get(fact) for fact in ("build_seconds", "knobs", "build_memory")}}
+                               **{fact: cached[1].get(fact) for fact in ("build_seconds", "knobs", "build_memory")},
+                               "edge_plugins": edge_plugins}
         plugins = [self.bundle.path(p) for p in variant.build.plugins]
+        dynamic = [Path(library.path)] if library is not None else []
         device = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         timing_cache = root / "timing" / f"{device}.cache"  # per TensorRT and device; seeded from the bundle's
         if not timing_cache.exists() and variant.build.timing_cache:
@@ -523,21 +540,56 @@ class Runner:
             engine, facts = build_engine_with_trtexec(
                 binary, version, graph, variant.build, work_dir=root / "building" / key,
                 log_path=self.log_path(variant, "trtexec"), inputs=variant.inputs, timing_cache=timing_cache,
-                plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None)
+                plugins=plugins, calibration_cache=self.bundle.path(calibration) if calibration else None,
+                dynamic_plugins=dynamic)
             facts["trtexec"]["log"] = str(self.log_path(variant, "trtexec").relative_to(self.out))
         else:
             from jetson.build_process import build_in_child
 
             with self.interruptions.deferred():  # a signal is forwarded to the child, whose monitor cancels the build
                 engine, facts = build_in_child(  # an OOM kill takes the child, not the run (BuildOutOfMemory)
-                    graph, variant.build, plugins=plugins, timing_cache=timing_cache, log=self.log,
+                    graph, variant.build, plugins=[*plugins, *dynamic], timing_cache=timing_cache, log=self.log,
                     interruptions=self.interruptions,
                     trt_message=self.trt_log.message if self.trt_log is not None else None)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
-                                   variant=variant.id, bundle_sha256=self.bundle.sha256)
+                                   variant=variant.id, bundle_sha256=self.bundle.sha256, edge_plugins=edge_plugins)
         path = cache.store(key, engine, manifest)
         self.log(f"{variant.id}: engine built in {facts['build_seconds']} s, cached as {path}")
-        return engine, {"cache_key": key, "path": str(path), "cached": False, **facts}
+        return engine, {"cache_key": key, "path": str(path), "cached": False, **facts, "edge_plugins": edge_plugins}
+
+    def edge_plugin_library(self, variant: Variant, cache_root: Path) -> Any:
+        """edge's plugin library the variant's graph needs (jetson.plugin_build.PluginLibrary), None when it needs
+        none: compiled from the bundle's sources with this device's nvcc and TensorRT headers (cached under
+        ``cache_root/plugins``), or the bundle's prebuilt library once its stamp matches this device. Once per
+        run for each sources folder or library."""
+        from jetson import plugin_build
+
+        build = variant.build
+        source = build.plugin_sources or build.plugin_library
+        if not source:
+            return None
+        if source in self.edge_plugins:
+            return self.edge_plugins[source]
+        sm = (self.device.get("compute_capability") or "").replace(".", "") or None
+        if build.plugin_library is not None:
+            self.log(f"{variant.id}: checking the prebuilt plugin library {build.plugin_library} against this device")
+            library = plugin_build.check_prebuilt(
+                self.bundle.path(build.plugin_library), tensorrt=self.trt_version,
+                cuda=self.device.get("cuda_runtime") or self.device.get("cuda_python_runtime"),
+                l4t=self.device.get("l4t"), sm=sm, log=self.log)
+        else:  # the sources (source is one of the two)
+            toolchain = plugin_build.find_toolchain()
+            if self.trt_version and toolchain.tensorrt.split(".")[:2] != self.trt_version.split(".")[:2]:
+                raise JetsonError(f"TensorRT's headers in {toolchain.tensorrt_include} are TensorRT "
+                                  f"{toolchain.tensorrt}, the Python module TensorRT {self.trt_version}",
+                                  expected="the headers of the TensorRT that loads the plugins",
+                                  fix="install the matching libnvinfer-dev (`sudo apt install nvidia-jetpack`), or "
+                                      "point EDGE_JETSON_TENSORRT_INCLUDE at the right headers")
+            library = plugin_build.build_library(self.bundle.path(source), cache_root / "plugins",
+                                                 toolchain, sm=sm or plugin_build.DEFAULT_SM, log=self.log,
+                                                 log_path=self.out / "logs" / "plugins.nvcc.log")
+        self.edge_plugins[source] = library
+        return library
 
     def benchmark(self, backend: Any, variant: Variant, measured: Measurement) -> None:
         """Warm-up, then timed inferences one at a time (host monotonic clock), with tegrastats around

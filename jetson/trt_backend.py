@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jetson.cuda import binding_name, check
+from jetson.engine import load_plugin_library
 from jetson.errors import JetsonError
 from jetson.features import detect_features, dims_list, load_tensorrt
 from jetson.stats import latency_stats
@@ -124,7 +125,7 @@ class TensorRTEngineBackend:
             if not Path(path).is_file():
                 raise JetsonError(f"{self.label} was built with the plugin library {path}, which does not exist here",
                                   fix=f"put {Path(path).name} back at {path}, or rebuild the engine without it")
-            self.runtime.get_plugin_registry().load_library(path)
+            load_plugin_library(self.runtime.get_plugin_registry(), path)
         return libraries
 
     def _bind(self, trt, batch: int | None, seed: int) -> int:

@@ -15,8 +15,10 @@ itself), ``--memPoolSize=workspace:NM``, ``--builderOptimizationLevel``, ``--pro
 (per-layer names for the runner's layer table), strong typing (``--stronglyTyped`` before 11: the
 precision is the graph's own) or, for a weakly typed build config, ``--fp16`` or ``--int8 --calib=``
 the bundle's calibration cache (10.x only), ``--minShapes/--optShapes/--maxShapes`` for inputs with a
-dynamic batch, ``--timingCacheFile`` (the device's own, read and written by trtexec) and
-``--staticPlugins`` per plugin library. The argv is a list (never a shell); trtexec's whole output
+dynamic batch, ``--timingCacheFile`` (the device's own, read and written by trtexec),
+``--staticPlugins`` per plugin library shipped as it is (``dlopen``: libraries that register their creators
+from static initialisers) and ``--dynamicPlugins`` for edge's own plugin library (``IPluginRegistry::loadLibrary``,
+which calls its ``getCreators``: jetson.plugin_build). The argv is a list (never a shell); trtexec's whole output
 goes to a log file that is kept whether it succeeds or not.
 """
 
@@ -95,7 +97,8 @@ def shape_flags(inputs: Sequence[dict], spec: BuildSpec) -> list[str]:
 
 def build_argv(binary: str, graph: Path, engine: Path, spec: BuildSpec, version: tuple[int, ...], *,
                inputs: Sequence[dict] = (), timing_cache: Path | None = None, plugins: Sequence[Path] = (),
-               calibration_cache: Path | None = None) -> tuple[list[str], dict[str, str]]:
+               calibration_cache: Path | None = None,
+               dynamic_plugins: Sequence[Path] = ()) -> tuple[list[str], dict[str, str]]:
     """trtexec's argv to build ``graph`` into ``engine`` with ``spec``, for trtexec ``version``; with the
     build config's settings this version lacks or ignores, each with why (as the Python builder's
     ``not_available``)."""
@@ -138,6 +141,7 @@ def build_argv(binary: str, graph: Path, engine: Path, spec: BuildSpec, version:
     if timing_cache is not None:
         argv.append(f"--timingCacheFile={timing_cache}")
     argv += [f"--staticPlugins={p}" for p in plugins]
+    argv += [f"--dynamicPlugins={p}" for p in dynamic_plugins]
     argv += shape_flags(inputs, spec)
     return argv, notes
 
@@ -178,14 +182,14 @@ def run_trtexec(argv: list[str], log_path: Path, *, timeout_s: float | None = No
 def build_engine_with_trtexec(binary: str, version: tuple[int, ...], graph: Path, spec: BuildSpec, *,
                               work_dir: Path, log_path: Path, inputs: Sequence[dict] = (),
                               timing_cache: Path | None = None, plugins: Sequence[Path] = (),
-                              calibration_cache: Path | None = None,
+                              calibration_cache: Path | None = None, dynamic_plugins: Sequence[Path] = (),
                               timeout_s: float | None = None) -> tuple[bytes, dict]:
     """Build with trtexec into ``work_dir`` (removed after); the engine's bytes and the build facts."""
     work_dir.mkdir(parents=True, exist_ok=True)
     engine_path = work_dir / "trtexec.engine"
     engine_path.unlink(missing_ok=True)
     argv, notes = build_argv(binary, graph, engine_path, spec, version, inputs=inputs, timing_cache=timing_cache,
-                             plugins=plugins, calibration_cache=calibration_cache)
+                             plugins=plugins, calibration_cache=calibration_cache, dynamic_plugins=dynamic_plugins)
     cache_before = timing_cache.stat().st_size if timing_cache is not None and timing_cache.is_file() else 0
     if timing_cache is not None:
         timing_cache.parent.mkdir(parents=True, exist_ok=True)  # trtexec writes the file, not its folder

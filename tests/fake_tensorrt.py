@@ -122,7 +122,7 @@ def _wrong(graph: str) -> bool:
 
 
 #: module attributes that only the fake has: what it records for the tests
-FAKE_RECORDS = ("FAKE", "calls", "cuda", "plugin_libraries", "builtin_plugins", "contexts")
+FAKE_RECORDS = ("FAKE", "calls", "cuda", "plugin_libraries", "builtin_plugins", "contexts", "plugin_creators")
 #: the signals a native call holds back from Python until a callback runs (see the module docstring)
 HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 BUILD_STEP_S = 0.05  # one step of a slow fake build
@@ -130,6 +130,12 @@ BUILD_STEP_S = 0.05  # one step of a slow fake build
 #: memory; FORM ``none``: build_serialized_network returns None after TensorRT's out-of-memory message,
 #: ``killed``: the building process is sent SIGKILL (what the kernel's OOM killer does). Read at each
 #: build, so it reaches the device runner's build process through the environment.
+#: what tests/jetson/bin/fake_nvcc (FakeNvcc) writes at the start of a "library": the registry below reads the JSON
+#: after it and registers the plugin creators it names, as IPluginRegistry::loadLibrary registers getCreators'
+FAKE_NVCC_MAGIC = b"\x7fELF\x02\x01\x01\x00FAKE-NVCC-OUTPUT\n"
+#: edge's plugin ops (jetson.plugin_build.PLUGIN_OPS): the ONNX parser imports such a node only through a
+#: creator of that name in the registry (else "Plugin not found", as TensorRT's fallback importer says)
+EDGE_PLUGIN_OPS = ("TokenDepthwiseConv",)
 OUT_OF_MEMORY_VARIABLE = "FAKE_TENSORRT_OUT_OF_MEMORY"
 OUT_OF_MEMORY_FORMS = ("none", "killed")
 
@@ -191,6 +197,7 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
     m.cuda = cuda or FakeCudaRuntime()
     m.plugin_libraries = []  # the process-wide plugin registry
     m.builtin_plugins = False  # init_libnvinfer_plugins was called
+    m.plugin_creators = set()  # creators registered by libraries (FakeNvcc's records), by plugin name
     m.contexts = 0  # create_execution_context calls
     flag_names = ["DEBUG", "GPU_FALLBACK", "REFIT", "DISABLE_TIMING_CACHE", "TF32", "SPARSE_WEIGHTS", "DIRECT_IO"]
     if legacy:
@@ -218,8 +225,20 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
         return True
 
     m.init_libnvinfer_plugins = init_libnvinfer_plugins
-    registry = types.SimpleNamespace(load_library=lambda path: (m.calls.append(("load_library", path)),
-                                                                 m.plugin_libraries.append(path)))
+    def load_library(path: str):
+        """IPluginRegistry::loadLibrary: None when the file cannot be opened (dlopen fails); a FakeNvcc library's
+        creators are registered (its getCreators)."""
+        m.calls.append(("load_library", path))
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return None
+        if data.startswith(FAKE_NVCC_MAGIC):
+            m.plugin_creators.update(json.loads(data[len(FAKE_NVCC_MAGIC):])["creators"])
+        m.plugin_libraries.append(path)
+        return ("handle", path)
+
+    registry = types.SimpleNamespace(load_library=load_library)
 
     severity = _enum("Severity", {"INTERNAL_ERROR": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "VERBOSE": 4})
 
@@ -312,6 +331,11 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
                 if node.op_type in unsupported_ops:
                     self.errors.append(ParserError(i, node.name, node.op_type,
                                                    f"No importer registered for op: {node.op_type}"))
+                elif node.op_type in EDGE_PLUGIN_OPS:
+                    if node.op_type not in m.plugin_creators:
+                        self.errors.append(ParserError(i, node.name, node.op_type, "Plugin not found, are the "
+                                                       "plugin name, version, and namespace correct?"))
+                    self.network.plugin_layers.append(node.op_type)
                 elif node.op_type in plugin_layers:
                     if not m.builtin_plugins:
                         self.errors.append(ParserError(i, node.name, node.op_type, "Plugin not found, are the "
@@ -659,6 +683,8 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
             engine = ICudaEngine(data)
             engine._logger = self.logger
             missing = [p for p in engine.request["plugin_libraries"] if p not in m.plugin_libraries]
+            missing += [op for op in engine.request["plugin_layers"] if op in EDGE_PLUGIN_OPS
+                        and op not in m.plugin_creators]
             if (engine.request["plugin_layers"] and not m.builtin_plugins) or missing:
                 m.calls.append(("error", "getPluginCreator could not find a plugin creator"))
                 _log(self.logger, "ERROR", "3: getPluginCreator could not find plugin: FakePlugin version: 1")

@@ -36,7 +36,7 @@ SHEBANG = re.compile(rb"#!\s*(?:/usr/bin/env\s+(?:-\S+\s+)*)?(?:/usr)?(?:/local)
 # shellcheck's default checks (every severity) plus these optional ones (`shellcheck --list-optional`).
 SHELLCHECK_OPTIONAL = ("avoid-nullary-conditions", "deprecate-which", "quote-safe-variables", "useless-use-of-cat")
 # the platform each Dockerfile is built for
-PLATFORMS = {"Dockerfile.host": "linux/amd64", "Dockerfile.jetson": "linux/arm64"}
+PLATFORMS = {"Dockerfile.host": "linux/amd64", "Dockerfile.jetson": "linux/arm64", "Dockerfile.cross": "linux/amd64"}
 
 
 def source_files() -> list[Path]:
@@ -120,7 +120,8 @@ def test_every_shell_script_of_the_repository_is_checked():
     """The search finds the scripts named in the README and CI (a broken search would check nothing)."""
     expected = {"scripts/setup.sh", "scripts/main.sh", "scripts/test.sh", "scripts/mypy.sh", ".ci/run"}
     assert expected <= {str(p) for p in SHELL_SCRIPTS}
-    assert {"docker/Dockerfile.host", "docker/Dockerfile.jetson"} <= {str(p) for p in DOCKERFILES}
+    assert {"docker/Dockerfile.host", "docker/Dockerfile.jetson", "docker/Dockerfile.cross"} <= {
+        str(p) for p in DOCKERFILES}
 
 
 def test_the_linters_report_findings(tmp_path):
@@ -204,7 +205,8 @@ def read_table(path: Path) -> dict[str, str]:
 
 def base_problems(name: str, text: str, table: dict[str, str]) -> list[str]:
     """Why the FROM lines of a Dockerfile do not take their base from the table (empty when they do):
-    each FROM names an earlier stage or ``${NAME}``, NAME a global ARG whose default is the table's."""
+    each FROM names an earlier stage, ``scratch`` (Docker's empty image: no base) or ``${NAME}``, NAME a global
+    ARG whose default is the table's."""
     problems, stages = [], set()
     declared = global_args(text)
     for ins in instructions(text):
@@ -213,7 +215,7 @@ def base_problems(name: str, text: str, table: dict[str, str]) -> list[str]:
         _, words = flags_and_words(ins.args)
         image, alias = words[0], words[2].lower() if len(words) == 3 and words[1].upper() == "AS" else None
         variable = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", image)
-        if image.lower() in stages:
+        if image.lower() in stages or image == "scratch":
             pass
         elif variable is None:
             problems.append(f"{name} line {ins.line}: FROM {image} names its base literally; put it in "
@@ -334,7 +336,8 @@ def test_the_build_file_passes_the_table_to_each_build():
     if shutil.which("make") is None:
         pytest.skip("make is not installed (Debian: apt-get install make); docker/Makefile was not run")
     table = read_table(TAGS)
-    done = subprocess.run(["make", "-n", "-C", str(DOCKER), "all"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["make", "-n", "-C", str(DOCKER), "all", "plugins"], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0, done.stderr
     commands = [shlex.split(c) for c in re.sub(r"\\\n\s*", " ", done.stdout).splitlines() if "buildx build" in c]
     built = {Path(c[c.index("--file") + 1]).name: c for c in commands}
@@ -361,6 +364,30 @@ def test_docker_readme_names_the_images_the_build_file_makes():
     assert set(re.findall(r"\bedge-host:([\w.-]+)", text)) == {__version__}
     assert set(re.findall(r"\bedge-jetson:([\w.-]+)", text)) == {l4t_tag}
 
+def make_commands(*targets: str) -> list[list[str]]:
+    """The build commands ``make -n`` prints for ``targets``, as argv lists."""
+    done = subprocess.run(["make", "-n", "-C", str(DOCKER), *targets], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [shlex.split(c) for c in re.sub(r"\\\n\s*", " ", done.stdout).splitlines() if "buildx build" in c]
+
+
+def test_the_readmes_cross_compile_command_is_the_one_make_runs():
+    """docker/README.md's `docker buildx build ... Dockerfile.cross` (run from the repository root) is, word for
+    word, what `make -C docker plugins` runs (its absolute paths made relative to the root): the table's
+    cross image as the build argument, the export stage written to plugins/build/aarch64."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed (Debian: apt-get install make); docker/Makefile was not run")
+    (command,) = make_commands("plugins")
+    relative = [word.replace(f"{ROOT}/", "") if word != str(ROOT) else "." for word in command]
+    script = readme_as_script(DOCKER_README)
+    readme = [shlex.split(c) for c in re.sub(r"\\\n\s*", " ", script).splitlines() if "Dockerfile.cross" in c
+              and "buildx build" in c]
+    assert readme == [relative]
+    image = read_table(TAGS)["JETPACK_CROSS_IMAGE"]
+    assert f"JETPACK_CROSS_IMAGE={image}" in relative and "type=local,dest=plugins/build/aarch64" in relative
+    assert "edge bundle runs/demo --out bundles/demo --plugin-lib plugins/build/aarch64/libedge_plugins.so" in script
+
+
 # --- the checks catch what they should ----------------------------------------------------------------
 
 def test_base_check_refuses_a_literal_base_and_a_default_other_than_the_table():
@@ -373,6 +400,8 @@ def test_base_check_refuses_a_literal_base_and_a_default_other_than_the_table():
     assert len(stale) == 1 and "'debian:12.10-slim'" in stale[0] and "'debian:12.11-slim'" in stale[0]
     unknown = base_problems("unknown", "ARG OTHER=x:1\nFROM ${OTHER}\n", table)
     assert len(unknown) == 1 and "OTHER is not in docker/tags.env" in unknown[0]
+    assert base_problems("scratch", "ARG BASE_IMAGE=debian:12.11-slim\nFROM ${BASE_IMAGE} AS b\nFROM scratch\n",
+                         table) == []
 
 
 def test_copy_check_reports_missing_ignored_and_fetched_sources(tmp_path):

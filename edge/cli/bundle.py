@@ -46,6 +46,14 @@ def register(subparsers) -> None:
                         help="a TensorRT timing cache to ship (seeds the device's own)")
     parser.add_argument("--plugin", action="append", default=[], type=ExistingFile(),
                         help="a TensorRT plugin library to ship (repeatable)")
+    parser.add_argument("--plugins", dest="edge_plugins", action="store_true",
+                        help="ship edge's plugin sources (plugins/), compiled on the device by the runner with "
+                             "JetPack's nvcc and TensorRT headers (done without asking when a graph holds a "
+                             "TokenDepthwiseConv node)")
+    parser.add_argument("--plugin-lib", type=ExistingFile(), metavar="PATH",
+                        help="ship edge's plugin library cross-built on the host (`make -C docker plugins`) with "
+                             "the stamp beside it, instead of the sources; the device refuses it if its "
+                             "TensorRT, CUDA or JetPack differ")
     parser.add_argument("--warmup", type=config_type(Protocol, "--warmup"), default=Protocol.warmup,
                         help="device default: warm-up calls, at least")
     parser.add_argument("--warmup-time", type=config_type(Protocol, "--warmup-time", "warmup_s"),
@@ -95,7 +103,8 @@ def run(args) -> int:
                           workspace_mib=args.workspace, tactic_dram_mib=args.tactic_dram,
                           optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
-                          plugins=tuple(args.plugin), protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
+                          plugins=tuple(args.plugin), edge_plugins=args.edge_plugins,
+                          plugin_library=args.plugin_lib, protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
                           check_tensorrt=args.check_tensorrt, gate_images=args.gate_images)
     graphs, source = bundle_inputs(args.inputs)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,

@@ -85,6 +85,10 @@ def register(subparsers) -> None:
     parser.add_argument("--report", metavar="RUN_DIR", type=ExistingFolder(),
                         help="a pipeline run folder whose report gains the device "
                                                              "results")
+    parser.add_argument("--plugin-ratio", action="store_true",
+                        help="report each device's speed-up of edge's TensorRT plugins: the bundle holds variants "
+                             "NAME and NAME-plugins (the same model after `edge clean --plugins`); the device builds "
+                             "and times both, and the summary's plugin_ratio gives median without / with per pair")
     parser.add_argument("--check", action="store_true",
                         help="only check each device, copying and building nothing: SSH, Python, L4T/JetPack, "
                              "TensorRT, the CUDA binding, sudo rights for --power-mode/--lock-clocks, tegrastats, "
@@ -121,7 +125,7 @@ def run(args) -> int:
                        accept_new_host_key=args.accept_new_host_key, connect_timeout_s=args.connect_timeout),
         runner=RunnerOptions(backend=args.backend, builder=args.builder, power_mode=args.power_mode,
                              lock_clocks=args.lock_clocks, nvpmodel_conf=args.nvpmodel_conf),
-        remote_dir=args.remote_dir, remote_python=args.remote_python)
+        remote_dir=args.remote_dir, remote_python=args.remote_python, plugin_ratio=args.plugin_ratio)
     if args.check:
         return check_devices(hosts, config, args.json)
     if args.latency_table:
@@ -138,6 +142,9 @@ def run(args) -> int:
     lines = [f"{d['host']}: {d['status']}" + (f" ({d['error'].splitlines()[0]})" if d["error"] else "")
              for d in result["devices"]]
     lines.append(f"results in {result['out']}" + (f"; report {result['report']}" if result["report"] else ""))
+    for label, rows in (result.get("plugin_ratio") or {}).items():
+        lines += [f"{label}: {r['plugin_variant']}.{r['precision']} is {r['speedup']:.3f}x {r['variant']} "
+                  f"({r['without_ms']:.3f} -> {r['with_ms']:.3f} ms median)" for r in rows]
     if result["failed"]:
         lines.append(f"{len(result['failed'])} of {len(result['devices'])} devices failed: "
                      + ", ".join(result["failed"]))

@@ -36,6 +36,8 @@ class DeployConfig:
     remote_dir: str | None = None
     remote_python: str = "python3"
     share_engines: bool = True
+    # report each device's speed-up of edge's plugins: pairs NAME / NAME-plugins (edge.deploy.plugin_ratio)
+    plugin_ratio: bool = False
 
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -99,6 +101,10 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
     twice = sorted({label for label in labels if labels.count(label) > 1})
     if twice:
         raise EdgeError(f"device {twice[0]} is named twice", fix="name each device once")
+    if config.plugin_ratio:
+        from edge.deploy.plugin_ratio import check_pairs
+
+        check_pairs(bundle)
     out = Path(out) if out else bundle.root.parent / f"{bundle.root.name}-devices"
     remote_dir = remote_folder(config, bundle)
     devices = [DeviceDeploy(bundle, host, config.ssh, config.runner, remote_dir, config.remote_python,
@@ -107,9 +113,16 @@ def deploy(bundle_path: str | Path, hosts: list[Host], config: DeployConfig | No
              f"{len(devices)} device(s)")
     deploy_fleet(devices, share_engines=config.share_engines and config.runner.backend == "tensorrt")
     records = [d.record() for d in devices]
-    return {"bundle": str(archive or bundle.root), "bundle_sha256": bundle.sha256, "out": str(out),
-            "devices": records,
-            "failed": [r["label"] for r in records if r["status"] != "ok"]}
+    summary = {"bundle": str(archive or bundle.root), "bundle_sha256": bundle.sha256, "out": str(out),
+               "devices": records,
+               "failed": [r["label"] for r in records if r["status"] != "ok"]}
+    if config.plugin_ratio:
+        from edge.deploy.plugin_ratio import plugin_ratios
+
+        labels = set(labels)
+        summary["plugin_ratio"] = {f.folder.name: plugin_ratios(bundle, f) for f in fetched_devices(out)
+                                   if f.folder.name in labels}
+    return summary
 
 
 __all__ = ["RECORD", "DeployConfig", "DeployError", "FetchedDevice", "Host", "RunnerOptions", "SshOptions",

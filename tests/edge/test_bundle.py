@@ -31,7 +31,7 @@ def test_bundle_of_onnx_files_lists_every_file_with_its_checksum(tmp_path):
     assert build == {"precision": "fp32", "strongly_typed": True, "workspace_mib": 2048, "optimization_level": 3,
                      "tiling_optimization_level": None, "tactic_dram_mib": 3072, "batch": None, "min_batch": None,
                      "opt_batch": None, "max_batch": None, "timing_cache": None, "plugins": [],
-                     "calibration_cache": None, "tf32": True}
+                     "calibration_cache": None, "tf32": True, "plugin_sources": None, "plugin_library": None}
     assert manifest["variants"][0]["inputs"] == [{"name": "input", "shape": [1, 16], "dtype": "float32"}]
     # every file but the manifest, with its sha256 and size; the runner's package is the repository's own
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)

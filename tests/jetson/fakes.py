@@ -1,6 +1,6 @@
-"""Put the named fakes of tegrastats, nvpmodel, jetson_clocks and trtexec (tests/jetson/bin/fake_*) on PATH
+"""Put the named fakes of tegrastats, nvpmodel, jetson_clocks, nvcc and trtexec (tests/jetson/bin/fake_*) on PATH
 under the real names, with a call log, for tests here and for tests that run the device side
-elsewhere (a remote PATH)."""
+elsewhere (a remote PATH), and FAKE TensorRT headers for the plugin build (EDGE_JETSON_TENSORRT_INCLUDE)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from pathlib import Path
 
 BIN = Path(__file__).parent / "bin"
 DATA = Path(__file__).parent / "data"
-REAL_NAMES = {"tegrastats": "fake_tegrastats", "nvpmodel": "fake_nvpmodel", "jetson_clocks": "fake_jetson_clocks"}
+REAL_NAMES = {"tegrastats": "fake_tegrastats", "nvpmodel": "fake_nvpmodel", "jetson_clocks": "fake_jetson_clocks",
+              "nvcc": "fake_nvcc"}
+#: FAKE TensorRT headers for FakeNvcc: NvInferVersion.h of TensorRT 10.3.0 (the defines jetson.plugin_build reads,
+#: as TensorRT's include/NvInferVersion.h at v10.3.0 spells them) and an empty NvInferRuntime.h
+FAKE_TENSORRT_HEADERS = {
+    "NvInferVersion.h": "// FAKE TensorRT header for tests (tests/jetson/fakes.py), not NVIDIA's\n"
+                        "#define NV_TENSORRT_MAJOR 10\n#define NV_TENSORRT_MINOR 3\n#define NV_TENSORRT_PATCH 0\n"
+                        "#define NV_TENSORRT_BUILD 26\n",
+    "NvInferRuntime.h": "// FAKE TensorRT header for tests (tests/jetson/fakes.py), not NVIDIA's\n"}
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,7 @@ class FakeJetson:
     """Where the fakes are and what they read and write."""
 
     bin_dir: Path
+    tensorrt_include: Path
     call_log: Path
     nvpmodel_state: Path
     nvpmodel_conf: Path
@@ -32,7 +41,8 @@ class FakeJetson:
                 "FAKE_JETSON_CALL_LOG": str(self.call_log),
                 "FAKE_NVPMODEL_STATE": str(self.nvpmodel_state),
                 "FAKE_NVPMODEL_CONF": str(self.nvpmodel_conf),
-                "FAKE_TEGRASTATS_TRACE": str(self.tegrastats_trace)}
+                "FAKE_TEGRASTATS_TRACE": str(self.tegrastats_trace),
+                "EDGE_JETSON_TENSORRT_INCLUDE": str(self.tensorrt_include)}
 
     def calls(self) -> list[list[str]]:
         """Every call so far, in order, as [program, *arguments]."""
@@ -49,7 +59,7 @@ class FakeJetson:
 def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.conf",
                   trace: Path = DATA / "jp6_orin_nano_user_trace.log", python: str = sys.executable,
                   site_packages: str | None = None) -> FakeJetson:
-    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks,trtexec}`` that run the fakes with
+    """Wrappers ``root/bin/{tegrastats,nvpmodel,jetson_clocks,nvcc,trtexec}`` that run the fakes with
     ``python`` (this interpreter by default), isolated and without site (a tenth of the start-up time of
     ``python3`` via PATH). The fakes' variables are written into the wrappers too, so a call through
     ``sudo`` (which resets the environment) reaches the same state and call log; the call log is
@@ -57,7 +67,10 @@ def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.
     ``site_packages``: where trtexec's fake finds numpy and onnx when ``python`` is not this one."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    fakes = FakeJetson(bin_dir, root / "calls.jsonl", root / "nvpmodel.state", conf, trace)
+    fakes = FakeJetson(bin_dir, root / "include", root / "calls.jsonl", root / "nvpmodel.state", conf, trace)
+    fakes.tensorrt_include.mkdir(parents=True, exist_ok=True)
+    for name, text in FAKE_TENSORRT_HEADERS.items():
+        (fakes.tensorrt_include / name).write_text(text)
     fakes.call_log.touch()
     fakes.call_log.chmod(0o666)
     baked = " ".join(f"{name}={shlex.quote(value)}" for name, value in fakes.variables().items()
