@@ -162,7 +162,8 @@ def part_ops(part: Part, batch: int, precision: str) -> list[Op]:
     if kind == "embed":
         c, ph, pw = part.size("in_chans"), part.size("patch_h"), part.size("patch_w")
         patches = (part.size("height") // ph) * (part.size("width") // pw)
-        ops = [_gemm("patch conv", b * patches, c * ph * pw, d, e, pad=False), _memory("prefix + position", 2 * stream, o)]
+        ops = [_gemm("patch conv", b * patches, c * ph * pw, d, e, pad=False),
+               _memory("prefix + position", 2 * stream, o)]
         return ops + ([_memory("norm_pre", 2 * stream, o)] if part.size("norm_pre") else [])
     if kind == "head":
         classes, pooled = part.size("classes"), b * d
