@@ -18,12 +18,17 @@ EXAMPLES = """  # twice as fast as the original on ONNX Runtime here (batch 1, 2
   # a budget in milliseconds on a Jetson, from the table `edge deploy --latency-table` brought back
   edge plan fmnist-deit-tiny --budget-ms 1.2 --table runs/nano/table.json --backend tensorrt --out runs/plan-nano
 
+  # an Orin Nano without a device table (its estimator, fp16), serving batch 1 three times as long as
+  # batch 32; candidates keep head sizes fused attention takes and GEMM widths multiples of 16
+  edge plan fmnist-deit-tiny --budget 0.5x --backend estimate --batch 1,32 --batch-weights 3,1 --out runs/orin
+
   edge eval runs/plan2x/model --data fmnist    # the chosen plan is an ordinary compressed artifact"""
 
 
 def register(subparsers) -> None:
     from edge.planner.job import PlanJobConfig, TargetConfig
-    from edge.planner.search import SearchConfig
+    from edge.planner.objective import parse_batches, parse_weights
+    from edge.planner.search import SHAPE_RULES, SearchConfig
 
     parser = add_command(subparsers, "plan", "find the plan across all methods that meets a latency budget",
                          "Candidate steps of every compression method (blocks replaced by linear maps, attention\n"
@@ -45,15 +50,24 @@ def register(subparsers) -> None:
     add_field(parser, "--seed", SearchConfig, help="random seed (samples, fits, timing order)")
     add_field(parser, "--shortlist", SearchConfig, help="moves re-measured each round (cheapest by their last cost)")
     add_field(parser, "--refresh", SearchConfig, help="every N rounds every move is measured again")
-    parser.add_argument("--table", type=ExistingFile(), metavar="FILE",
-                        help="a latency table measured on the target (default: measure one here, ONNX Runtime)")
+    parser.add_argument("--table", type=ExistingFile(), metavar="FILE", action="append",
+                        help="a latency table measured on the target (default: measure one here, ONNX Runtime); "
+                             "again for each batch of --batch")
     parser.add_argument("--backend", choices=["onnxruntime", "tensorrt", "estimate"], help="the target's backend "
                         "(default: the table's; without --table onnxruntime; estimate: the Orin Nano estimator)")
     parser.add_argument("--device", type=Text(), metavar="NAME", help="the target device (default: the table's, "
                         "else this machine's CPU)")
     parser.add_argument("--precision", choices=["fp32", "fp16", "int8"], help="the target's precision "
                         "(default: the table's, else fp32)")
-    add_field(parser, "--batch", TargetConfig, help="the target's batch (default: the table's, else 1)")
+    parser.add_argument("--batch", type=Text(parse_batches), metavar="N[,N...]", help="the target's batch, or "
+                        "several: a plan's cost is then the weighted sum of its latency ratios to the original's "
+                        "at each (default: the tables', else 1)")
+    parser.add_argument("--batch-weights", type=Text(parse_weights), metavar="W,W...", help="the weight of each "
+                        "batch of --batch in the cost, e.g. each one's share of the device's time (default: equal)")
+    parser.add_argument("--shape-rules", choices=SHAPE_RULES, default="auto", help="keep the shapes TensorRT runs "
+                        "fastest (fused attention head sizes, GEMM widths multiples of 16) for engines of this "
+                        "precision; auto: the target's precision for --backend tensorrt or estimate, off for "
+                        "onnxruntime")
     add_field(parser, "--threads", TargetConfig, help="ONNX Runtime intra-op threads of the target "
               "(default: the table's, else 2)")
     add_field(parser, "--iterations", PlanJobConfig, help="timed calls per graph (table measured here, whole models)")
@@ -86,10 +100,12 @@ def run(args) -> int:
 
     set_threads(args.train_threads)
     search = SearchConfig(budget=args.budget, budget_ms=args.budget_ms, data=args.data, samples=args.samples,
-                          holdout=args.holdout, seed=args.seed, shortlist=args.shortlist, refresh=args.refresh)
+                          holdout=args.holdout, seed=args.seed, shortlist=args.shortlist, refresh=args.refresh,
+                          shape_rules=args.shape_rules)
     search.check()
-    target = TargetConfig(table=args.table, backend=args.backend, device=args.device, precision=args.precision,
-                          batch=args.batch, threads=args.threads)
+    target = TargetConfig(table=tuple(args.table or ()), backend=args.backend, device=args.device,
+                          precision=args.precision, batches=args.batch or (), batch_weights=args.batch_weights or (),
+                          threads=args.threads)
     config = PlanJobConfig(search=search, target=target, iterations=args.iterations, measure=args.measure,
                            correct=args.correct,
                            finetune=args.finetune, finetune_max_steps=args.finetune_max_steps,

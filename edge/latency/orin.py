@@ -2,8 +2,12 @@
 
 Each part (:mod:`edge.latency.parts`) becomes the kernels TensorRT runs for it, with their FLOPs and
 the bytes they move (:func:`part_ops`; fusions assumed as TensorRT makes them: bias, GELU, LayerScale
-and the residual Add in the GEMM's epilogue; fp16/int8 attention as one fused kernel, fp32 attention
-as QK^T, Softmax, AV through memory). One kernel takes
+and the residual Add in the GEMM's epilogue; fp16/int8 attention as one fused kernel where its head
+size is one the fused kernels take, else, as fp32 attention always, QK^T, Softmax, AV through memory
+(:func:`edge.latency.tensorrt_shapes.fusion_blocker`: the head sizes of TensorRT's developer guide)).
+A GEMM whose K or N is not a multiple of the 16 bytes Tensor Core kernels load (8 fp16, 16 int8,
+4 tf32 elements) is charged the work of the GEMM padded to that multiple (an assumption: tile
+quantization's cost; a kernel with narrower loads may be slower still). One kernel takes
 
     time = max(FLOPs / (peak x e_compute), bytes / (bandwidth x e_memory)) + launch
 
@@ -34,6 +38,7 @@ import numpy as np
 from edge.errors import EdgeError
 from edge.latency.parts import Part, overhead_part
 from edge.latency.table import LatencyTable, Target
+from edge.latency.tensorrt_shapes import fusion_blocker
 
 DEVICE = "Jetson Orin Nano 8GB"
 BACKEND = "estimate"      # a roofline estimate of TensorRT, not a measurement
@@ -94,8 +99,17 @@ class Efficiency:
     launch_us: float = LAUNCH_US
 
 
-def _gemm(name: str, m: int, k: int, n: int, e: int, extra_bytes: float = 0.0) -> Op:
-    return Op(name, "tensor", 2.0 * m * k * n, float(m * k + k * n + m * n) * e + extra_bytes)
+def _padded(width: int, e: int) -> int:
+    """``width`` rounded up to the 16 bytes a Tensor Core kernel loads (module notes)."""
+    step = max(1, 16 // e)
+    return -(-width // step) * step
+
+
+def _gemm(name: str, m: int, k: int, n: int, e: int, extra_bytes: float = 0.0, pad: bool = True) -> Op:
+    """A GEMM [m, k] x [k, n]; ``pad``: charged as padded to Tensor Core alignment (not the patch convolution,
+    an implicit GEMM over the image's channels)."""
+    kp, np_ = (_padded(k, e), _padded(n, e)) if pad else (k, n)
+    return Op(name, "tensor", 2.0 * m * kp * np_, float(m * k + k * n + m * n) * e + extra_bytes)
 
 
 def _memory(name: str, elements: float, o: int, flops_per_element: float = 5.0) -> Op:
@@ -106,7 +120,8 @@ def _attention_core(b: int, heads: int, t: int, qk: int, v: int, precision: str)
     e, o = ELEMENT_BYTES[precision], OTHER_BYTES[precision]
     qkv_bytes = b * t * heads * (2 * qk + v) * e
     flops = 2.0 * b * heads * t * t * (qk + v)
-    if precision != "fp32":   # one fused kernel: scores stay on chip
+    if fusion_blocker(qk, t, precision) is None and fusion_blocker(v, t, precision) is None:
+        # one fused kernel: scores stay on chip
         return [Op("fused attention", "tensor", flops, qkv_bytes + b * t * heads * v * e)]
     scores = b * heads * t * t
     return [Op("q k^T", "tensor", 2.0 * scores * qk, b * t * heads * 2 * qk * e + scores * o),
@@ -147,7 +162,8 @@ def part_ops(part: Part, batch: int, precision: str) -> list[Op]:
     if kind == "embed":
         c, ph, pw = part.size("in_chans"), part.size("patch_h"), part.size("patch_w")
         patches = (part.size("height") // ph) * (part.size("width") // pw)
-        ops = [_gemm("patch conv", b * patches, c * ph * pw, d, e), _memory("prefix + position", 2 * stream, o)]
+        ops = [_gemm("patch conv", b * patches, c * ph * pw, d, e, pad=False),
+               _memory("prefix + position", 2 * stream, o)]
         return ops + ([_memory("norm_pre", 2 * stream, o)] if part.size("norm_pre") else [])
     if kind == "head":
         classes, pooled = part.size("classes"), b * d

@@ -9,7 +9,14 @@ What DIR holds when the verb ends (written whole or not at all):
   front, the chosen plan, and the timed plans at their measured latency;
 * ``model/``: the chosen plan as a compressed artifact (``edge eval``, ``export``, ``finetune``
   take it); ``finetuned/`` (``--finetune EPOCHS``): it distilled from the original;
-* ``latency-table.json``: the table the search used, when it was measured here.
+* ``latency-table.json``: the table the search used, when it was measured here or estimated (the Orin
+  Nano estimator, ``backend="estimate"`` without a table); with several batches one per batch,
+  ``latency-table-bN.json``.
+
+Several batches (``TargetConfig.batches``, weights ``batch_weights``): one table per batch, given
+(``table``: one file per batch, told apart by their targets' batches), estimated or measured here;
+the search's cost is their weighted mix (:mod:`edge.planner.objective`), and the whole-model timing
+here runs at each batch and reports the same mix of the measured ratios.
 
 Whole-model timing: the original, a byte-identical copy of it (A/A) and up to ``measure`` plans of
 the front (the chosen one first) are exported and timed side by side on ONNX Runtime, when the
@@ -32,11 +39,12 @@ from edge.compress.plan import parse_plan
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_STEPS, MAX_THREADS, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, write_json_atomic, write_text_atomic
-from edge.latency import LatencyTable, Target
-from edge.latency.grid import GridConfig
+from edge.latency import LatencyTable, Target, orin
+from edge.latency.grid import GridConfig, grid_parts
 from edge.latency.measure import TimingConfig, measure_table, time_graphs
 from edge.latency.table import here
 from edge.models.zoo import data_config
+from edge.planner.objective import LatencyMix, check_budget, check_weights
 from edge.planner.report import markdown, plot
 from edge.planner.search import Point, Search, SearchConfig, SearchResult
 
@@ -47,11 +55,14 @@ TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json
 class TargetConfig:
     """The target the budget is for; a field left None is the table's (or, measured here, the default)."""
 
-    table: str | None = None                  # a latency table file (edge profile / edge deploy --latency-table)
-    backend: str | None = None                # onnxruntime | tensorrt
+    # a latency table file (edge profile / edge deploy --latency-table), or one per batch
+    table: str | tuple[str, ...] | None = None
+    backend: str | None = None                # onnxruntime | tensorrt | estimate (the Orin Nano estimator)
     device: str | None = None
     precision: str | None = None
-    batch: int | None = option(None, minimum=1, maximum=MAX_BATCH)
+    batch: int | None = option(None, minimum=1, maximum=MAX_BATCH)   # one batch (or batches: several)
+    batches: tuple[int, ...] = ()             # several batches planned for at once (edge.planner.objective)
+    batch_weights: tuple[float, ...] = ()     # the weight of each batch in the cost (default: equal)
     threads: int | None = option(None, minimum=1, maximum=MAX_THREADS)
     power_mode: str | None = None
 
@@ -70,10 +81,24 @@ class PlanJobConfig:
     train_threads: int | None = option(None, minimum=1, maximum=MAX_THREADS)
 
 
-def wanted_target(asked: TargetConfig, table: LatencyTable | None) -> Target:
-    """The target asked for: each field given, else the table's, else ONNX Runtime here, fp32, batch 1, 2 threads."""
+def asked_batches(asked: TargetConfig, tables: list[LatencyTable]) -> tuple[int, ...]:
+    """The batches planned for: ``batches``, else ``batch``, else the tables' batches, else 1."""
+    if asked.batches and asked.batch is not None and asked.batches != (asked.batch,):
+        raise EdgeError(f"batch {asked.batch} and batches {asked.batches}", expected="one of them")
+    return asked.batches or ((asked.batch,) if asked.batch else tuple(t.target.batch for t in tables) or (1,))
+
+
+def wanted_target(asked: TargetConfig, table: LatencyTable | None, batch: int | None = None) -> Target:
+    """The target asked for: each field given, else the table's, else ONNX Runtime here, fp32, batch 1, 2 threads
+    (``backend="estimate"`` without a table: the Orin Nano estimator, fp16, MAXN_SUPER)."""
+    batch = batch or asked.batch
+    if table is None and asked.backend == orin.BACKEND:
+        if asked.device not in (None, orin.DEVICE):
+            raise EdgeError(f"--backend estimate for {asked.device}", expected=f"the estimator's {orin.DEVICE}",
+                            fix="leave --device out, or pass a table measured on that device")
+        return orin.target(asked.power_mode or "MAXN_SUPER", asked.precision or "fp16", batch or 1)
     if table is None:
-        default = here(asked.batch or 1, asked.threads or 2, asked.precision or "fp32")
+        default = here(batch or 1, asked.threads or 2, asked.precision or "fp32")
         if asked.backend not in (None, default.backend):
             raise EdgeError(f"--backend {asked.backend} without --table",
                             expected="a latency table measured on that backend (edge deploy --latency-table on the "
@@ -81,17 +106,71 @@ def wanted_target(asked: TargetConfig, table: LatencyTable | None) -> Target:
         return replace(default, device=asked.device or default.device, power_mode=asked.power_mode)
     base = table.target
     return Target(backend=asked.backend or base.backend, device=asked.device or base.device,
-                  precision=asked.precision or base.precision, batch=asked.batch or base.batch,
+                  precision=asked.precision or base.precision, batch=batch or base.batch,
                   threads=asked.threads if asked.threads is not None else base.threads,
                   power_mode=asked.power_mode or base.power_mode)
 
 
-def load_table(asked: TargetConfig) -> LatencyTable | None:
-    if asked.table is None:
-        return None
-    table = LatencyTable.load(asked.table)
-    table.check(wanted_target(asked, table), where=f"latency table {asked.table}")
-    return table
+def table_paths(asked: TargetConfig) -> tuple[str, ...]:
+    return (asked.table,) if isinstance(asked.table, str) else tuple(asked.table or ())
+
+
+def load_tables(asked: TargetConfig) -> dict[int, tuple[str, LatencyTable]]:
+    """The tables given, by batch, each checked against the target asked for at its batch."""
+    paths = table_paths(asked)
+    loaded = [(path, LatencyTable.load(path)) for path in paths]
+    batches = asked_batches(asked, [t for _, t in loaded])
+    by_batch: dict[int, tuple[str, LatencyTable]] = {}
+    for path, table in loaded:
+        batch = table.target.batch
+        if batch in by_batch:
+            raise EdgeError(f"latency tables {by_batch[batch][0]} and {path} are both of batch {batch}",
+                            expected="one table per batch", fix="pass each batch's table once")
+        if batch not in batches and len(batches) > 1:
+            raise EdgeError(f"latency table {path} is of batch {batch}",
+                            expected=f"a table of each batch planned for ({', '.join(map(str, batches))})",
+                            fix="add its batch to --batch, or leave the table out")
+        target_batch = batch if len(batches) > 1 else batches[0]
+        table.check(wanted_target(asked, table, target_batch), where=f"latency table {path}")
+        by_batch[batch] = (path, table)
+    missing = [b for b in batches if b not in by_batch]
+    if loaded and missing and asked.backend != orin.BACKEND:
+        raise EdgeError(f"no latency table of batch {', '.join(map(str, missing))}",
+                        expected="a table (--table FILE) for each batch planned for",
+                        fix="pass a table of each batch (edge profile MODEL --latency-table FILE --batch N), "
+                            "or leave the tables out to measure them here")
+    return by_batch
+
+
+def latency_mix(model: nn.Module, source: dict, config: PlanJobConfig, given: dict[int, tuple[str, LatencyTable]],
+                folder: Path, say: Callable[[str], None]) -> tuple[LatencyMix, list[str]]:
+    """One table per batch planned for (``given`` by :func:`load_tables`, else estimated or measured here and
+    saved in ``folder``), weighted; and each table's name for the record."""
+    asked = config.target
+    batches = asked_batches(asked, [t for _, t in given.values()])
+    weights = asked.batch_weights or (1.0,) * len(batches)
+    check_weights(tuple(weights), len(batches))
+    tables, names = [], []
+    for batch in batches:
+        if batch in given:
+            name, table = given[batch]
+        else:
+            target = wanted_target(asked, None, batch)
+            name = TABLE_FILE if len(batches) == 1 else f"latency-table-b{batch}.json"
+            if target.backend == orin.BACKEND:
+                say(f"estimating the latency table ({target.describe()}): the Orin Nano estimator, nothing timed")
+                table = orin.estimate_table(grid_parts(model, GridConfig("full", batch)), target.power_mode or "",
+                                            target.precision, batch)
+            else:
+                say(f"measuring the latency table here ({target.describe()}); pass --table to reuse one")
+                table = measure_table(model, GridConfig("full", batch),
+                                      TimingConfig(threads=target.threads or 2, iterations=config.iterations,
+                                                   rounds=config.rounds, seed=config.search.seed),
+                                      source=str(source.get("model")), progress=say)
+            table.save(folder / name)
+        tables.append(table)
+        names.append(name)
+    return LatencyMix(tuple(tables), tuple(float(w) for w in weights)), names
 
 
 def _is_here(target: Target) -> bool:
@@ -147,6 +226,34 @@ def time_plans(model: nn.Module, plans: list[Point], result: SearchResult, confi
                          "order": "interleaved (edge.profile.sidebyside)"}}
 
 
+def time_mix(model: nn.Module, plans: list[Point], result: SearchResult, config: PlanJobConfig, mix: LatencyMix,
+             work: Path, progress: Callable[[str], None]) -> dict:
+    """:func:`time_plans` at each batch of ``mix``; with several, the rows hold the mix of the measured ratios
+    (in ms: the original's measured weighted mean times the plan's share), each batch's timing under ``batches``."""
+    if len(mix.tables) == 1:
+        return time_plans(model, plans, result, config, mix.target, work, progress)
+    per: dict[int, dict] = {}
+    for table in mix.tables:
+        folder = work / f"batch{table.target.batch}"
+        folder.mkdir(parents=True, exist_ok=True)
+        per[table.target.batch] = time_plans(model, plans, result, config, table.target, folder, progress)
+    shares = dict(zip(mix.batches, mix.shares))
+    reference = sum(shares[b] * per[b]["original_ms"] for b in per)
+    rows = []
+    for i, point in enumerate(plans):
+        share = sum(shares[b] * per[b]["plans"][i]["measured_ms"] / per[b]["original_ms"] for b in per)
+        predicted_share = point.predicted_ms / result.original.predicted_ms
+        rows.append({"plan": point.plan, "predicted_ms": point.predicted_ms, "measured_ms": reference * share,
+                     "p90_ms": None, "speedup": 1 / share, "predicted_speedup": 1 / predicted_share,
+                     "prediction_error": predicted_share / share - 1, "kl": point.kl, "agreement": point.agreement,
+                     "batch_speedup": {str(b): per[b]["plans"][i]["speedup"] for b in per}})
+    return {"original_ms": reference, "original_predicted_ms": result.original.predicted_ms,
+            "aa_ratio": sum(shares[b] * per[b]["aa_ratio"] for b in per), "plans": rows,
+            "batches": {str(b): per[b] for b in per},
+            "protocol": {"batches": list(per), "weights": [shares[b] for b in per],
+                         "cost": "weighted sum of each batch's measured latency ratio to the original"}}
+
+
 def _verdict(search: SearchConfig, asked_ms: float, timed: dict) -> tuple[bool, float]:
     """Whether the chosen plan, timed whole, meets the budget asked; and how optimistic its prediction was
     (the factor to tighten the predicted budget by)."""
@@ -165,25 +272,24 @@ def plan_to_budget(model: nn.Module, source: dict, out: str | Path, config: Plan
     say = progress or (lambda message: None)
     config.search.check()
     out = Path(out)
-    table = load_table(config.target)
-    target = wanted_target(config.target, table)
+    given = load_tables(config.target)
+    batches = asked_batches(config.target, [t for _, t in given.values()])
+    check_budget(config.search.budget_ms, batches)
+    for batch in batches:
+        if batch not in given:
+            wanted_target(config.target, None, batch)   # refuses a target that has to be given a table
     with atomic_folder(out) as folder:
-        if table is None:
-            say(f"measuring the latency table here ({target.describe()}); pass --table to reuse one")
-            table = measure_table(model, GridConfig("full", target.batch),
-                                  TimingConfig(threads=target.threads or 2, iterations=config.iterations,
-                                               rounds=config.rounds, seed=config.search.seed),
-                                  source=str(source.get("model")), progress=say)
-            table.save(folder / TABLE_FILE)
-        walk = Search(model, source, config.search, table, progress=say)
+        mix, table_names = latency_mix(model, source, config, given, folder, say)
+        table = mix.tables[0]
+        walk = Search(model, source, config.search, mix, progress=say)
         asked_ms = budget_ms = walk.budget_ms()
         walk.run_to(budget_ms)
         result, timed, corrections = walk.result(budget_ms), None, []
-        if _is_here(table.target) and config.measure:
+        if all(_is_here(t.target) for t in mix.tables) and config.measure:
             with tempfile.TemporaryDirectory(prefix="edge-plan-") as work:
                 for attempt in range(config.correct + 1):
-                    timed = time_plans(model, _front_to_time(result, config.measure), result, config, table.target,
-                                       Path(work), say)
+                    timed = time_mix(model, _front_to_time(result, config.measure), result, config, mix,
+                                     Path(work), say)
                     row = timed["plans"][0]
                     met, factor = _verdict(config.search, asked_ms, timed)
                     corrections.append({"budget_ms": budget_ms, "plan": row["plan"],
@@ -199,15 +305,16 @@ def plan_to_budget(model: nn.Module, source: dict, out: str | Path, config: Plan
                     walk.run_to(budget_ms)
                     result = walk.result(budget_ms)
         elif config.measure:
-            say(f"whole-model latency not measured: the table's target ({table.target.describe()}) is not "
+            say(f"whole-model latency not measured: the target ({mix.describe()}) is not "
                 "ONNX Runtime on this machine")
         say(f"chose {result.chosen.plan} ({result.chosen.predicted_ms:.4g} ms predicted, "
             f"{result.original.predicted_ms / result.chosen.predicted_ms:.3f}x; KL {result.chosen.kl:.4g})")
         compress_config = replace(result.compress_config, plan=result.chosen.plan)
         compressed, manifest = compress(copy.deepcopy(model), source, compress_config, cache=result.cache)
         manifest["latency_plan"] = {"budget_ms": result.budget_ms, "asked_budget_ms": asked_ms,
-                                    "target": table.target.describe(), "predicted_ms": result.chosen.predicted_ms,
-                                    "original_predicted_ms": result.original.predicted_ms}
+                                    "target": mix.describe(), "predicted_ms": result.chosen.predicted_ms,
+                                    "original_predicted_ms": result.original.predicted_ms,
+                                    "batch_ms": dict((str(b), ms) for b, ms in result.chosen.batch_ms)}
         save_artifact(compressed, folder / MODEL_DIR, manifest)
         tuned = None
         if config.finetune:
@@ -216,7 +323,9 @@ def plan_to_budget(model: nn.Module, source: dict, out: str | Path, config: Plan
             "format": "edge-plan", "format_version": 1, "edge": __version__,
             "model": source, "budget": config.search.budget, "budget_ms": asked_ms,
             "searched_budget_ms": result.budget_ms, "corrections": corrections,
-            "target": asdict(table.target), "table": config.target.table or TABLE_FILE,
+            "target": asdict(table.target), "table": table_names[0],
+            "batches": [{"batch": t.target.batch, "weight": w, "table": name, "target": t.target.describe()}
+                        for t, w, name in zip(mix.tables, mix.shares, table_names)],
             "table_device_record": table.device_record, "search": asdict(config.search),
             "result": result.to_json(), "timed": timed, "finetune": tuned,
             "hardware": hardware(), "versions": versions(),

@@ -17,10 +17,11 @@ def markdown(record: dict) -> str:
     lines = [
         f"# edge plan: {record['model'].get('model')} within {record['budget_ms']:.4g} ms",
         "",
-        f"Target: {target['backend']} on {target['device']}, {target['precision']}, batch {target['batch']}"
+        f"Target: {target['backend']} on {target['device']}, {target['precision']}, {_batch_text(record)}"
         + (f", {target['threads']} threads" if target.get("threads") else "")
         + (f", power mode {target['power_mode']}" if target.get("power_mode") else "")
-        + f"; latency table `{record['table']}`.",
+        + f"; latency table `{record['table']}`" + (" and one per other batch." if len(record.get("batches") or []) > 1
+                                                     else "."),
         f"Budget: {record['budget_ms']:.4g} ms"
         + (f" ({record['budget']:g}x of the original's predicted {base:.4g} ms)" if record.get("budget") else "")
         + ".",
@@ -35,6 +36,7 @@ def markdown(record: dict) -> str:
         f"{result['seconds']:.0f} s; methods: {', '.join(result['methods'])}",
         "",
     ]
+    lines += _batches(record) + _shape_rules(result.get("shape_rules") or {})
     timed = record.get("timed")
     if timed:
         lines += [
@@ -85,6 +87,50 @@ def markdown(record: dict) -> str:
     return "\n".join(lines)
 
 
+def _batch_text(record: dict) -> str:
+    batches = [str(b["batch"]) for b in record.get("batches") or []]
+    return f"batches {', '.join(batches)}" if len(batches) > 1 else f"batch {record['target']['batch']}"
+
+
+def _batches(record: dict) -> list[str]:
+    """Several batches: each one's weight, table, and the chosen plan's predicted speed-up there."""
+    batches = record.get("batches") or []
+    if len(batches) < 2:
+        return []
+    result = record["result"]
+    chosen, original = result["chosen"].get("batch_ms", {}), result["original"].get("batch_ms", {})
+    lines = ["## Batches", "", "The cost of a plan is the weighted sum of its latency ratios to the original's at "
+             "each batch (shown in ms: the original's weighted mean latency times that share).", "",
+             "| batch | weight | table | original ms | chosen ms | chosen speed-up |", "|---|---|---|---|---|---|"]
+    for b in batches:
+        key = str(b["batch"])
+        lines.append(f"| {key} | {b['weight']:.3g} | `{b['table']}` | {original.get(key, 0):.4g} | "
+                     f"{chosen.get(key, 0):.4g} | {_speed(original.get(key, 0), chosen.get(key, 0))} |")
+    return lines + [""]
+
+
+def _shape_rules(shapes: dict) -> list[str]:
+    """What TensorRT's fast-shape rules removed (edge.latency.tensorrt_shapes)."""
+    if not shapes:
+        return []
+    lines = ["## TensorRT's fast shapes", "",
+             f"Candidates keep the shapes TensorRT runs fastest in {shapes['precision']} engines; "
+             f"{shapes['removed']} candidate plans were removed before scoring.", ""]
+    if shapes["rules"]:
+        lines += ["| rule | plans removed | example (value, what) |", "|---|---|---|"]
+        for rule, row in sorted(shapes["rules"].items()):
+            first = row["examples"][0]
+            lines.append(f"| {rule} | {row['removed']} | `{first['plan']}`: {first['what']} |")
+        lines.append("")
+    if shapes["carried_on"]:
+        lines += ["Moves carried on past a removed plan: " + ", ".join(
+            f"`{k}` -> `{v}`" for k, v in sorted(shapes["carried_on"].items())) + ".", ""]
+    if shapes["original_breaks"]:
+        lines += ["The original already breaks (not held against any plan): " + "; ".join(
+            v["what"] for v in shapes["original_breaks"]) + ".", ""]
+    return lines
+
+
 def plot(record: dict, out: Path) -> None:
     """KL against latency: every measured plan, the front, the chosen plan, the timed plans as measured."""
     import matplotlib
@@ -111,7 +157,9 @@ def plot(record: dict, out: Path) -> None:
                label="chosen")
     ax.axvline(record["budget_ms"], c="tab:red", ls="--", lw=1, label="budget")
     ax.set_yscale("log")
-    ax.set_xlabel(f"latency, ms ({record['target']['backend']}, batch {record['target']['batch']})")
+    batches = [str(b["batch"]) for b in record.get("batches") or []]
+    ax.set_xlabel(f"latency, ms ({record['target']['backend']}, batch {record['target']['batch']})" if len(batches) < 2
+                  else f"cost, ms ({record['target']['backend']}, weighted mix of batches {', '.join(batches)})")
     ax.set_ylabel("KL to the original (held-out)")
     ax.set_title(f"edge plan: {record['model'].get('model')}")
     ax.legend(fontsize=7, loc="upper right")

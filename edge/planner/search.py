@@ -25,6 +25,17 @@ Greedy with re-evaluation, measured, never added up:
 
 Every measured plan is a point (KL, agreement, predicted ms); the Pareto front of those points
 (no other point both faster and more faithful) is reported with the choice.
+
+Several batches (:class:`~edge.planner.objective.LatencyMix`): a plan's latency is predicted at each
+batch from that batch's table and its cost is the weighted sum of its ratios to the original's.
+
+Shapes TensorRT runs fast (``shape_rules``; on by default for a TensorRT or Orin-estimate target, off
+for ONNX Runtime): a candidate whose parts break a rule of :mod:`edge.latency.tensorrt_shapes` (a
+head size fused attention does not take, a GEMM width not a multiple of 16) with a value the original
+does not already break it with is *removed*, before it is scored; the record counts the removed
+plans per rule, with examples. A move whose result is removed is carried on by the first move of the
+same method on the same blocks (in the method's order) whose result keeps the rules: a head narrowed
+from 64 to 48, which int8 fused attention does not take, goes on to 32 in the same round.
 """
 
 from __future__ import annotations
@@ -49,9 +60,14 @@ from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, option
 from edge.data import calibration_set, holdout_set
 from edge.errors import EdgeError
 from edge.export import real_inputs
-from edge.latency import LatencyTable, predict_model
+from edge.latency import LatencyTable, model_parts
+from edge.latency.tensorrt_shapes import Violation, new_violations, violations
 from edge.models.info import model_info
 from edge.models.zoo import data_config
+from edge.planner.objective import LatencyMix, check_budget
+
+SHAPE_RULES = ("auto", "off", "fp16", "int8", "fp32")
+CHAIN_DEPTH = 4   # moves a removed move may be carried on by
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,9 @@ class SearchConfig:
     batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)
     refresh: int = option(0, minimum=0, maximum=1000)     # every N rounds every move is measured again (0: never)
     shortlist: int = option(4, minimum=1, maximum=10000)  # at most this many moves re-measured in a lazy round
+    # TensorRT's fast shapes, at which engine precision: auto (the target's precision for a tensorrt or
+    # estimate target, off for onnxruntime), off, or fp16 | int8 | fp32 (edge.latency.tensorrt_shapes)
+    shape_rules: str = "auto"
 
     def check(self) -> None:
         if (self.budget is None) == (self.budget_ms is None):
@@ -76,6 +95,15 @@ class SearchConfig:
                             fix="a budget above 1.0x asks for a slower model: no plan is needed")
         if self.budget_ms is not None and not 0.0 < self.budget_ms < math.inf:
             raise EdgeError(f"budget {self.budget_ms:g} ms", expected="a positive number of milliseconds")
+        if self.shape_rules not in SHAPE_RULES:
+            raise EdgeError(f"shape rules {self.shape_rules!r}", expected=f"one of {', '.join(SHAPE_RULES)}")
+
+    def rules_precision(self, target) -> str | None:
+        """The engine precision whose shape rules candidates must keep on ``target``; None: no rules."""
+        if self.shape_rules == "off" or (self.shape_rules == "auto" and target.backend not in ("tensorrt",
+                                                                                               "estimate")):
+            return None
+        return target.precision if self.shape_rules == "auto" else self.shape_rules
 
 
 @dataclass(frozen=True)
@@ -84,10 +112,13 @@ class Point:
     kl: float
     agreement: float
     feature_rel_error: float
-    predicted_ms: float
+    predicted_ms: float            # the cost: the latency, or with several batches their mix (edge.planner.objective)
+    batch_ms: tuple[tuple[int, float], ...] = ()   # the predicted latency at each batch
 
     def to_json(self) -> dict:
-        return asdict(self)
+        record = asdict(self)
+        record["batch_ms"] = {str(b): ms for b, ms in self.batch_ms}
+        return record
 
 
 @dataclass
@@ -104,6 +135,7 @@ class SearchResult:
     calibration: dict
     builds: int
     spaces: list[str] = field(default_factory=list)
+    shapes: dict = field(default_factory=dict)    # what the shape rules removed (Planner.shapes_record)
     # what built the plans, to build the chosen one and the front again without fitting anything twice
     cache: BuildCache | None = field(default=None, repr=False)
     compress_config: CompressConfig | None = field(default=None, repr=False)
@@ -114,7 +146,7 @@ class SearchResult:
                 "rounds": self.rounds, "front": [p.to_json() for p in self.front],
                 "points": [p.to_json() for p in self.points], "refused": self.refused, "seconds": self.seconds,
                 "holdout": self.holdout, "calibration": self.calibration, "builds": self.builds,
-                "methods": self.spaces}
+                "methods": self.spaces, "shape_rules": self.shapes}
 
 
 def pareto_front(points: list[Point]) -> list[Point]:
@@ -130,8 +162,10 @@ def pareto_front(points: list[Point]) -> list[Point]:
 class Planner:
     """Measures plans of one model: compress a copy, score it against the original, predict its latency."""
 
-    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable) -> None:
-        self.model, self.source, self.config, self.table = model, source, config, table
+    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable | LatencyMix) -> None:
+        self.model, self.source, self.config = model, source, config
+        self.mix = table if isinstance(table, LatencyMix) else LatencyMix.single(table)
+        self.rules = config.rules_precision(self.mix.target)
         self.info = model_info(model)
         self.compress_config = CompressConfig(plan="", data=config.data, samples=config.samples, seed=config.seed,
                                               batch_size=config.batch_size)
@@ -147,12 +181,16 @@ class Planner:
         self.cache = BuildCache()
         self.points: dict[str, Point] = {}
         self.refused: dict[str, str] = {}
+        self.removed: dict[str, list[Violation]] = {}   # plans the shape rules removed, and why
+        self.original_parts = model_parts(model)
+        self.original_ms = self.mix.batch_ms(model)
 
     def measure(self, text: str) -> Point | None:
-        """The point of plan ``text`` ('' for the original), or None when the methods refuse the plan."""
+        """The point of plan ``text`` ('' for the original), or None when the methods refuse the plan or the
+        shape rules remove it (:attr:`refused`, :attr:`removed`)."""
         if text in self.points:
             return self.points[text]
-        if text in self.refused:
+        if text in self.refused or text in self.removed:
             return None
         candidate = self.model
         if text:
@@ -164,12 +202,33 @@ class Planner:
             except EdgeError as e:
                 self.refused[text] = " ".join(str(e).split())
                 return None
+            if self.rules is not None:
+                broken = new_violations(model_parts(candidate), self.original_parts, self.rules)
+                if broken:
+                    self.removed[text] = broken
+                    return None
         candidate.eval()
         score = fidelity(candidate, self.reference)
+        batch_ms = self.mix.batch_ms(candidate)
         point = Point(text, score["kl"], score["agreement"], score["feature_rel_error"],
-                      predict_model(candidate, self.table).total_ms)
+                      self.mix.cost(batch_ms, self.original_ms), batch_ms)
         self.points[text] = point
         return point
+
+    def shapes_record(self, carried: dict[str, str], examples: int = 3) -> dict:
+        """What the shape rules removed: per rule the plans and a few examples; the moves carried on past them."""
+        per_rule: dict[str, dict] = {}
+        for text, broken in self.removed.items():
+            for rule in sorted({v.rule for v in broken}):
+                row = per_rule.setdefault(rule, {"removed": 0, "examples": []})
+                row["removed"] += 1
+                if len(row["examples"]) < examples:
+                    first = next(v for v in broken if v.rule == rule)
+                    row["examples"].append({"plan": text, **first.to_json()})
+        exempt = violations(self.original_parts, self.rules) if self.rules else []
+        return {"precision": self.rules, "setting": self.config.shape_rules, "removed": len(self.removed),
+                "rules": per_rule, "carried_on": dict(carried),
+                "original_breaks": [v.to_json() for v in exempt]}
 
 
 def _plan_text(spaces: list[SearchSpace], states: dict[str, object]) -> str:
@@ -185,24 +244,32 @@ class Search:
     """The greedy walk of one model (module docstring); :meth:`run_to` walks on to a budget, again and again
     (``edge plan`` tightens the budget when the chosen plan, timed whole, misses it)."""
 
-    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable | LatencyMix,
+                 progress: Callable[[str], None] | None = None, spaces: list[SearchSpace] | None = None) -> None:
+        """``spaces``: the methods' search spaces to walk (default: every registered method's)."""
         self.start = time.perf_counter()
-        self.config, self.table = config, table
+        self.config = config
         self.say = progress or (lambda message: None)
         self.planner = Planner(model, source, config, table)
-        self.spaces = [s for s in (m.search_space(self.planner.info) for m in methods()) if s is not None]
+        self.mix = self.planner.mix
+        if self.planner.rules:
+            self.say(f"candidates keep TensorRT's fast shapes for {self.planner.rules} engines "
+                     "(fused attention head sizes, GEMM widths multiples of 16)")
+        self.spaces = spaces if spaces is not None else [
+            s for s in (m.search_space(self.planner.info) for m in methods()) if s is not None]
         self.states: dict[str, object] = {s.method: s.initial() for s in self.spaces}
         original = self.planner.measure("")
         assert original is not None
         self.original = self.now = original
         self.last_cost: dict[str, float] = {}
+        self.carried: dict[str, str] = {}   # a removed move's key -> the move that carried it on
         self.rounds: list[dict] = []
         fastest_text = f"linear:-1-{self.planner.info.num_blocks - 1}"   # every block one map: a floor
         self.fastest = self.planner.measure(fastest_text)
 
     def budget_ms(self) -> float:
         c = self.config
+        check_budget(c.budget_ms, self.mix.batches)
         return c.budget_ms if c.budget_ms is not None else c.budget * self.original.predicted_ms
 
     def _share(self, ms: float) -> str:
@@ -212,7 +279,7 @@ class Search:
         """Walk on from the plan so far until its prediction is within ``budget_ms``; the plan reached."""
         original, fastest = self.original, self.fastest
         self.say(f"budget {budget_ms:.4g} ms ({self._share(budget_ms)} of the original's predicted "
-                 f"{original.predicted_ms:.4g} ms on {self.table.target.describe()})")
+                 f"{original.predicted_ms:.4g} ms on {self.mix.describe()})")
         if fastest is not None and fastest.predicted_ms > budget_ms:
             floor = fastest.predicted_ms
             raise EdgeError(f"no plan reaches {budget_ms:.4g} ms ({self._share(budget_ms)})",
@@ -237,10 +304,10 @@ class Search:
         everything = index == 0 or bool(config.refresh and index % config.refresh == 0)
         rows: list = []
 
-        def measure(space: SearchSpace, move: Move) -> None:
-            after = planner.measure(_plan_text(spaces, self._after(space, move)))
+        def measure(space: SearchSpace, asked: Move) -> None:
+            move, after = self._carry_on(space, asked)
             cost = _cost(now, after) if after is not None else math.inf
-            last_cost[move.key] = cost
+            last_cost[asked.key] = cost
             if after is not None:
                 rows.append((cost, move.key, space, move, after))
 
@@ -271,6 +338,36 @@ class Search:
         self.now = after
         return True
 
+    def _carry_on(self, space: SearchSpace, move: Move) -> tuple[Move, Point | None]:
+        """``move`` and its point; where the shape rules removed its plan, carried on by the first move of the same
+        method on the same blocks (the method's order) whose plan keeps them, as one move (at most CHAIN_DEPTH)."""
+        planner = self.planner
+        chained, step = move, move
+        after = planner.measure(self._text(space, move))
+        for _ in range(CHAIN_DEPTH):
+            if after is not None or self._text(space, chained) not in planner.removed:
+                break
+            further = None   # the first onward plan removed too: where to carry on from if none keeps the rules
+            for onward in (m for m in space.moves(step.state) if m.blocks == move.blocks):
+                candidate = Move(f"{chained.key}>{onward.key}", f"{chained.label}, on to {onward.label}",
+                                 onward.state, move.blocks)
+                point = planner.measure(self._text(space, candidate))
+                if point is not None:
+                    chained, step, after = candidate, onward, point
+                    break
+                if further is None and self._text(space, candidate) in planner.removed:
+                    further = (candidate, onward)
+            if after is None:
+                if further is None:
+                    break
+                chained, step = further
+        if after is not None and chained is not move:
+            self.carried[move.key] = chained.key
+        return chained, after
+
+    def _text(self, space: SearchSpace, move: Move) -> str:
+        return _plan_text(self.spaces, self._after(space, move))
+
     def _after(self, space: SearchSpace, move: Move) -> dict[str, object]:
         """Every method's state after ``move``: its own moved, the others releasing the blocks it takes."""
         return {s.method: move.state if s is space else (s.release(self.states[s.method], move.blocks)
@@ -287,15 +384,16 @@ class Search:
             holdout={"data": planner.holdout.name, "samples": len(planner.holdout)},
             calibration={"data": planner.calibration.name, "samples": len(planner.calibration),
                          "seed": self.config.seed},
-            builds=planner.cache.builds, spaces=[s.method for s in self.spaces], cache=planner.cache,
+            builds=planner.cache.builds, spaces=[s.method for s in self.spaces],
+            shapes=planner.shapes_record(self.carried) if planner.rules else {}, cache=planner.cache,
             compress_config=planner.compress_config, calibration_set=planner.calibration)
 
 
-def search(model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable,
-           progress: Callable[[str], None] | None = None) -> SearchResult:
+def search(model: nn.Module, source: dict, config: SearchConfig, table: LatencyTable | LatencyMix,
+           progress: Callable[[str], None] | None = None, spaces: list[SearchSpace] | None = None) -> SearchResult:
     """The plan of ``model`` within the budget that keeps the most fidelity (module docstring)."""
     config.check()
-    walk = Search(model, source, config, table, progress)
+    walk = Search(model, source, config, table, progress, spaces)
     budget_ms = walk.budget_ms()
     walk.run_to(budget_ms)
     return walk.result(budget_ms)
