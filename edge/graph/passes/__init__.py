@@ -2,7 +2,13 @@
 
 :data:`PASSES` registers them in the order every round runs them: that order is part of what
 decides the cleaned graph's bytes, so a new pass is appended where it belongs, here.
+
+:data:`PLUGIN_PASSES` registers the passes that write TensorRT plugin ops (``plugins/``): off by
+default, since the graph they write needs the plugin library wherever TensorRT builds it; ``edge
+clean --plugins`` runs them after the default passes in each round (:func:`select_passes`).
 """
+
+from collections.abc import Iterable
 
 from edge.graph.passes import (
     cancel_transposes,
@@ -14,7 +20,10 @@ from edge.graph.passes import (
     linear_to_gemm,
     merge_reshapes,
     remove_noops,
+    token_depthwise_conv,
 )
+from edge.errors import EdgeError
+from edge.graph.graph_pass import GraphPass
 from edge.graph.registry import PassRegistry
 
 PASSES = PassRegistry()
@@ -26,4 +35,25 @@ for _module in (fold_constants, remove_noops, fuse_layer_norm, cancel_transposes
 
 DEFAULT_PASSES = PASSES.select()
 
-__all__ = ["DEFAULT_PASSES", "PASSES"]
+PLUGIN_PASSES = PassRegistry()
+PLUGIN_PASSES.register(token_depthwise_conv.PASS)
+
+
+def pass_names() -> tuple[str, ...]:
+    """Every pass's name, default ones first (what ``--skip-pass`` takes)."""
+    return PASSES.names() + PLUGIN_PASSES.names()
+
+
+def select_passes(skip: Iterable[str] = (), plugins: bool = False) -> tuple[GraphPass, ...]:
+    """The default passes, then with ``plugins`` those writing plugin ops, less those named in ``skip``."""
+    skip = list(skip)
+    for name in skip:
+        if name not in PASSES and name not in PLUGIN_PASSES:
+            raise EdgeError(f"unknown pass {name!r}", expected=f"one of {', '.join(sorted(pass_names()))}")
+    chosen = PASSES.select(n for n in skip if n in PASSES)
+    if plugins:
+        chosen += PLUGIN_PASSES.select(n for n in skip if n in PLUGIN_PASSES)
+    return chosen
+
+
+__all__ = ["DEFAULT_PASSES", "PASSES", "PLUGIN_PASSES", "pass_names", "select_passes"]
