@@ -129,12 +129,14 @@ def read_fields(node: onnx.NodeProto) -> TokenDepthwiseFields:
     def array(name: str) -> np.ndarray | None:
         return numpy_helper.to_array(values[name]) if name in values else None
 
-    fields = TokenDepthwiseFields(int(values["kernel_size"]), tuple(int(d) for d in values["grid"]),
-                                  int(values["prefix_tokens"]), mode.decode() if isinstance(mode, bytes) else mode,
+    grid = [int(d) for d in values["grid"]] if isinstance(values["grid"], list) else [int(values["grid"])]
+    if len(grid) != 2:
+        raise EdgeError(f"{label}: TensorRT's plugin creator would refuse its fields",
+                        found=f"grid {grid}: expected two sizes H, W", fix="rewrite the graph with `edge clean --plugins`")
+    fields = TokenDepthwiseFields(int(values["kernel_size"]), (grid[0], grid[1]), int(values["prefix_tokens"]),
+                                  mode.decode() if isinstance(mode, bytes) else mode,
                                   array("weight"), array("bias"), array("prefix_weights"))
     problems = fields.problems()
-    if len(fields.grid) != 2:
-        problems.insert(0, f"grid {list(fields.grid)}: expected two sizes H, W")
     if problems:
         raise EdgeError(f"{label}: TensorRT's plugin creator would refuse its fields", found="; ".join(problems),
                         fix="rewrite the graph with `edge clean --plugins` from the plain export")

@@ -12,28 +12,28 @@ EXAMPLES = """  edge clean runs/ref.onnx --out runs/ref.clean.onnx
 
 
 def register(subparsers) -> None:
-    from edge.graph.passes import PASSES, PLUGIN_PASSES, pass_names
+    from edge.graph.passes import PASSES, PLUGIN_PASSES
 
     listing = "\n".join(f"  {p.name:<20} {p.summary}" for p in PASSES)
     plugin_listing = "\n".join(f"  {p.name:<20} {p.summary}" for p in PLUGIN_PASSES)
     parser = add_command(subparsers, "clean", "clean an ONNX graph with onnx-graphsurgeon passes, then verify it",
                          "Passes (one per file in edge/graph/passes/), in the order each round runs them:\n"
                          f"{listing}\n"
-                         "With --plugins (off by default: the graph then needs edge's TensorRT plugins, plugins/;\n"
-                         "ONNX Runtime runs them here as their numpy references), after those:\n"
-                         f"{plugin_listing}\n"
                          "Rounds run to a fixed point, each change checked in ONNX Runtime against the input\n"
                          "graph, on all its outputs. The output is written only if onnx.checker passes and its\n"
                          "outputs match the input graph's (max abs <= 1e-4, relative L2 <= 1e-5).\n"
                          "A graph below opset 17 is first upgraded to 17 with onnx.version_converter, checked\n"
                          "the same way (the output says so). Inputs: random values of the declared shapes\n"
                          "(dynamic dimensions: 2), and the sample inputs stored next to the model as\n"
-                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.",
+                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.\n"
+                         "With --plugins (off by default: the graph then needs edge's TensorRT plugins, plugins/;\n"
+                         "ONNX Runtime runs them here as their numpy references), after those in each round:\n"
+                         f"{plugin_listing}",
                          EXAMPLES)
     parser.add_argument("model", type=ExistingFile(),
                         help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
     add_out_file(parser, "the cleaned ONNX file", ".onnx")
-    parser.add_argument("--skip-pass", action="append", default=[], choices=pass_names(), metavar="PASS",
+    parser.add_argument("--skip-pass", action="append", default=[], choices=PASSES.names(), metavar="PASS",
                         help="leave out a pass (repeatable; one of the passes listed above)")
     parser.add_argument("--plugins", action="store_true",
                         help="also replace patterns by edge's TensorRT plugin ops (each dwconv mixer -> one "

@@ -5,7 +5,7 @@ decides the cleaned graph's bytes, so a new pass is appended where it belongs, h
 
 :data:`PLUGIN_PASSES` registers the passes that write TensorRT plugin ops (``plugins/``): off by
 default, since the graph they write needs the plugin library wherever TensorRT builds it; ``edge
-clean --plugins`` runs them after the default passes in each round (:func:`select_passes`).
+clean --plugins`` runs them in each round before :data:`PLUGIN_PASSES_BEFORE` (:func:`select_passes`).
 """
 
 from collections.abc import Iterable
@@ -37,23 +37,27 @@ DEFAULT_PASSES = PASSES.select()
 
 PLUGIN_PASSES = PassRegistry()
 PLUGIN_PASSES.register(token_depthwise_conv.PASS)
-
-
-def pass_names() -> tuple[str, ...]:
-    """Every pass's name, default ones first (what ``--skip-pass`` takes)."""
-    return PASSES.names() + PLUGIN_PASSES.names()
+# linear-to-gemm turns a projection next to a Reshape into Reshape -> Gemm and merge-reshapes folds the
+# second Reshape into the mixer's own: the mixer's tokens would then exist only as 2-D rows. Plugin passes
+# run before it (after the folding passes that make shapes and Slice bounds constant).
+PLUGIN_PASSES_BEFORE = "linear-to-gemm"
 
 
 def select_passes(skip: Iterable[str] = (), plugins: bool = False) -> tuple[GraphPass, ...]:
-    """The default passes, then with ``plugins`` those writing plugin ops, less those named in ``skip``."""
+    """The default passes, with ``plugins`` those writing plugin ops among them (before
+    :data:`PLUGIN_PASSES_BEFORE`), less those named in ``skip``."""
     skip = list(skip)
     for name in skip:
         if name not in PASSES and name not in PLUGIN_PASSES:
-            raise EdgeError(f"unknown pass {name!r}", expected=f"one of {', '.join(sorted(pass_names()))}")
+            names = PASSES.names() + PLUGIN_PASSES.names()
+            raise EdgeError(f"unknown pass {name!r}", expected=f"one of {', '.join(sorted(names))}")
     chosen = PASSES.select(n for n in skip if n in PASSES)
-    if plugins:
-        chosen += PLUGIN_PASSES.select(n for n in skip if n in PLUGIN_PASSES)
-    return chosen
+    if not plugins:
+        return chosen
+    at = PASSES.names().index(PLUGIN_PASSES_BEFORE)
+    before = [p for p in chosen if PASSES.names().index(p.name) < at]
+    after = [p for p in chosen if PASSES.names().index(p.name) >= at]
+    return (*before, *PLUGIN_PASSES.select(n for n in skip if n in PLUGIN_PASSES), *after)
 
 
-__all__ = ["DEFAULT_PASSES", "PASSES", "PLUGIN_PASSES", "pass_names", "select_passes"]
+__all__ = ["DEFAULT_PASSES", "PASSES", "PLUGIN_PASSES", "select_passes"]

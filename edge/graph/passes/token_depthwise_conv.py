@@ -98,30 +98,103 @@ def _depthwise(conv: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | None:
     return weight, None if bias is None else bias.reshape(-1)
 
 
+def _static(dims: tuple | None, rank: int) -> bool:
+    """Whether ``dims`` has ``rank`` entries, every one after the first a known size."""
+    return dims is not None and len(dims) == rank and all(isinstance(d, (int, np.integer)) and d > 0 for d in dims[1:])
+
+
+def _read_from_shape(part, source) -> list | None:
+    """``[("dim", i), ...]`` for a part of a shape tensor read from ``Shape(source)``: a Slice of it, or
+    ``Unsqueeze(Gather(...))``; None otherwise."""
+    unsqueeze = _producer(part, ("Unsqueeze",))
+    read = _producer(unsqueeze.inputs[0], ("Gather",)) if unsqueeze is not None else _producer(part, ("Slice",))
+    shape = _producer(read.inputs[0], ("Shape",)) if read is not None else None
+    if shape is None or shape.inputs[0] is not source:
+        return None
+    if read.op == "Gather":
+        index = _ints(read.inputs[1])
+        return None if index is None else [("dim", i) for i in index]
+    start, end = _ints(read.inputs[1]), _ints(read.inputs[2])
+    axes = _ints(read.inputs[3]) if len(read.inputs) > 3 else [0]
+    steps = _ints(read.inputs[4]) if len(read.inputs) > 4 else [1]
+    if start is None or end is None or axes != [0] or steps != [1]:
+        return None
+    return [("dim", i) for i in range(start[0], min(end[0], len(_dims(source) or ())))]
+
+
+def _shape_entries(shape, source) -> list | None:
+    """The entries of a Reshape's shape tensor: numbers, or ``("dim", i)`` for dimension i of ``source`` read
+    through Shape (a dynamic batch: ``Concat(Slice(Shape(source), 0, 1), [-1], ...)``); None if unknown."""
+    value = _ints(shape)
+    concat = _producer(shape, ("Concat",))
+    if value is not None or concat is None:
+        return value
+    entries: list = []
+    for part in concat.inputs:
+        read = _ints(part)
+        read = read if read is not None else _read_from_shape(part, source)
+        if read is None:
+            return None
+        entries += read
+    return entries
+
+
+def _back_to_tokens(reshape: gs.Node, grid: tuple[int, int], channels: int) -> bool:
+    """Whether ``reshape`` turns ``[B, H, W, C]`` back into ``[B, H*W, C]``."""
+    tokens = grid[0] * grid[1]
+    if _token_layout(reshape.outputs[0], tokens, channels):
+        return True
+    source = reshape.inputs[0]
+    dims = _dims(source)
+    entries = _shape_entries(reshape.inputs[1], source)
+    if entries is None or len(entries) != 3 or dims is None:
+        return False
+    resolved = [dims[e[1]] if isinstance(e, tuple) and isinstance(dims[e[1]], (int, np.integer)) else e for e in entries]
+    batch, middle, last = resolved
+    return batch in (("dim", 0), 0) and middle in (tokens, -1) and last == channels
+
+
+def _reshape_reader(graph: gs.Graph, tensor) -> gs.Node | None:
+    """The one Reshape of ``tensor``, which may also be read by Shape nodes (a dynamic batch's target shape)."""
+    readers = tensor.outputs
+    reshapes = [r for r in readers if r.op == "Reshape" and r.inputs[0] is tensor]
+    if is_graph_output(graph, tensor) or len(reshapes) != 1 or any(r.op not in ("Reshape", "Shape") for r in readers):
+        return None
+    return reshapes[0]
+
+
 def _patch_path(graph: gs.Graph, conv: gs.Node):
-    """(patch tokens, grid, weight, bias, output) of Reshape -> Transpose -> Conv -> Transpose -> Reshape, else None."""
+    """((patch tokens, grid, weight, bias, output), None) of Reshape -> Transpose -> Conv -> Transpose -> Reshape;
+    (None, why) when the round trip is there but its tokens are not ``[B, H*W, C]``; (None, None) when it is not."""
     found = _depthwise(conv)
     to_nchw = _producer(conv.inputs[0], ("Transpose",))
     if found is None or to_nchw is None or list(to_nchw.attrs.get("perm", [])) != [0, 3, 1, 2] or \
             _only_reader(graph, to_nchw.outputs[0], "Conv") is not conv:
-        return None
+        return None, None
     weight, bias = found
     channels = int(weight.shape[0])
     to_grid = _producer(to_nchw.inputs[0], ("Reshape",))
-    grid_shape = _ints(to_grid.inputs[1]) if to_grid is not None else None
-    if grid_shape is None or len(grid_shape) != 4 or grid_shape[3] != channels or min(grid_shape[1:3]) <= 0 or \
+    on_grid = _dims(to_grid.outputs[0]) if to_grid is not None else None
+    if not _static(on_grid, 4) or on_grid[3] != channels or \
             _only_reader(graph, to_grid.outputs[0], "Transpose") is not to_nchw:
-        return None
-    grid = (grid_shape[1], grid_shape[2])
+        return None, None
+    grid = (int(on_grid[1]), int(on_grid[2]))
     patches = to_grid.inputs[0]
     to_nhwc = _only_reader(graph, conv.outputs[0], "Transpose")
     if to_nhwc is None or list(to_nhwc.attrs.get("perm", [])) != [0, 2, 3, 1]:
-        return None
-    to_tokens = _only_reader(graph, to_nhwc.outputs[0], "Reshape")
-    if to_tokens is None or not _token_layout(patches, grid[0] * grid[1], channels) or \
-            not _token_layout(to_tokens.outputs[0], grid[0] * grid[1], channels):
-        return None
-    return patches, grid, weight, bias, to_tokens.outputs[0]
+        return None, None
+    to_tokens = _reshape_reader(graph, to_nhwc.outputs[0])
+    if to_tokens is None:
+        return None, None
+    tokens = grid[0] * grid[1]
+    if not _token_layout(patches, tokens, channels) or not _back_to_tokens(to_tokens, grid, channels):
+        shapes = f"{list(_dims(patches) or ['?'])} -> {list(_dims(to_tokens.outputs[0]) or ['?'])}"
+        return None, (f"{TOKEN_DEPTHWISE_CONV}: the depthwise convolution {conv.name!r} is left as it is: its tokens "
+                      f"are not [B, {tokens}, {channels}] on both sides ({shapes}; a graph cleaned before without "
+                      "--plugins holds a projection's 2-D rows there: clean the export with --plugins instead)")
+    if _dims(to_tokens.outputs[0]) is None or not _static(_dims(to_tokens.outputs[0]), 3):
+        to_tokens.outputs[0].shape = [_dims(patches)[0], tokens, channels]
+    return (patches, grid, weight, bias, to_tokens.outputs[0]), None
 
 
 def _prefix_slice(tensor) -> tuple[gs.Variable, int] | None:
@@ -235,9 +308,9 @@ def _base_name(conv: gs.Node, index: int) -> str:
 
 def find_mixer(graph: gs.Graph, conv: gs.Node, index: int) -> tuple[Mixer | None, str | None]:
     """The mixer around the depthwise Conv ``conv``, or (None, why it is left alone; None when it is no mixer)."""
-    path = _patch_path(graph, conv)
+    path, why = _patch_path(graph, conv)
     if path is None:
-        return None, None
+        return None, why
     patches, grid, weight, bias, patches_out = path
     k = int(weight.shape[2])
     concat = _prefix_concat(graph, patches_out)
