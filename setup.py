@@ -15,7 +15,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     # plugins/ holds the numpy references ONNX Runtime runs a graph's plugin ops with (edge clean --plugins)
-    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*", "jetson", "jetson.*", "plugins", "plugins.*"]),
+    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*", "jetson", "jetson.*",
+                                    "plugins", "plugins.*"]),
     package_data={"edge": ["models/weights/*.safetensors", "models/weights/*.json", "data/fmnist_mini/*.gz",
                            "pipeline/*.yaml"]},
     install_requires=[

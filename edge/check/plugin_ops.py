@@ -44,13 +44,13 @@ PREFIX_MODES = ("mean", "pool")
 MIN_TENSORRT = (10, 1)
 
 ORT_DOMAIN = "ai.onnx.contrib"                 # onnxruntime-extensions' domain for Python ops
-ORT_OP = "EdgeTokenDepthwiseConvReference"
+ORT_OP = "EdgeTokenDepthwiseConvReference"    # float32 in and out (onnxruntime-extensions' Python ops take no float16)
 INSTALL = "pip install onnxruntime-extensions (or pip install -e '.[test]' in edge's checkout)"
 
 
 @dataclass(frozen=True)
 class TokenDepthwiseFields:
-    """The plugin fields of one ``TokenDepthwiseConv`` node (names and layouts of plugins/tokenDepthwiseConv/README.md)."""
+    """The plugin fields of one ``TokenDepthwiseConv`` node (names, layouts: plugins/tokenDepthwiseConv/README.md)."""
 
     kernel_size: int
     grid: tuple[int, int]
@@ -132,7 +132,8 @@ def read_fields(node: onnx.NodeProto) -> TokenDepthwiseFields:
     grid = [int(d) for d in values["grid"]] if isinstance(values["grid"], list) else [int(values["grid"])]
     if len(grid) != 2:
         raise EdgeError(f"{label}: TensorRT's plugin creator would refuse its fields",
-                        found=f"grid {grid}: expected two sizes H, W", fix="rewrite the graph with `edge clean --plugins`")
+                        found=f"grid {grid}: expected two sizes H, W",
+                        fix="rewrite the graph with `edge clean --plugins` from the plain export")
     fields = TokenDepthwiseFields(int(values["kernel_size"]), (grid[0], grid[1]), int(values["prefix_tokens"]),
                                   mode.decode() if isinstance(mode, bytes) else mode,
                                   array("weight"), array("bias"), array("prefix_weights"))
@@ -150,9 +151,24 @@ def plugin_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 # --- ONNX Runtime --------------------------------------------------------------------------------
 
-def _reference_node(node: onnx.NodeProto, index: int, initializers: list[onnx.TensorProto]) -> onnx.NodeProto:
-    """The onnxruntime-extensions node that computes ``node`` with the numpy reference; its weights go to ``initializers``."""
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> element type, from ONNX shape inference (plugin outputs are declared by the pass that wrote them)."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.input, *inferred.output, *inferred.value_info)}
+    types.update({t.name: t.data_type for t in inferred.initializer})
+    return types
+
+
+def _reference_nodes(node: onnx.NodeProto, index: int, initializers: list[onnx.TensorProto],
+                     types: dict[str, int]) -> list[onnx.NodeProto]:
+    """The onnxruntime-extensions node computing ``node`` with the numpy reference (weights go to
+    ``initializers``); float16 tokens (a graph converted to fp16) are cast to float32 and back around it."""
     fields = read_fields(node)
+    element_type = types.get(node.input[0]) or onnx.TensorProto.FLOAT
+    if element_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+        raise EdgeError(f"{_node_label(node)} reads {onnx.TensorProto.DataType.Name(element_type)} tokens",
+                        expected="float32 or float16 tokens (the types the plugin takes)",
+                        fix="cast the tokens to float32 or float16 before the node")
     empty = np.zeros(0, np.float32)
     stem = f"{node.name or 'token_depthwise_conv'}.{index}"
     names = []
@@ -160,9 +176,18 @@ def _reference_node(node: onnx.NodeProto, index: int, initializers: list[onnx.Te
         names.append(f"{stem}/{field}")
         value = empty if value is None else np.ascontiguousarray(value, np.float32)   # the op's inputs are float32
         initializers.append(numpy_helper.from_array(value, names[-1]))
-    return helper.make_node(ORT_OP, [node.input[0], *names], list(node.output), name=node.name, domain=ORT_DOMAIN,
-                            kernel_size=fields.kernel_size, grid_rows=fields.grid[0], grid_cols=fields.grid[1],
-                            prefix_tokens=fields.prefix_tokens, prefix_mode=fields.prefix_mode)
+    tokens, out = node.input[0], node.output[0]
+    half = element_type == onnx.TensorProto.FLOAT16
+    nodes = []
+    if half:
+        tokens, out = f"{stem}/tokens_float32", f"{stem}/out_float32"
+        nodes.append(helper.make_node("Cast", [node.input[0]], [tokens], to=onnx.TensorProto.FLOAT))
+    nodes.append(helper.make_node(ORT_OP, [tokens, *names], [out], name=node.name, domain=ORT_DOMAIN,
+                                  kernel_size=fields.kernel_size, grid_rows=fields.grid[0], grid_cols=fields.grid[1],
+                                  prefix_tokens=fields.prefix_tokens, prefix_mode=fields.prefix_mode))
+    if half:
+        nodes.append(helper.make_node("Cast", [out], [node.output[0]], to=onnx.TensorProto.FLOAT16))
+    return nodes
 
 
 def reference_form(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -170,8 +195,9 @@ def reference_form(model: onnx.ModelProto) -> onnx.ModelProto:
     runnable = onnx.ModelProto()
     runnable.CopyFrom(model)
     initializers: list[onnx.TensorProto] = []
-    nodes = [_reference_node(n, i, initializers) if n.op_type in PLUGIN_OPS and n.domain == DOMAIN else n
-             for i, n in enumerate(model.graph.node)]
+    types = _element_types(model)
+    nodes = [new for i, n in enumerate(model.graph.node) for new in (
+        _reference_nodes(n, i, initializers, types) if n.op_type in PLUGIN_OPS and n.domain == DOMAIN else [n])]
     del runnable.graph.node[:]
     runnable.graph.node.extend(nodes)
     runnable.graph.initializer.extend(initializers)
@@ -203,9 +229,9 @@ def reference_library() -> str:
     except ImportError as e:
         raise EdgeError("the graph holds TensorRT plugin ops (TokenDepthwiseConv); their numpy reference "
                         "(plugins/tokenDepthwiseConv/reference.py) cannot be imported", found=str(e),
-                        fix="install edge from its checkout (pip install -e .), which installs plugins/ beside it") from e
-    real, text = PyCustomOpDef.dt_float, PyCustomOpDef.dt_string
-    integer = PyCustomOpDef.dt_int64
+                        fix="install edge from its checkout (pip install -e .), which installs plugins/ beside it"
+                        ) from e
+    real, text, integer = PyCustomOpDef.dt_float, PyCustomOpDef.dt_string, PyCustomOpDef.dt_int64
     onnx_op(op_type=ORT_OP, inputs=[real, real, real, real], outputs=[real],
             attrs={"kernel_size": integer, "grid_rows": integer, "grid_cols": integer, "prefix_tokens": integer,
                    "prefix_mode": text})(_run_reference)

@@ -166,7 +166,7 @@ def _release(tensorrt: str) -> tuple[int, ...]:
 
 
 def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
-    """An edge plugin op: an error if its creator would refuse it or the parser cannot import V3 plugins, else a note."""
+    """An edge plugin op: an error if its creator would refuse it or the parser imports no V3 plugins, else a note."""
     try:
         read_fields(node)
     except EdgeError as e:

@@ -86,11 +86,13 @@ def _depthwise(conv: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | None:
         return None
     channels, k = int(weight.shape[0]), int(weight.shape[2])
     attrs = conv.attrs
-    if k % 2 == 0 or int(attrs.get("group", 1)) != channels or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+    padding = attrs.get("auto_pad", "NOTSET")
+    if k % 2 == 0 or int(attrs.get("group", 1)) != channels or padding not in ("NOTSET", b"NOTSET"):
         return None
     if list(attrs.get("kernel_shape", [k, k])) != [k, k] or list(attrs.get("pads", [0] * 4)) != [k // 2] * 4:
         return None
-    if any(int(s) != 1 for s in attrs.get("strides", [1, 1])) or any(int(d) != 1 for d in attrs.get("dilations", [1, 1])):
+    steps = [*attrs.get("strides", [1, 1]), *attrs.get("dilations", [1, 1])]
+    if any(int(step) != 1 for step in steps):
         return None
     bias = constant_value(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2].name else None
     if len(conv.inputs) > 2 and conv.inputs[2].name and bias is None:
@@ -149,7 +151,8 @@ def _back_to_tokens(reshape: gs.Node, grid: tuple[int, int], channels: int) -> b
     entries = _shape_entries(reshape.inputs[1], source)
     if entries is None or len(entries) != 3 or dims is None:
         return False
-    resolved = [dims[e[1]] if isinstance(e, tuple) and isinstance(dims[e[1]], (int, np.integer)) else e for e in entries]
+    resolved = [dims[e[1]] if isinstance(e, tuple) and isinstance(dims[e[1]], (int, np.integer)) else e
+                for e in entries]
     batch, middle, last = resolved
     return batch in (("dim", 0), 0) and middle in (tokens, -1) and last == channels
 

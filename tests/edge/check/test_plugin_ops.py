@@ -30,7 +30,8 @@ def _plugin_graph(prefix_tokens: int, mode: str) -> tuple[onnx.ModelProto, dict]
     node = helper.make_node(TOKEN_DEPTHWISE_CONV, ["x"], ["y"], name="mixer", domain=DOMAIN, kernel_size=K,
                             grid=list(GRID), prefix_tokens=prefix_tokens, prefix_mode=mode, plugin_version="1",
                             plugin_namespace="", **{k: numpy_helper.from_array(v) for k, v in fields.items()})
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", tokens, CHANNELS])],
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", tokens, CHANNELS])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", tokens, CHANNELS])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
     return model, fields
@@ -61,3 +62,17 @@ def test_without_onnxruntime_extensions_the_error_says_what_to_install(monkeypat
     with pytest.raises(EdgeError, match="onnxruntime-extensions, and that package is not installed") as caught:
         reference_library.__wrapped__()
     assert "pip install onnxruntime-extensions" in caught.value.fix
+
+
+def test_float16_tokens_run_through_casts_around_the_float32_reference():
+    """A graph converted to fp16 (edge quantize --precision fp16) feeds the plugin float16 tokens, as TensorRT may."""
+    model, fields = _plugin_graph(1, "pool")
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    x = RNG.standard_normal((2, 1 + GRID[0] * GRID[1], CHANNELS)).astype(np.float16)
+    out = ort_session(model.SerializeToString()).run(None, {"x": x})[0]
+    expected = reference.token_depthwise_conv(x.astype(np.float32), fields["weight"], fields["bias"], grid=GRID,
+                                              prefix_tokens=1, prefix_mode="pool",
+                                              prefix_weights=fields["prefix_weights"])
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float32), expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())
