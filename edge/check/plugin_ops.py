@@ -152,7 +152,7 @@ def plugin_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 # --- ONNX Runtime --------------------------------------------------------------------------------
 
 def _element_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor name -> element type, from ONNX shape inference (plugin outputs are declared by the pass that wrote them)."""
+    """Tensor name -> element type, by ONNX shape inference (the pass declares its plugin nodes' outputs)."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.input, *inferred.output, *inferred.value_info)}
     types.update({t.name: t.data_type for t in inferred.initializer})
