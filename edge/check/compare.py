@@ -60,10 +60,18 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, tolerance: Tole
 def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool = True,
                 profile_prefix: str | None = None):
     """A CPU session with all graph optimisations; ``spinning=False``: its pool threads sleep between calls;
-    ``profile_prefix``: ONNX Runtime's profiler on, its JSON written by ``session.end_profiling()``."""
+    ``profile_prefix``: ONNX Runtime's profiler on, its JSON written by ``session.end_profiling()``.
+
+    A graph with edge's TensorRT plugin ops runs them as their numpy references (:mod:`edge.check.plugin_ops`).
+    """
     import onnxruntime as ort
 
+    from edge.check.plugin_ops import session_model
+
     options = ort.SessionOptions()
+    model_bytes_or_path, custom_ops = session_model(model_bytes_or_path)
+    if custom_ops:
+        options.register_custom_ops_library(custom_ops)
     if threads:
         options.intra_op_num_threads = threads
     if not spinning:

@@ -7,13 +7,15 @@ from edge.cli.options import ExistingFile
 
 EXAMPLES = """  edge clean runs/ref.onnx --out runs/ref.clean.onnx
   edge clean runs/linear-9-10.onnx --out runs/linear-9-10.clean.onnx --json
-  edge clean runs/ref.onnx --out runs/ref.clean.onnx --skip-pass linear-to-gemm"""
+  edge clean runs/ref.onnx --out runs/ref.clean.onnx --skip-pass linear-to-gemm
+  edge clean runs/dw3.onnx --out runs/dw3.plugins.onnx --plugins"""
 
 
 def register(subparsers) -> None:
-    from edge.graph.passes import PASSES
+    from edge.graph.passes import PASSES, PLUGIN_PASSES
 
     listing = "\n".join(f"  {p.name:<20} {p.summary}" for p in PASSES)
+    plugin_listing = "\n".join(f"  {p.name:<20} {p.summary}" for p in PLUGIN_PASSES)
     parser = add_command(subparsers, "clean", "clean an ONNX graph with onnx-graphsurgeon passes, then verify it",
                          "Passes (one per file in edge/graph/passes/), in the order each round runs them:\n"
                          f"{listing}\n"
@@ -23,13 +25,19 @@ def register(subparsers) -> None:
                          "A graph below opset 17 is first upgraded to 17 with onnx.version_converter, checked\n"
                          "the same way (the output says so). Inputs: random values of the declared shapes\n"
                          "(dynamic dimensions: 2), and the sample inputs stored next to the model as\n"
-                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.",
+                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.\n"
+                         "With --plugins (off by default: the graph then needs edge's TensorRT plugins, plugins/;\n"
+                         "ONNX Runtime runs them here as their numpy references), after those in each round:\n"
+                         f"{plugin_listing}",
                          EXAMPLES)
     parser.add_argument("model", type=ExistingFile(),
                         help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
     add_out_file(parser, "the cleaned ONNX file", ".onnx")
     parser.add_argument("--skip-pass", action="append", default=[], choices=PASSES.names(), metavar="PASS",
                         help="leave out a pass (repeatable; one of the passes listed above)")
+    parser.add_argument("--plugins", action="store_true",
+                        help="also replace patterns by edge's TensorRT plugin ops (each dwconv mixer -> one "
+                             "TokenDepthwiseConv node); patterns a plugin does not cover are left with a note")
     parser.set_defaults(run=run)
 
 
@@ -37,9 +45,9 @@ def run(args) -> int:
     from pathlib import Path
 
     from edge.graph.clean import clean_file
-    from edge.graph.passes import PASSES
+    from edge.graph.passes import select_passes
 
-    result = clean_file(Path(args.model), Path(args.out), PASSES.select(skip=args.skip_pass))
+    result = clean_file(Path(args.model), Path(args.out), select_passes(args.skip_pass, plugins=args.plugins))
     rep = result["report"]
     lines = [f"{rep['nodes_before']} -> {rep['nodes_after']} nodes in {rep['rounds']} rounds; wrote {args.out}"]
     if rep["upgraded"]:
@@ -50,5 +58,6 @@ def run(args) -> int:
               rep["passes"].items()]
     lines += [f"  verified ({v['inputs']}): max abs {v['max_abs']:.1e}, rel L2 {v['rel_l2']:.1e}"
               for v in result["verification"]]
+    lines += [f"note: {note}" for note in rep["notes"]]
     emit(result, args.json, "\n".join(lines))
     return 0

@@ -6,6 +6,7 @@ A pass has a ``name`` (what ``edge clean --skip-pass`` takes), a one-line ``summ
 (``min_opset``; None: no more than the pass manager's own minimum). The manager checks that
 requirement before any pass runs. ``modified`` must be true exactly when the graph changed: the
 manager verifies the outputs after each modifying pass and runs rounds until none modifies.
+A pass may add ``notes``: what it left alone and why (the manager reports each note once).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import onnx_graphsurgeon as gs
 
 @dataclass(frozen=True)
 class PassResult:
-    """What a pass gives back: the graph (the same object for an in-place pass) and whether it changed."""
+    """What a pass gives back: the graph (the same object for an in-place pass), whether it changed, and notes."""
 
     graph: gs.Graph
     modified: bool
+    notes: tuple[str, ...] = ()
 
 
 @runtime_checkable

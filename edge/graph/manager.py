@@ -51,18 +51,21 @@ class CleanReport:
     initializers_after: int = 0
     upgraded: dict | None = None  # {"from": opset, "to": opset, "by": "onnx.version_converter"}
     passes: dict[str, PassStats] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what passes left alone and why, each once
 
     def as_dict(self) -> dict:
         return {"rounds": self.rounds, "upgraded": self.upgraded, "nodes_before": self.nodes_before,
                 "nodes_after": self.nodes_after,
                 "initializers_before": self.initializers_before, "initializers_after": self.initializers_after,
-                "passes": {k: vars(v) for k, v in self.passes.items()}}
+                "passes": {k: vars(v) for k, v in self.passes.items()}, "notes": list(self.notes)}
 
 
 def _export(graph: gs.Graph, raw: onnx.ModelProto) -> onnx.ModelProto:
     model = gs.export_onnx(graph.cleanup(remove_unused_graph_inputs=False).toposort())
+    added = [o for o in model.opset_import if o.domain not in {r.domain for r in raw.opset_import} | {"ai.onnx"}]
     del model.opset_import[:]
     model.opset_import.extend(raw.opset_import)
+    model.opset_import.extend(added)  # domains a pass brought in (a plugin op's)
     model.ir_version = max(raw.ir_version, needed_ir_version(model))
     model.producer_name, model.producer_version = raw.producer_name, raw.producer_version
     del model.metadata_props[:]
@@ -121,6 +124,7 @@ def clean_graph(raw: onnx.ModelProto, passes: Sequence[GraphPass] | None = None,
             graph.cleanup(remove_unused_graph_inputs=False).toposort()
             stats.seconds += time.perf_counter() - start
             stats.runs += 1
+            report.notes += [note for note in result.notes if note not in report.notes]
             if not result.modified:
                 continue
             stats.changes += 1

@@ -4,7 +4,12 @@ Each rule reads the graph (ONNX only: no TensorRT, no torch) and returns :class:
 rule, the node, what is wrong, the fix). An empty list of errors means the graph passes:
 
 * ``operator``: every node is an operator the target TensorRT's ONNX parser imports (onnx-tensorrt's
-  support table, :mod:`edge.graph.tensorrt_support`), in the default ONNX domain;
+  support table, :mod:`edge.graph.tensorrt_support`), in the default ONNX domain, or one of edge's
+  plugin ops (next rule);
+* ``plugin``: an edge plugin op (``TokenDepthwiseConv``, written by ``edge clean --plugins``) is not in
+  onnx-tensorrt's table: the parser imports it as a plugin (op type = plugin name) once the plugin
+  library is loaded (information); its fields must be ones the plugin's creator takes and the
+  TensorRT release must import IPluginV3 plugins (10.1 on) (errors);
 * ``opset``: the default-domain opset is in the range that parser supports;
 * ``ir-version``: the IR version is at least the one the opset needs (ONNX's version table,
   ``onnx.helper.find_min_ir_version_for``): a graph below it is out of the ONNX spec;
@@ -39,12 +44,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.check.plugin_ops import DOMAIN as PLUGIN_DOMAIN
+from edge.check.plugin_ops import MIN_TENSORRT, PLUGIN_OPS, PLUGIN_VERSION, read_fields
 from edge.errors import EdgeError
 from edge.graph.tensorrt_support import DEFAULT_TENSORRT, ONNX_TYPE_NAMES, PARSERS, ParserSupport
 from edge.graph.util import tensor_types
 
 ERROR, INFO = "error", "info"
-RULES = ("operator", "opset", "ir-version", "input-type", "qdq-axis", "qdq-scale", "qdq-zero-point",
+RULES = ("operator", "plugin", "opset", "ir-version", "input-type", "qdq-axis", "qdq-scale", "qdq-zero-point",
          "qdq-input-type", "gemm-alpha-beta", "attention-fusion")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 #: head sizes TensorRT's fused fp16 multi-head attention kernels take: multiples of 8 in [16, 256]
@@ -154,7 +161,30 @@ def check_ir_version(facts: GraphFacts) -> list[Finding]:
 
 # --- per-node rules -------------------------------------------------------------------------------
 
+def _release(tensorrt: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in tensorrt.split(".") if part.isdigit())
+
+
+def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
+    """An edge plugin op: an error if its creator would refuse it or the parser imports no V3 plugins, else a note."""
+    try:
+        read_fields(node)
+    except EdgeError as e:
+        return [Finding("plugin", label, f"{e.what}: {e.found or e.expected}", e.fix or "")]
+    if _release(parser.tensorrt) < MIN_TENSORRT:
+        need = ".".join(map(str, MIN_TENSORRT))
+        return [Finding("plugin", label, f"{node.op_type} is an IPluginV3 plugin; TensorRT {parser.tensorrt}'s ONNX "
+                        f"parser imports those from {need} on", f"use TensorRT >= {need}, or clean without --plugins")]
+    return [Finding("plugin", label, f"{node.op_type} v{PLUGIN_VERSION} is edge's TensorRT plugin (plugins/), not an "
+                    f"operator of TensorRT {parser.tensorrt}'s ONNX support table: the parser imports it through the "
+                    "plugin registry, which needs libedge_plugins.so loaded before parsing",
+                    "build plugins/ for the device and load it (trtexec --staticPlugins=libedge_plugins.so), or "
+                    "clean without --plugins", INFO)]
+
+
 def check_operator(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
+    if node.op_type in PLUGIN_OPS and node.domain == PLUGIN_DOMAIN:
+        return check_plugin(node, label, parser)
     if node.domain not in ("", "ai.onnx"):
         return [Finding("operator", label, f"{node.domain}::{node.op_type} is not an ONNX operator TensorRT "
                         f"{parser.tensorrt}'s parser imports",

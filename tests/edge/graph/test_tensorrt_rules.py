@@ -224,7 +224,8 @@ def test_head_size_outside_the_fused_kernels_is_information_only():
 
 
 def test_every_rule_is_tested_here():
-    tested = {"operator", "opset", "ir-version", "input-type", "qdq-axis", "qdq-scale", "qdq-zero-point",
+    # "plugin": tests/edge/graph/test_token_depthwise_conv.py (edge clean --plugins writes the plugin op)
+    tested = {"operator", "plugin", "opset", "ir-version", "input-type", "qdq-axis", "qdq-scale", "qdq-zero-point",
               "qdq-input-type", "gemm-alpha-beta", "attention-fusion"}
     assert tested == set(RULES)
 
