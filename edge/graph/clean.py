@@ -23,12 +23,13 @@ VERIFY_INPUTS = (("random", 1, 1.0), ("random-large", 2, 4.0))
 def load_onnx(path: Path) -> onnx.ModelProto:
     """The model in ``path``; its opset is checked by the pass manager, against the passes that run."""
     if not path.is_file():
-        raise EdgeError(f"{path} does not exist", fix="pass an ONNX file written by `edge export`")
+        raise EdgeError(f"{path} does not exist",
+                        fix="pass an ONNX file (from edge export, torch.onnx or another exporter)")
     try:
         model = onnx.load(str(path))
     except Exception as e:  # noqa: BLE001 - protobuf raises several types
         raise EdgeError(f"{path} is not an ONNX model", found=str(e)[:300],
-                        fix="pass an ONNX file written by `edge export`") from e
+                        fix="pass an ONNX file (from edge export, torch.onnx or another exporter)") from e
     return model
 
 
