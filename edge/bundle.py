@@ -256,6 +256,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     for graph in graphs:  # before minutes of calibration, not after
         for precision in config.precisions:
             _check_convertible(graph, precision)
+    for graph in graphs:
         _check_inputs(graph, config)
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix="edge-bundle-inputs-") as prepared:
         plugins = _ship(config.plugins, PLUGINS, tmp)

@@ -7,10 +7,13 @@ from edge.cli.options import ExistingFile
 
 EXAMPLES = """  edge clean runs/ref.onnx --out runs/ref.clean.onnx
   edge clean runs/linear-9-10.onnx --out runs/linear-9-10.clean.onnx --json
-  edge clean runs/ref.onnx --out runs/ref.clean.onnx --skip-pass linear-to-gemm"""
+  edge clean runs/ref.onnx --out runs/ref.clean.onnx --skip-pass linear-to-gemm
+  edge clean hf_vit.onnx --input-size 3x224x224 --out runs/hf_vit.clean.onnx   # pixel_values all dynamic"""
 
 
 def register(subparsers) -> None:
+    from edge.cli.options import Text
+    from edge.graph.input_shape import parse_input_size
     from edge.graph.passes import PASSES
 
     listing = "\n".join(f"  {p.name:<20} {p.summary}" for p in PASSES)
@@ -23,11 +26,16 @@ def register(subparsers) -> None:
                          "A graph below opset 17 is first upgraded to 17 with onnx.version_converter, checked\n"
                          "the same way (the output says so). Inputs: random values of the declared shapes\n"
                          "(dynamic dimensions: 2), and the sample inputs stored next to the model as\n"
-                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.",
+                         "test_data_set_N/input_K.pb (the ONNX model zoo layout); non-float inputs need those.\n"
+                         "--input-size first declares the image input's C, H and W (Hugging Face exporters leave\n"
+                         "them dynamic, and a ViT refuses 2 x 2 random images); the batch stays as it is.",
                          EXAMPLES)
     parser.add_argument("model", type=ExistingFile(),
-                        help="an ONNX file (e.g. from edge export, or the ONNX model zoo)")
+                        help="an ONNX file (from edge export, torch.onnx, a Hugging Face exporter, the ONNX model zoo)")
     add_out_file(parser, "the cleaned ONNX file", ".onnx")
+    parser.add_argument("--input-size", type=Text(parse_input_size), metavar="CxHxW",
+                        help="declare the image input's C, H and W (CxHxW, or HxW with a static C) where they are "
+                             "dynamic; default: the shape as declared")
     parser.add_argument("--skip-pass", action="append", default=[], choices=PASSES.names(), metavar="PASS",
                         help="leave out a pass (repeatable; one of the passes listed above)")
     parser.set_defaults(run=run)
@@ -39,7 +47,8 @@ def run(args) -> int:
     from edge.graph.clean import clean_file
     from edge.graph.passes import PASSES
 
-    result = clean_file(Path(args.model), Path(args.out), PASSES.select(skip=args.skip_pass))
+    result = clean_file(Path(args.model), Path(args.out), PASSES.select(skip=args.skip_pass),
+                        input_size=args.input_size)
     rep = result["report"]
     lines = [f"{rep['nodes_before']} -> {rep['nodes_after']} nodes in {rep['rounds']} rounds; wrote {args.out}"]
     if rep["upgraded"]:

@@ -79,9 +79,10 @@ def register(subparsers) -> None:
 def add_input_options(parser) -> None:
     """--input-size, --mean, --std: the preprocessing of a graph that does not record it (another exporter's)."""
     from edge.cli.options import Text
+    from edge.graph.input_shape import parse_input_size
     from edge.precision import calibration as c
 
-    parser.add_argument("--input-size", type=Text(c.parse_input_size), metavar="CxHxW", help=c.INPUT_SIZE_HELP)
+    parser.add_argument("--input-size", type=Text(parse_input_size), metavar="CxHxW", help=c.INPUT_SIZE_HELP)
     parser.add_argument("--mean", type=Text(lambda text: c.parse_channel_values(text, "--mean")), metavar="M[,M...]",
                         help=c.MEAN_HELP)
     parser.add_argument("--std", type=Text(lambda text: c.parse_channel_values(text, "--std")), metavar="S[,S...]",

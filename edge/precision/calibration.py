@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from edge.errors import EdgeError, plural
+from edge.graph.input_shape import Dims, check_fits, image_input, input_count, shown, with_channels
 from edge.onnx_metadata import metadata_of, preprocessing, set_preprocessing
 
 INPUT_SIZE_HELP = ("CxHxW (e.g. 3x224x224) or HxW (channels from the graph's input shape); default: what the "
@@ -52,23 +53,6 @@ class InputOptions:
         return any(v is not None for v in (self.input_size, self.mean, self.std))
 
 
-def parse_input_size(text: str) -> tuple[int, ...]:
-    """``"3x224x224"`` -> (3, 224, 224); ``"224x224"`` -> (224, 224) (channels from the graph)."""
-    parts = text.strip().lower().split("x")
-    expected = "CxHxW (e.g. 3x224x224) or HxW (e.g. 224x224), positive integers"
-    if len(parts) not in (2, 3):
-        raise EdgeError(f"input size {text!r}", expected=expected, found=f"{len(parts)} numbers",
-                        fix="pass e.g. --input-size 1x28x28")
-    try:
-        size = tuple(int(p) for p in parts)
-    except ValueError as e:
-        raise EdgeError(f"input size {text!r}", expected=expected, fix="pass e.g. --input-size 1x28x28") from e
-    if min(size) < 1:
-        raise EdgeError(f"input size {text!r}", expected=expected, found="a value below 1",
-                        fix="pass e.g. --input-size 1x28x28")
-    return size
-
-
 def parse_channel_values(text: str, flag: str) -> tuple[float, ...]:
     """``"0.485,0.456,0.406"`` -> a tuple of floats, for images scaled to 0..1 (timm's convention)."""
     expected = "one number or one per channel, comma-separated, for images scaled to 0..1 (e.g. 0.485,0.456,0.406)"
@@ -86,28 +70,6 @@ def parse_channel_values(text: str, flag: str) -> tuple[float, ...]:
     return values
 
 
-def _image_input(model: onnx.ModelProto) -> tuple[str, list[int | None]] | None:
-    """The graph's one input (name, dims; None where dynamic), or None with several inputs."""
-    from edge.check.feeds import graph_inputs
-
-    inputs = graph_inputs(model)
-    if len(inputs) != 1:
-        return None
-    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-            for d in inputs[0].type.tensor_type.shape.dim]
-    return inputs[0].name, dims
-
-
-def _input_count(model: onnx.ModelProto) -> int:
-    from edge.check.feeds import graph_inputs
-
-    return len(graph_inputs(model))
-
-
-def _shown(dims: list[int | None]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
 def _recorded(model: onnx.ModelProto) -> dict:
     try:
         return preprocessing(metadata_of(model))
@@ -115,43 +77,18 @@ def _recorded(model: onnx.ModelProto) -> dict:
         return {}
 
 
-def _input_size(given: tuple[int, ...] | None, recorded: dict, dims: list[int | None] | None,
+def _input_size(given: tuple[int, ...] | None, recorded: dict, dims: Dims | None,
                 source: str) -> tuple[int, int, int] | None:
     """(C, H, W): given, else recorded, else the graph's static input shape; None when none says it."""
-    chw = dims[1:] if dims is not None and len(dims) == 4 else None
-    if given is not None and len(given) == 3:
-        return given[0], given[1], given[2]
     if given is not None:
-        channels = recorded["input_size"][0] if recorded else (chw[0] if chw else None)
-        if channels is None:
-            raise EdgeError(f"--input-size {'x'.join(map(str, given))} for {source} gives no channel count",
-                            expected="CxHxW where the graph's input shape does not say the channels",
-                            found=f"input shape {_shown(dims) if dims is not None else 'unknown'}",
-                            fix=f"pass --input-size Cx{given[0]}x{given[1]} (e.g. 3x{given[0]}x{given[1]} for RGB)")
-        return channels, given[0], given[1]
+        return with_channels(given, recorded["input_size"][0] if recorded else None, dims, source)
     if recorded:
         c, h, w = recorded["input_size"]
         return int(c), int(h), int(w)
+    chw = dims[1:] if dims is not None and len(dims) == 4 else None
     if chw is not None and None not in chw:
         return chw[0], chw[1], chw[2]
     return None
-
-
-def _check_against_graph(size: tuple[int, int, int], dims: list[int | None] | None, name: str, source: str) -> None:
-    """The images, [N, C, H, W], must fit the graph's input where its shape is static."""
-    if dims is None:
-        return
-    if len(dims) != 4:
-        raise EdgeError(f"{source}: input {name!r} has shape {_shown(dims)}",
-                        expected="one image input [N, C, H, W] (NCHW, as timm and torch.onnx write it)",
-                        fix="export the model with an NCHW image input")
-    wrong = [(axis, want, have) for axis, want, have in zip("CHW", size, dims[1:], strict=True)
-             if have is not None and have != want]
-    if wrong:
-        raise EdgeError(f"{source}: input size {'x'.join(map(str, size))} does not fit input {name!r} of shape "
-                        f"{_shown(dims)}", expected="the graph's own C, H and W (NCHW)",
-                        found=", ".join(f"{axis} {want} where the graph has {have}" for axis, want, have in wrong),
-                        fix=f"pass --input-size {'x'.join(str(d or s) for d, s in zip(dims[1:], size, strict=True))}")
 
 
 def _check_channel_values(channels: int, source: str, **values: tuple[float, ...]) -> None:
@@ -173,9 +110,9 @@ def input_spec_of(model: onnx.ModelProto, source: str, given: InputOptions | Non
 
     given = given or InputOptions()
     recorded = _recorded(model)
-    image = _image_input(model)
+    image = image_input(model)
     if image is None and not recorded:
-        raise EdgeError(f"{source} has {_input_count(model)} inputs and records no preprocessing",
+        raise EdgeError(f"{source} has {input_count(model)} inputs and records no preprocessing",
                         expected="one image input [N, C, H, W], or edge export's metadata",
                         fix="calibrate a graph with one image input (export the model alone, without extra inputs)")
     name, dims = image or ("", None)
@@ -187,9 +124,9 @@ def input_spec_of(model: onnx.ModelProto, source: str, given: InputOptions | Non
         raise EdgeError(f"{source} records no preprocessing (edge export's metadata), so {' and '.join(missing)} "
                         "must be given", expected="the input size and the per-channel mean and std the model was "
                                                   "trained with",
-                        found=f"input {name!r} of shape {_shown(dims or [])}, no edge.input_size/mean/std metadata",
+                        found=f"input {name!r} of shape {shown(dims or [])}, no edge.input_size/mean/std metadata",
                         fix=_fix(missing))
-    _check_against_graph(size, dims, name, source)
+    check_fits(size, dims, name, source)
     _check_channel_values(size[0], source, mean=mean, std=std)
     interpolation = given.interpolation or recorded.get("interpolation", "bilinear")
     return InputSpec(*size, tuple(mean), tuple(std), interpolation)
@@ -209,13 +146,13 @@ def with_input_options(model: onnx.ModelProto, source: str, given: InputOptions 
 def random_inputs(model: onnx.ModelProto, source: str, count: int, seed: int = 0) -> np.ndarray:
     """``count`` seeded standard normal inputs of the graph's static input shape: what a graph that records no
     preprocessing is checked on (no image can be normalised for it)."""
-    image = _image_input(model)
+    image = image_input(model)
     if image is None:
-        raise EdgeError(f"{source} has {_input_count(model)} inputs and records no preprocessing",
+        raise EdgeError(f"{source} has {input_count(model)} inputs and records no preprocessing",
                         expected="one input", fix="convert a graph with one image input")
     name, dims = image
     if len(dims) < 2 or None in dims[1:]:
-        raise EdgeError(f"{source}: input {name!r} has shape {_shown(dims)} and the graph records no preprocessing, "
+        raise EdgeError(f"{source}: input {name!r} has shape {shown(dims)} and the graph records no preprocessing, "
                         "so no input can be made to check the converted graph on",
                         expected="a static input shape (besides the batch), or the preprocessing",
                         fix=_fix(["--input-size", "--mean", "--std"]))

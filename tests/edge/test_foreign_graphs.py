@@ -169,11 +169,30 @@ def test_a_dynamic_input_shape_needs_the_input_size_too(dynamic, tmp_path, capsy
     assert not (tmp_path / "q.onnx").exists() and not (tmp_path / "h.onnx").exists()
 
 
+def test_clean_declares_the_input_size_of_a_dynamic_graph_and_quantize_reads_it(dynamic, tmp_path, capsys):
+    out = tmp_path / "dynamic.clean.onnx"
+    err = error_of(capsys, "clean", str(dynamic), "--out", str(out))   # random inputs of 2 channels, 2 x 2: refused
+    assert "pixels [1, 2, 2, 2]" in err and "edge clean --input-size CxHxW" in err and not out.exists()
+    assert main(["clean", str(dynamic), "--input-size", "1x28x28", "--out", str(out), "--json"]) == 0
+    assert all(v["max_abs"] <= 1e-4 for v in json.loads(capsys.readouterr().out)["verification"])
+    dims = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [1, 1, 28, 28]
+    int8 = tmp_path / "dynamic.int8.onnx"   # the size now comes from the shape: --mean and --std suffice
+    assert main(["quantize", str(out), "--precision", "int8", "--data", "fmnist-mini", "--samples", "8",
+                 *FMNIST_INPUT, "--no-cache", "--cache-dir", str(tmp_path), "--out", str(int8)]) == 0
+    assert json.loads(recorded(int8)["edge.input_size"]) == [1, 28, 28]
+    capsys.readouterr()
+    err = error_of(capsys, "clean", str(dynamic), "--input-size", "28x28", "--out", str(out))
+    assert "gives no channel count" in err and "fix: pass --input-size Cx28x28" in err
+
+
 def test_input_options_that_do_not_fit_the_graph_are_refused(tiny, tmp_path, capsys):
     err = error_of(capsys, "quantize", str(tiny), "--precision", "int8", "--input-size", "1x32x28", *FMNIST_INPUT,
                    "--out", str(tmp_path / "q.onnx"))
     assert "input size 1x32x28 does not fit input 'pixels' of shape [1, 1, 28, 28]" in err
     assert "found: H 32 where the graph has 28" in err and "fix: pass --input-size 1x28x28" in err
+    err = error_of(capsys, "clean", str(tiny), "--input-size", "3x28x28", "--out", str(tmp_path / "c.onnx"))
+    assert "found: C 3 where the graph has 1" in err and "fix: pass --input-size 1x28x28" in err
     err = error_of(capsys, "quantize", str(tiny), "--precision", "int8", "--mean", "0.1,0.2", "--std", "0.3",
                    "--out", str(tmp_path / "q.onnx"))
     assert "--mean 0.1,0.2" in err and "expected: 1 or 3 values (the input has 1 channel)" in err
