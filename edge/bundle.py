@@ -78,7 +78,7 @@ class BundleConfig:
     # Runtime outputs (jetson.accuracy_gate); 0: no accuracy gate
     gate_images: int = option(DEFAULT_GATE_IMAGES, minimum=0, maximum=1024)
     # the preprocessing of graphs that record none (another exporter's): int8 calibration and the checks on images
-    inputs: InputOptions | None = None
+    input_options: InputOptions | None = None
 
     def check(self) -> None:
         if not self.precisions:
@@ -162,12 +162,13 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
 
     progress(f"{source.name}: making the {precision} graph")
     if precision == "fp16":
-        result = quantize_file(source.path, out, "fp16", check_data=config.check_data, inputs=config.inputs)
+        result = quantize_file(source.path, out, "fp16", check_data=config.check_data,
+                               input_options=config.input_options)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
     from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
-                           check_data=config.check_data, inputs=config.inputs, progress=progress)
+                           check_data=config.check_data, input_options=config.input_options, progress=progress)
     return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
 
 
@@ -183,17 +184,18 @@ def _check_convertible(source: SourceGraph, precision: str) -> str:
 
 
 def _with_input_options(source: SourceGraph, config: BundleConfig, folder: Path) -> SourceGraph:
-    """``source`` with ``config.inputs`` recorded in its metadata (a float32 graph from another exporter: a copy
-    in ``folder``, under its own file name), so that every precision, the checks and the accuracy gate run on
+    """``source`` with ``config.input_options`` recorded in its metadata (a float32 graph from another exporter: a
+    copy in ``folder``, under its own file name), so that every precision, the checks and the accuracy gate run on
     images preprocessed as the user said; ``source`` itself without input options or when it is converted."""
-    if config.inputs is None or not config.inputs.given() or _graph_io(source.path)[1] != "float32":
+    given = config.input_options
+    if given is None or not given.given() or _graph_io(source.path)[1] != "float32":
         return source
     import onnx
 
     from edge.precision.calibration import with_input_options
 
     model = onnx.load(str(source.path))
-    with_input_options(model, str(source.path), config.inputs)
+    with_input_options(model, str(source.path), given)
     path = folder / source.path.name
     onnx.save(model, str(path))
     return SourceGraph(source.name, path)
@@ -201,14 +203,15 @@ def _with_input_options(source: SourceGraph, config: BundleConfig, folder: Path)
 
 def _check_inputs(source: SourceGraph, config: BundleConfig) -> None:
     """A graph that gets calibrated (int8 from float32) must have its preprocessing, recorded or in
-    ``config.inputs`` (a graph from another exporter); its input options must fit it."""
+    ``config.input_options`` (a graph from another exporter); its input options must fit it."""
     import onnx
 
     from edge.precision.calibration import input_spec_of
 
     needs_images = "int8" in config.precisions and _check_convertible(source, "int8") == "float32"
-    if needs_images or (config.inputs is not None and config.inputs.given()):
-        input_spec_of(onnx.load(str(source.path), load_external_data=False), str(source.path), config.inputs)
+    given = config.input_options
+    if needs_images or (given is not None and given.given()):
+        input_spec_of(onnx.load(str(source.path), load_external_data=False), str(source.path), given)
 
 
 def _bundle_precision(graph_precision: str) -> str:

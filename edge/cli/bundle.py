@@ -103,7 +103,7 @@ def run(args) -> int:
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
                           plugins=tuple(args.plugin), protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
                           check_tensorrt=args.check_tensorrt, gate_images=args.gate_images,
-                          inputs=input_options(args))
+                          input_options=input_options(args))
     graphs, source = bundle_inputs(args.inputs)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))

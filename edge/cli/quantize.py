@@ -118,7 +118,7 @@ def run(args) -> int:
     ranges = RangeCheck(data=args.data, samples=args.samples, seed=args.seed, margin=args.range_margin) \
         if args.range_check else None
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
-                           inputs=input_options(args), progress=lambda message: print(message, file=sys.stderr))
+                           input_options=input_options(args), progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
     if args.precision == "fp16":
         detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"

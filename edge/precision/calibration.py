@@ -85,9 +85,10 @@ def _input_size(given: tuple[int, ...] | None, recorded: dict, dims: Dims | None
     if recorded:
         c, h, w = recorded["input_size"]
         return int(c), int(h), int(w)
-    chw = dims[1:] if dims is not None and len(dims) == 4 else None
-    if chw is not None and None not in chw:
-        return chw[0], chw[1], chw[2]
+    if dims is not None and len(dims) == 4:
+        c, h, w = dims[1:]
+        if c and h and w:
+            return c, h, w
     return None
 
 
@@ -120,7 +121,7 @@ def input_spec_of(model: onnx.ModelProto, source: str, given: InputOptions | Non
     mean = given.mean or recorded.get("mean")
     std = given.std or recorded.get("std")
     missing = [flag for flag, value in (("--input-size", size), ("--mean", mean), ("--std", std)) if value is None]
-    if missing:
+    if missing or size is None or mean is None or std is None:
         raise EdgeError(f"{source} records no preprocessing (edge export's metadata), so {' and '.join(missing)} "
                         "must be given", expected="the input size and the per-channel mean and std the model was "
                                                   "trained with",
@@ -151,13 +152,14 @@ def random_inputs(model: onnx.ModelProto, source: str, count: int, seed: int = 0
         raise EdgeError(f"{source} has {input_count(model)} inputs and records no preprocessing",
                         expected="one input", fix="convert a graph with one image input")
     name, dims = image
-    if len(dims) < 2 or None in dims[1:]:
+    shape = [d for d in dims[1:] if d is not None]
+    if len(dims) < 2 or len(shape) < len(dims) - 1:
         raise EdgeError(f"{source}: input {name!r} has shape {shown(dims)} and the graph records no preprocessing, "
                         "so no input can be made to check the converted graph on",
                         expected="a static input shape (besides the batch), or the preprocessing",
                         fix=_fix(["--input-size", "--mean", "--std"]))
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((count, *dims[1:])).astype(np.float32)
+    return rng.standard_normal((count, *shape)).astype(np.float32)
 
 
 def calibration_images(model: onnx.ModelProto, source: str, data: str, samples: int, seed: int = 0) -> np.ndarray:

@@ -147,12 +147,12 @@ def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config)
 
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
                   int8=None, ranges: RangeCheck | None = None, check_data: str = "fmnist-mini",
-                  inputs: InputOptions | None = None, progress=None) -> dict:
+                  input_options: InputOptions | None = None, progress=None) -> dict:
     """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first.
 
     ``ranges``: fp16 only, where the calibration images for the range check come from (None: no
     range check, float32 islands by op type and head only, as before the check existed).
-    ``inputs``: the preprocessing the user gives (a graph from another exporter records none); it is
+    ``input_options``: the preprocessing the user gives (a graph from another exporter records none); it is
     recorded in the written graph and used for calibration, the range check and the check on images.
     """
     if precision not in PRECISIONS:
@@ -162,7 +162,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     if source_precision(model) != "float32":
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
-    with_input_options(model, str(model_path), inputs, images_needed=precision == "int8")
+    with_input_options(model, str(model_path), input_options, images_needed=precision == "int8")
     if precision == "fp16":
         name_nodes(model.graph)
         fp16, range_check = range_checked(model, str(model_path), fp16 or Fp16Config(), ranges, progress)
