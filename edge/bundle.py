@@ -17,6 +17,7 @@ same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
 from edge.graph.tensorrt_support import DEFAULT_TENSORRT
+from edge.precision.calibration import InputOptions
 from edge.trt.builder import check_tactic_memory
 from jetson.accuracy_gate import DEFAULT_GATE_IMAGES
 from jetson.bundle import (
@@ -80,6 +82,8 @@ class BundleConfig:
     # held-out images (of check_data) the device runs each engine on, against the source graph's float32 ONNX
     # Runtime outputs (jetson.accuracy_gate); 0: no accuracy gate
     gate_images: int = option(DEFAULT_GATE_IMAGES, minimum=0, maximum=1024)
+    # the preprocessing of graphs that record none (another exporter's): int8 calibration and the checks on images
+    input_options: InputOptions | None = None
 
     def check(self) -> None:
         if not self.precisions:
@@ -165,12 +169,13 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
 
     progress(f"{source.name}: making the {precision} graph")
     if precision == "fp16":
-        result = quantize_file(source.path, out, "fp16", check_data=config.check_data)
+        result = quantize_file(source.path, out, "fp16", check_data=config.check_data,
+                               input_options=config.input_options)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
     from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
-                           check_data=config.check_data, progress=progress)
+                           check_data=config.check_data, input_options=config.input_options, progress=progress)
     return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
 
 
@@ -183,6 +188,37 @@ def _check_convertible(source: SourceGraph, precision: str) -> str:
                                  " one",
                         fix=f"bundle the float32 graph, or ask only --precision {_bundle_precision(have)}")
     return have
+
+
+def _with_input_options(source: SourceGraph, config: BundleConfig, folder: Path) -> SourceGraph:
+    """``source`` with ``config.input_options`` recorded in its metadata (a float32 graph from another exporter: a
+    copy in ``folder``, under its own file name), so that every precision, the checks and the accuracy gate run on
+    images preprocessed as the user said; ``source`` itself without input options or when it is converted."""
+    given = config.input_options
+    if given is None or not given.given() or _graph_io(source.path)[1] != "float32":
+        return source
+    import onnx
+
+    from edge.precision.calibration import with_input_options
+
+    model = onnx.load(str(source.path))
+    with_input_options(model, str(source.path), given)
+    path = folder / source.path.name
+    onnx.save(model, str(path))
+    return SourceGraph(source.name, path)
+
+
+def _check_inputs(source: SourceGraph, config: BundleConfig) -> None:
+    """A graph that gets calibrated (int8 from float32) must have its preprocessing, recorded or in
+    ``config.input_options`` (a graph from another exporter); its input options must fit it."""
+    import onnx
+
+    from edge.precision.calibration import input_spec_of
+
+    needs_images = "int8" in config.precisions and _check_convertible(source, "int8") == "float32"
+    given = config.input_options
+    if needs_images or (given is not None and given.given()):
+        input_spec_of(onnx.load(str(source.path), load_external_data=False), str(source.path), given)
 
 
 def _bundle_precision(graph_precision: str) -> str:
@@ -230,13 +266,16 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     for graph in graphs:  # before minutes of calibration, not after
         for precision in config.precisions:
             _check_convertible(graph, precision)
+    for graph in graphs:
+        _check_inputs(graph, config)
     needs_plugins = {graph.name: _holds_plugin_ops(graph.path) for graph in graphs}
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix="edge-bundle-inputs-") as prepared:
         plugins = _ship(config.plugins, PLUGINS, tmp)
         edge_plugins = _ship_edge_plugins(config, any(needs_plugins.values()), tmp, progress)
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
-        for graph in graphs:
+        for original in graphs:
+            graph = _with_input_options(original, config, Path(prepared))
             written = {}
             for precision in config.precisions:  # every graph TensorRT would refuse is named before the gate
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
@@ -245,6 +284,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                                       plugin_ops=bool(edge_plugins))
                 written[precision] = relative, made
             gate = _write_gate(graph, tmp, config, progress)
+            gate = gate and dataclasses.replace(gate, source=str(original.path))
             for precision, (relative, made) in written.items():
                 inputs_io, _ = _graph_io(tmp / relative)
                 build = BuildSpec(precision=precision, workspace_mib=config.workspace_mib,
@@ -254,7 +294,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                                   **(edge_plugins if needs_plugins[graph.name] or config.edge_plugins else {}))
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
-                                        calibration=(made or {}).get("calibration"), source=str(graph.path),
+                                        calibration=(made or {}).get("calibration"), source=str(original.path),
                                         gate=gate.spec(precision, config.tf32) if gate else None))
                 progress(f"{graph.name}.{precision}: {relative}")
         _copy_package(tmp)

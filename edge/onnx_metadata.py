@@ -31,11 +31,13 @@ QDQ_PLACEMENT = "edge.qdq_placement"    # int8 graphs: where the Q/DQ pairs sit 
 
 def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str, str]:
     """The entries ``edge export`` writes: source model, plan, edge version and the preprocessing."""
+    return {VERSION: __version__, SOURCE_MODEL: source, PLAN: plan or "", **preprocessing_entries(data_config)}
+
+
+def preprocessing_entries(data_config: dict) -> dict[str, str]:
+    """The preprocessing entries of a data config: input size, mean, std, interpolation."""
     c, h, w = data_config["input_size"]
     return {
-        VERSION: __version__,
-        SOURCE_MODEL: source,
-        PLAN: plan or "",
         INPUT_SIZE: json.dumps([int(c), int(h), int(w)]),
         MEAN: json.dumps([float(m) for m in data_config["mean"]]),
         STD: json.dumps([float(s) for s in data_config["std"]]),
@@ -78,9 +80,17 @@ def source_precision(model: onnx.ModelProto) -> str:
 
 
 def set_precision_metadata(model: onnx.ModelProto, precision: str, **extra: str) -> None:
-    entries = metadata_of(model)
-    entries[PRECISION] = precision
-    entries.update(extra)
+    set_entries(model, {PRECISION: precision, **extra})
+
+
+def set_preprocessing(model: onnx.ModelProto, data_config: dict) -> None:
+    """Record the preprocessing of ``data_config`` in ``model`` (a graph from another exporter, given by the user)."""
+    set_entries(model, preprocessing_entries(data_config))
+
+
+def set_entries(model: onnx.ModelProto, new: dict[str, str]) -> None:
+    """``model``'s metadata with ``new`` added or replaced, sorted by key."""
+    entries = {**metadata_of(model), **new}
     del model.metadata_props[:]
     for key, value in sorted(entries.items()):
         model.metadata_props.add(key=key, value=value)

@@ -238,8 +238,16 @@ def _image_folder(path: Path) -> None:
                 Image.fromarray(image).save(path / split / label / f"{i}.png")
 
 
+def _foreign_vit(path: Path) -> None:
+    """A small timm ViT exported by torch.onnx, not by edge export (the user's own graph; docs/precision.md)."""
+    from tests.edge.test_foreign_graphs import export_timm_vit
+
+    export_timm_vit(path)
+
+
 STAND_INS = {
     "deit_small.safetensors": _random_deit_small_weights,
+    "their_vit.onnx": _foreign_vit,
     "~/my-images": _image_folder,
     "pruned.safetensors": _pruned_weights,
 }

@@ -158,7 +158,8 @@ def reference_outputs(model: onnx.ModelProto, inputs: Sequence[InputSet], source
                            for s in inputs)
         raise EdgeError(f"ONNX Runtime fails running {source} (edge clean checks every change in it)",
                         found=f"{str(e).strip()[:400]} (inputs {shapes[:300]})",
-                        fix="if the inputs are made up (random values; dynamic dimensions 2), store sample inputs "
+                        fix="if the inputs are made up (random values; dynamic dimensions 2), give an image "
+                            "input's size (edge clean --input-size CxHxW) or store sample inputs "
                             f"next to the model: {SAMPLE_LAYOUT}; if the graph relies on an old operator "
                             "version's rules (e.g. broadcasting), re-export it at opset 17 or later") from e
 

@@ -9,12 +9,14 @@ from edge.errors import plural
 EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant of a pipeline run, fp32 + fp16
   edge bundle runs/demo --out bundles/demo-int8 --precision fp16,int8 --data fmnist --samples 500 --tar
   edge bundle runs/ref.onnx runs/small.onnx --out bundles/two --precision fp16 --iterations 500
+  edge bundle their.onnx --out bundles/their --precision fp32,fp16,int8 --input-size 1x28x28 --mean 0.286 --std 0.353
   # on the device: cd demo && python3 -m jetson run   (or: edge deploy bundles/demo --host user@jetson)"""
 
 
 def register(subparsers) -> None:
     from edge.bundle import BundleConfig
     from edge.graph.tensorrt_support import PARSERS
+    from edge.cli.quantize import add_input_options
     from jetson.bundle import PRECISIONS, Protocol
 
     parser = add_command(
@@ -23,6 +25,8 @@ def register(subparsers) -> None:
         "precision, the graph (fp16 and int8 Q/DQ made with `edge quantize`'s conversion; int8 calibrates on\n"
         "--data), its TensorRT build config, the benchmark protocol defaults, a manifest with the sha256 of every\n"
         "file, and the device-side runner (python3 -m jetson run: Python 3.10 + numpy + JetPack's TensorRT).\n"
+        "A graph from another exporter records no preprocessing: int8 needs --mean and --std (and --input-size\n"
+        "where its input shape is not static); fp16 is then checked on seeded random inputs.\n"
         "Written to a temporary folder and renamed at the end: an error leaves no partial bundle.", EXAMPLES)
     parser.add_argument("inputs", nargs="+", metavar="RUN_DIR_OR_ONNX", type=ExistingPath(),
                         help="pipeline run folders or .onnx files")
@@ -33,6 +37,7 @@ def register(subparsers) -> None:
                         help="int8: calibration data (fmnist, fmnist-mini, a folder)")
     parser.add_argument("--samples", type=config_type(BundleConfig, "--samples"), default=BundleConfig.samples,
                         help="int8: calibration samples")
+    add_input_options(parser)
     parser.add_argument("--workspace", type=config_type(BundleConfig, "--workspace", "workspace_mib"),
                         default=BundleConfig.workspace_mib, help="TensorRT workspace, MiB")
     parser.add_argument("--tactic-dram", type=config_type(BundleConfig, "--tactic-dram", "tactic_dram_mib"),
@@ -90,6 +95,7 @@ def run(args) -> int:
     import sys
 
     from edge.bundle import BundleConfig, make_bundle
+    from edge.cli.quantize import input_options
     from edge.errors import EdgeError
     from jetson.bundle import Protocol
     from jetson.errors import JetsonError
@@ -105,7 +111,8 @@ def run(args) -> int:
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,
                           plugins=tuple(args.plugin), edge_plugins=args.edge_plugins,
                           plugin_library=args.plugin_lib, protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
-                          check_tensorrt=args.check_tensorrt, gate_images=args.gate_images)
+                          check_tensorrt=args.check_tensorrt, gate_images=args.gate_images,
+                          input_options=input_options(args))
     graphs, source = bundle_inputs(args.inputs)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))

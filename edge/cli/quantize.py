@@ -9,7 +9,8 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --method entropy --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json
-  edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx"""
+  edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx
+  edge quantize their.onnx --precision int8 --data fmnist --input-size 1x28x28 --mean 0.286 --std 0.353 --out q.onnx"""
 
 
 def register(subparsers) -> None:
@@ -27,13 +28,17 @@ def register(subparsers) -> None:
         "--seed) and every node whose output would pass 65504 / margin (a square, e.g. a norm's\n"
         "variance: 65504 / margin^2), and every reader of such a tensor, stays float32 too; the nodes\n"
         "and reasons are printed (--json: range_check.kept). A graph without edge export's metadata\n"
-        "(input size, mean, std) gets no range check, and the output says so.\n"
+        "(input size, mean, std) gets no range check, and the output says so, unless --input-size,\n"
+        "--mean and --std give it (a graph from another exporter: the written graph records them).\n"
         "int8: ONNX Runtime static quantization configured for TensorRT: symmetric int8 (zero point 0),\n"
         "per-channel weights, per-tensor activations, Q/DQ on the inputs of MatMul/Gemm/Conv and on one\n"
         "input of each residual Add (--placement); calibrated on seeded, class-balanced training images\n"
         "(ranges cached under ~/.cache/edge/calibration or $EDGE_CACHE_DIR). What is not quantized is\n"
         "float16 with the fp16 islands above (TensorRT INT8+FP16), or float32 with --unquantized fp32.\n"
-        "The result is checked (onnx.checker, ONNX Runtime on real images) before it is written.", EXAMPLES)
+        "int8 needs the preprocessing: recorded by edge export, or --mean and --std (--input-size where the\n"
+        "graph's input shape is not static).\n"
+        "The result is checked (onnx.checker, ONNX Runtime on real images; seeded random inputs for a graph\n"
+        "without preprocessing) before it is written.", EXAMPLES)
     parser.add_argument("model", type=ExistingFile(), help="a float32 ONNX graph (from edge export / edge clean)")
     parser.add_argument("--precision", required=True, choices=["fp16", "int8"], help="the precision to convert to")
     add_out_file(parser, "the output .onnx file", ".onnx")
@@ -63,11 +68,32 @@ def register(subparsers) -> None:
                         help="int8: precision of everything not quantized")
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE", type=Text(),
                         help="int8: leave this node unquantized (repeatable)")
+    add_input_options(parser)
     parser.add_argument("--cache-dir", type=OutputFolder(), metavar="DIR",
                         help="int8: calibration cache folder (default: $EDGE_CACHE_DIR/calibration or "
                              "~/.cache/edge/calibration)")
     parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
     parser.set_defaults(run=run)
+
+
+def add_input_options(parser) -> None:
+    """--input-size, --mean, --std: the preprocessing of a graph that does not record it (another exporter's)."""
+    from edge.cli.options import Text
+    from edge.graph.input_shape import parse_input_size
+    from edge.precision import calibration as c
+
+    parser.add_argument("--input-size", type=Text(parse_input_size), metavar="CxHxW", help=c.INPUT_SIZE_HELP)
+    parser.add_argument("--mean", type=Text(lambda text: c.parse_channel_values(text, "--mean")), metavar="M[,M...]",
+                        help=c.MEAN_HELP)
+    parser.add_argument("--std", type=Text(lambda text: c.parse_channel_values(text, "--std")), metavar="S[,S...]",
+                        help=c.STD_HELP)
+
+
+def input_options(args):
+    """The InputOptions of --input-size, --mean and --std."""
+    from edge.precision.calibration import InputOptions
+
+    return InputOptions(input_size=args.input_size, mean=args.mean, std=args.std)
 
 
 def _short(precision: str) -> str:
@@ -92,7 +118,7 @@ def run(args) -> int:
     ranges = RangeCheck(data=args.data, samples=args.samples, seed=args.seed, margin=args.range_margin) \
         if args.range_check else None
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
-                           progress=lambda message: print(message, file=sys.stderr))
+                           input_options=input_options(args), progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
     if args.precision == "fp16":
         detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"
@@ -105,7 +131,8 @@ def run(args) -> int:
                   + f", the rest {result['float_precision']}")
         notes = scale_lines(result.get("float16_rest", {}).get("qdq_scales_fp32", []))
     agreement = f"top-1 agreement {check['top1_agreement']:.3f}, " if "top1_agreement" in check else ""
-    emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
+    on = "random inputs" if check.get("outputs") == "random inputs" else "images"
+    emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} {on}: "
                             f"{agreement}max abs {check['max_abs']:.2e}"
                             + (f"\nnote: {check['note']}" if "note" in check else "")
                             + "".join(f"\n{line}" for line in notes))

@@ -12,6 +12,7 @@ from edge.check.feeds import compare_outputs, input_sets, run_graph
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.graph.graph_pass import GraphPass
+from edge.graph.input_shape import with_input_size
 from edge.graph.manager import clean_graph
 from edge.graph.upgrade import STORED_OUTPUTS, upgrade_opset
 
@@ -23,12 +24,13 @@ VERIFY_INPUTS = (("random", 1, 1.0), ("random-large", 2, 4.0))
 def load_onnx(path: Path) -> onnx.ModelProto:
     """The model in ``path``; its opset is checked by the pass manager, against the passes that run."""
     if not path.is_file():
-        raise EdgeError(f"{path} does not exist", fix="pass an ONNX file written by `edge export`")
+        raise EdgeError(f"{path} does not exist",
+                        fix="pass an ONNX file (from edge export, torch.onnx or another exporter)")
     try:
         model = onnx.load(str(path))
     except Exception as e:  # noqa: BLE001 - protobuf raises several types
         raise EdgeError(f"{path} is not an ONNX model", found=str(e)[:300],
-                        fix="pass an ONNX file written by `edge export`") from e
+                        fix="pass an ONNX file (from edge export, torch.onnx or another exporter)") from e
     return model
 
 
@@ -56,14 +58,17 @@ def _baseline(raw: onnx.ModelProto, upgraded: dict | None, source: str) -> onnx.
 
 
 def clean_file(source: Path, out: Path, passes: Sequence[GraphPass] | None = None,
-               tolerance: Tolerance | None = None) -> dict:
+               tolerance: Tolerance | None = None, input_size: tuple[int, ...] | None = None) -> dict:
     """Clean ``source`` with ``passes`` (default: every registered pass), verify, write ``out``.
 
     Sample inputs stored next to ``source`` (``test_data_set_*/input_*.pb``) are used in every
-    check, besides random ones where the inputs are floating-point.
+    check, besides random ones where the inputs are floating-point. ``input_size`` (C, H, W, or H, W):
+    first declared in the image input's shape (:func:`edge.graph.input_shape.with_input_size`).
     """
     tolerance = tolerance or Tolerance()
     raw = load_onnx(source)
+    if input_size is not None:
+        raw = with_input_size(raw, input_size, str(source))
     cleaned, report = clean_graph(raw, passes, tolerance=tolerance, source=str(source),
                                   inputs=input_sets(source, raw, CHECK_INPUTS, str(source)))
     _check_model(cleaned, raw, source)

@@ -21,6 +21,7 @@ from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.onnx_metadata import (FLOAT_PRECISION, FP16_RANGE_CHECK, FP32_OPS, SOFTMAX, set_precision_metadata,
                                 source_precision)
+from edge.precision.calibration import InputOptions, with_input_options
 from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes, name_nodes
 from edge.precision.fp16_ranges import RangeCheck
 
@@ -39,7 +40,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 PRECISIONS = ("fp16", "int8")
 
 
-def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray, classes: int,
+def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray, classes: int | None,
                data: str) -> dict:
     """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
     from calib.data import graph_batch
@@ -52,6 +53,10 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
     chunks = [inputs[i:i + batch] for i in range(0, len(inputs) - batch + 1, batch)]
     a, b = (np.concatenate([s.run(None, {name: c})[0] for c in chunks]).astype(np.float64) for s in sessions)
     check = {"images": int(len(a)), "max_abs": float(np.abs(a - b).max()), "finite": bool(np.isfinite(b).all())}
+    if classes is None:
+        return {**check, "outputs": "random inputs", "note": "the graph records no preprocessing: compared on seeded "
+                "random inputs, not images (no top-1 agreement); pass --input-size, --mean and --std to compare on "
+                "images"}
     mismatch = head_mismatch(a.shape, classes, data)
     if mismatch:  # another data set's head, or features: argmax agreement would mean nothing
         return {**check, "outputs": "features", "note": f"{mismatch}: compared as features (max abs), no top-1 "
@@ -59,13 +64,17 @@ def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: n
     return {**check, "outputs": "class scores", "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
 
 
-def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) -> tuple[np.ndarray, int, str]:
-    """``count`` test images (or one static batch of the graph when that is larger), the class count, the name."""
+def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) \
+        -> tuple[np.ndarray, int | None, str]:
+    """``count`` test images (or one static batch of the graph when that is larger), the class count, the name;
+    a graph that records no preprocessing: seeded random inputs, no class count, ``random``."""
     from calib.data import graph_batch
     from edge.data import ArrayPreprocess, load_dataset
-    from edge.precision.calibration import input_spec_of
+    from edge.precision.calibration import has_preprocessing, input_spec_of, random_inputs
 
     count = max(count, graph_batch(model) or 0)
+    if not has_preprocessing(model):
+        return random_inputs(model, source, count), None, "random"
     spec = input_spec_of(model, source)
     dataset = load_dataset(data, "test")
     images = ArrayPreprocess(spec)(dataset.images[:count]).numpy().astype(np.float32)
@@ -87,8 +96,8 @@ def fp32_by_config(model: onnx.ModelProto, config: Fp16Config) -> set[str]:
 def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, ranges: RangeCheck | None,
                   progress=None) -> tuple[Fp16Config, dict]:
     """``config`` with the nodes whose float32 ranges leave float16's added to its node block list,
-    and what the check did; without images (``ranges`` None, or a graph without edge's
-    preprocessing metadata) the config as it is, and why no range check was done.
+    and what the check did; without images (``ranges`` None, or a graph without preprocessing metadata,
+    edge export's or the user's input options') the config as it is, and why no range check was done.
     ``model``'s nodes must be named (:func:`edge.precision.fp16.name_nodes`)."""
     from edge.precision.calibration import calibration_images, has_preprocessing
     from edge.precision.fp16_ranges import nodes_beyond_fp16, record_ranges
@@ -99,7 +108,8 @@ def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, range
     ranges.check()
     if not has_preprocessing(model):
         return config, {"done": False, "reason": f"{source} records no input size, mean and std (edge export's "
-                                                 "metadata), so no calibration images: op types and the head only"}
+                                                 "metadata) and none were given (--input-size, --mean, --std), so "
+                                                 "no calibration images: op types and the head only"}
     if progress:
         progress(f"recording float32 ranges on {ranges.samples} samples of {ranges.data}")
     images = calibration_images(model, source, ranges.data, ranges.samples, ranges.seed)
@@ -137,11 +147,13 @@ def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config)
 
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
                   int8=None, ranges: RangeCheck | None = None, check_data: str = "fmnist-mini",
-                  progress=None) -> dict:
+                  input_options: InputOptions | None = None, progress=None) -> dict:
     """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first.
 
     ``ranges``: fp16 only, where the calibration images for the range check come from (None: no
     range check, float32 islands by op type and head only, as before the check existed).
+    ``input_options``: the preprocessing the user gives (a graph from another exporter records none); it is
+    recorded in the written graph and used for calibration, the range check and the check on images.
     """
     if precision not in PRECISIONS:
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
@@ -150,6 +162,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     if source_precision(model) != "float32":
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
+    with_input_options(model, str(model_path), input_options, images_needed=precision == "int8")
     if precision == "fp16":
         name_nodes(model.graph)
         fp16, range_check = range_checked(model, str(model_path), fp16 or Fp16Config(), ranges, progress)
