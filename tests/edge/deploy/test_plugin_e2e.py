@@ -20,13 +20,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto
 
 from edge.bundle import BundleConfig, make_bundle
 from edge.check.compare import ort_session
+from edge.check import plugin_ops
 from edge.check.plugin_ops import DOMAIN, TOKEN_DEPTHWISE_CONV
 from edge.cli import main
 from edge.deploy import RunnerOptions, deploy
 from edge.graph.tensorrt_rules import INFO, check_file
+from edge.errors import EdgeError
 from jetson import plugin_build
 from jetson.accuracy_gate import judge, thresholds_for
 from tests.edge.deploy.conftest import PROTOCOL, config, only, statuses
@@ -38,6 +41,7 @@ DEVICE = {"FAKE_DEVICE_TENSORRT": "1"}
 NAME, TWIN = "dw3", "dw3-plugins"
 PRECISIONS = ("fp32", "fp16")
 GATE_IMAGES = 16
+FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 #: the plugin graph's float32 outputs against the plain graph's (the pass's own tolerance, 1e-5, on logits)
 FP32_TOLERANCE = 1e-5
 
@@ -82,8 +86,11 @@ def test_the_twin_holds_the_three_plugin_nodes_and_only_it_ships_the_plugin_sour
     for precision in PRECISIONS:
         assert variants[f"{TWIN}.{precision}"]["build"]["plugin_sources"] == "plugins/src"
         assert variants[f"{NAME}.{precision}"]["build"]["plugin_sources"] is None
-        # the fp16 twin keeps its plugin nodes (the conversion leaves an unknown domain's nodes alone)
-        assert len(_plugin_nodes(bundle / variants[f"{TWIN}.{precision}"]["graph"])) == 3
+        # the fp16 twin keeps its plugin nodes; the conversion turns their weight attributes to float16, which the
+        # creator reads as kFLOAT16 fields (tokenDepthwiseConvPlugin.cpp, readFloats)
+        nodes = _plugin_nodes(bundle / variants[f"{TWIN}.{precision}"]["graph"])
+        weights = {a.t.data_type for n in nodes for a in n.attribute if a.name in ("weight", "bias")}
+        assert len(nodes) == 3 and weights == {FLOAT16 if precision == "fp16" else FLOAT}
     assert (bundle / "plugins" / "src" / "tokenDepthwiseConv" / "tokenDepthwiseConvPlugin.cpp").is_file()
 
 
@@ -95,6 +102,26 @@ def test_the_bundle_s_tensorrt_rules_take_the_plugin_nodes_as_plugins(bundle):
         assert report["passed"] and report["errors"] == 0, (variant_id, report["findings"])
         assert len(plugin) == (3 if variant["name"] == TWIN else 0), variant_id
         assert all(f["severity"] == INFO and "libedge_plugins.so" in f["what"] for f in plugin)
+
+
+def test_one_rule_decides_on_plugin_nodes_for_edge_check_and_the_bundle(graphs, tmp_path):
+    """The op types edge writes, the runner ships a library for and FakeTensorRT's parser imports as plugins are the
+    same; a TokenDepthwiseConv outside edge's domain (ONNX Runtime's reference would not run it) breaks the ``plugin``
+    rule, and ``edge bundle`` refuses it with that rule's fix, writing nothing."""
+    from tests.fake_tensorrt import EDGE_PLUGIN_OPS
+
+    assert plugin_ops.PLUGIN_OPS == plugin_build.PLUGIN_OPS == EDGE_PLUGIN_OPS
+    model = onnx.load(str(graphs[TWIN]))
+    for node in model.graph.node:
+        if node.op_type == TOKEN_DEPTHWISE_CONV:
+            node.domain = ""
+    stray = tmp_path / "stray-plugins.onnx"
+    onnx.save(model, str(stray))
+    findings = [f for f in check_file(stray, "10.3")["findings"] if f["rule"] == "plugin"]
+    assert len(findings) == 3 and all(f["severity"] == "error" and "'(default)'" in f["what"] for f in findings)
+    with pytest.raises(EdgeError, match="edge clean --plugins` from the plain export") as raised:
+        make_bundle([stray], tmp_path / "bundle", BundleConfig(precisions=("fp32",), gate_images=0))
+    assert "stray-plugins.fp32 (3):" in str(raised.value) and not (tmp_path / "bundle").exists()
 
 
 def _gate(bundle: Path, variant: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
