@@ -27,6 +27,7 @@ from edge.check.compare import ort_session
 from edge.check import plugin_ops
 from edge.check.plugin_ops import DOMAIN, TOKEN_DEPTHWISE_CONV
 from edge.cli import main
+from edge.cli.deploy import _gate_note
 from edge.deploy import RunnerOptions, deploy
 from edge.graph.tensorrt_rules import INFO, check_file
 from edge.errors import EdgeError
@@ -173,9 +174,14 @@ def test_deploy_builds_the_plugin_for_the_twin_only_and_reports_the_pairs(sshd, 
     compiles = [argv for argv in device.fakes.calls() if argv[0] == "nvcc" and "--version" not in argv]
     assert len(compiles) == 1 and "arch=compute_87,code=sm_87" in compiles[0]
     # the plugin_ratio rows: one per precision, the ratio of the fetched medians. FakeTensorRT timed these engines:
-    # the numbers say the field works, nothing about the plugin's speed.
+    # the numbers say the field works, nothing about the plugin's speed. FakeTensorRT cannot run the plugin op either
+    # (its engine leaves those outputs as they are), so the device's accuracy gate marks the plugin engines wrong,
+    # and each row carries that verdict beside its ratio.
     rows = {row["precision"]: row for row in result["plugin_ratio"][device.host.label]}
     assert sorted(rows) == sorted(PRECISIONS)
     for precision, row in rows.items():
         assert (row["variant"], row["plugin_variant"]) == (NAME, TWIN)
         assert math.isfinite(row["speedup"]) and row["speedup"] == pytest.approx(row["without_ms"] / row["with_ms"])
+        assert row["accuracy"] == {"without": "pass", "with": "wrong"}
+        assert _gate_note(row) == f"; the accuracy gate marks {TWIN} wrong: not a usable speed-up"
+        assert _gate_note({**row, "accuracy": {"without": "pass", "with": "pass"}}) == ""
