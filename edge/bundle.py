@@ -70,7 +70,8 @@ class BundleConfig:
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     # edge's own plugins (plugins/ of the repository, jetson.plugin_build): True ships their sources, compiled on
     # the device (also done without asking for a graph holding a plugin node); plugin_library ships instead a
-    # library cross-built on the host (docker/Dockerfile.cross) with its stamp beside it
+    # library cross-built on the host (docker/Dockerfile.cross) with its stamp beside it. Only the variants whose
+    # graph holds a plugin node build with them: a plain twin's engine needs no nvcc and records no library
     edge_plugins: bool = False
     plugin_library: str | None = None
     protocol: Protocol = field(default_factory=Protocol)
@@ -250,7 +251,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                                   tactic_dram_mib=config.tactic_dram_mib, optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
                                   timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32,
-                                  **(edge_plugins if needs_plugins[graph.name] or config.edge_plugins else {}))
+                                  **(edge_plugins if needs_plugins[graph.name] else {}))
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
                                         calibration=(made or {}).get("calibration"), source=str(graph.path),

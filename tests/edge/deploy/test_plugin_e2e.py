@@ -125,6 +125,19 @@ def test_one_rule_decides_on_plugin_nodes_for_edge_check_and_the_bundle(graphs, 
     assert "stray-plugins.fp32 (3):" in str(raised.value) and not (tmp_path / "bundle").exists()
 
 
+def test_bundle_plugins_builds_only_the_graphs_holding_a_plugin_node_with_them(tmp_path):
+    """``edge bundle --plugins`` ships the sources; a graph without plugin nodes still builds without them (no nvcc
+    needed on the device, no library in its engine's key or manifest)."""
+    from tests.edge.trt.test_build import tiny_onnx
+    from tests.jetson.test_plugin_build import plugin_graph
+
+    graphs = [tiny_onnx(tmp_path / "a.onnx"), plugin_graph(tmp_path / "a-plugins.onnx")]
+    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=PROTOCOL, gate_images=0,
+                                                          edge_plugins=True))
+    builds = {k: v["build"] for k, v in _variants(tmp_path / "bundle").items()}
+    assert builds["a.fp32"]["plugin_sources"] is None and builds["a-plugins.fp32"]["plugin_sources"] == "plugins/src"
+
+
 def _gate(bundle: Path, variant: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     gate = variant["gate"]
     inputs = {k: np.load(bundle / v) for k, v in gate["inputs"].items()}
