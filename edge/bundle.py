@@ -72,7 +72,8 @@ class BundleConfig:
     plugins: tuple[str, ...] = ()       # TensorRT plugin libraries (.so) to ship
     # edge's own plugins (plugins/ of the repository, jetson.plugin_build): True ships their sources, compiled on
     # the device (also done without asking for a graph holding a plugin node); plugin_library ships instead a
-    # library cross-built on the host (docker/Dockerfile.cross) with its stamp beside it
+    # library cross-built on the host (docker/Dockerfile.cross) with its stamp beside it. Only the variants whose
+    # graph holds a plugin node build with them: a plain twin's engine needs no nvcc and records no library
     edge_plugins: bool = False
     plugin_library: str | None = None
     protocol: Protocol = field(default_factory=Protocol)
@@ -280,8 +281,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
             for precision in config.precisions:  # every graph TensorRT would refuse is named before the gate
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
-                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress,
-                                      plugin_ops=bool(edge_plugins))
+                _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)
                 written[precision] = relative, made
             gate = _write_gate(graph, tmp, config, progress)
             gate = gate and dataclasses.replace(gate, source=str(original.path))
@@ -291,7 +291,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                                   tactic_dram_mib=config.tactic_dram_mib, optimization_level=config.optimization_level,
                                   tiling_optimization_level=config.tiling_optimization_level,
                                   timing_cache=timing, plugins=tuple(plugins), tf32=config.tf32,
-                                  **(edge_plugins if needs_plugins[graph.name] or config.edge_plugins else {}))
+                                  **(edge_plugins if needs_plugins[graph.name] else {}))
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
                                         calibration=(made or {}).get("calibration"), source=str(original.path),
@@ -323,16 +323,14 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
 
 
-def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None],
-                          plugin_ops: bool = False) -> None:
+def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
     """The TensorRT parser rules on a packed graph (edge.graph.tensorrt_rules): a graph breaking one is refused
     with the findings, before a device spends minutes on a build that fails; with the check off, it is said.
-    ``plugin_ops``: the bundle ships edge's plugins, whose op types the parser then imports as plugins."""
+    edge's plugin nodes are the rules' ``plugin`` rule's (a note when well formed: the bundle ships their library
+    whenever a graph holds one)."""
     from edge.graph.tensorrt_rules import check_file, refusal
 
     report = check_file(graph, config.tensorrt)
-    if plugin_ops:
-        report = _without_plugin_op_findings(report)
     if report["passed"]:
         return
     if config.check_tensorrt:
@@ -433,13 +431,3 @@ def _ship_edge_plugins(config: BundleConfig, needed: bool, out: Path, progress: 
              + ("" if config.edge_plugins else " (a graph holds a plugin node)"))
     return {"plugin_sources": PLUGIN_SOURCES}
 
-
-def _without_plugin_op_findings(report: dict) -> dict:
-    """The report without the "not in TensorRT's support table" findings of edge's plugin ops (the bundle ships
-    their library, so the parser imports them as plugins)."""
-    from jetson.plugin_build import PLUGIN_OPS
-
-    kept = [f for f in report["findings"]
-            if not (f["rule"] == "operator" and any(f["what"].startswith(f"{op} is not in") for op in PLUGIN_OPS))]
-    errors = sum(f["severity"] == "error" for f in kept)
-    return {**report, "findings": kept, "errors": errors, "passed": errors == 0}

@@ -53,8 +53,8 @@ def register(subparsers) -> None:
                         help="a TensorRT plugin library to ship (repeatable)")
     parser.add_argument("--plugins", dest="edge_plugins", action="store_true",
                         help="ship edge's plugin sources (plugins/), compiled on the device by the runner with "
-                             "JetPack's nvcc and TensorRT headers (done without asking when a graph holds a "
-                             "TokenDepthwiseConv node)")
+                             "JetPack's nvcc and TensorRT headers, for the graphs holding a TokenDepthwiseConv node "
+                             "(done without asking when a graph holds one)")
     parser.add_argument("--plugin-lib", type=ExistingFile(), metavar="PATH",
                         help="ship edge's plugin library cross-built on the host (`make -C docker plugins`) with "
                              "the stamp beside it, instead of the sources; the device refuses it if its "

@@ -144,12 +144,19 @@ def run(args) -> int:
     lines.append(f"results in {result['out']}" + (f"; report {result['report']}" if result["report"] else ""))
     for label, rows in (result.get("plugin_ratio") or {}).items():
         lines += [f"{label}: {r['plugin_variant']}.{r['precision']} is {r['speedup']:.3f}x {r['variant']} "
-                  f"({r['without_ms']:.3f} -> {r['with_ms']:.3f} ms median)" for r in rows]
+                  f"({r['without_ms']:.3f} -> {r['with_ms']:.3f} ms median)" + _gate_note(r) for r in rows]
     if result["failed"]:
         lines.append(f"{len(result['failed'])} of {len(result['devices'])} devices failed: "
                      + ", ".join(result["failed"]))
     emit(result, args.json, "\n".join(lines))
     return deploy_exit_status(result["devices"])
+
+
+def _gate_note(row: dict) -> str:
+    """What the accuracy gate said against a plugin ratio's engines, when one of them failed it."""
+    wrong = [row[side] for side, key in (("variant", "without"), ("plugin_variant", "with"))
+             if (row.get("accuracy") or {}).get(key) == "wrong"]
+    return f"; the accuracy gate marks {' and '.join(wrong)} wrong: not a usable speed-up" if wrong else ""
 
 
 def check_devices(hosts, config, as_json: bool) -> int:

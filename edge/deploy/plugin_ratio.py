@@ -5,7 +5,9 @@ measurement is a pair of variants in one bundle: ``NAME`` (the graph as exported
 (the same model after ``edge clean --plugins``: its mixers as TokenDepthwiseConv nodes, jetson.plugin_build),
 at the same precision. The device builds and benchmarks both like any variant; the ratio is read from
 the fetched results: ``speedup = median latency without / median latency with`` the plugins (above 1: the
-plugin engine is faster), with the GPU-event medians beside it where TensorRT measured them.
+plugin engine is faster), with the GPU-event medians beside it where TensorRT measured them, and each
+engine's accuracy-gate verdict (``accuracy``: ``pass``, ``wrong``, or None without a gate): a speed-up
+of an engine whose outputs are wrong is no speed-up.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def _median(result: dict | None, key: str) -> float | None:
     return stats.get("median_ms")
 
 
+def _gate_status(result: dict | None) -> str | None:
+    return ((result or {}).get("accuracy") or {}).get("status")
+
+
 def plugin_ratios(bundle: Bundle, device: FetchedDevice) -> list[dict]:
     """One row per pair that finished on ``device``: the medians with and without the plugins and their ratio."""
     rows = []
@@ -51,5 +57,6 @@ def plugin_ratios(bundle: Bundle, device: FetchedDevice) -> list[dict]:
         row["speedup"] = row["without_ms"] / row["with_ms"]
         gpu = (_median(without, "gpu_latency"), _median(with_, "gpu_latency"))
         row["gpu_speedup"] = gpu[0] / gpu[1] if all(gpu) else None
+        row["accuracy"] = {"without": _gate_status(without), "with": _gate_status(with_)}
         rows.append(row)
     return rows

@@ -8,8 +8,11 @@ rule, the node, what is wrong, the fix). An empty list of errors means the graph
   plugin ops (next rule);
 * ``plugin``: an edge plugin op (``TokenDepthwiseConv``, written by ``edge clean --plugins``) is not in
   onnx-tensorrt's table: the parser imports it as a plugin (op type = plugin name) once the plugin
-  library is loaded (information); its fields must be ones the plugin's creator takes and the
-  TensorRT release must import IPluginV3 plugins (10.1 on) (errors);
+  library is loaded (information; ``edge bundle`` ships the library's sources with such a graph); its
+  domain must be edge's (``edge.plugins``: the parser ignores it, but edge's ONNX Runtime reference and
+  ``onnx.checker`` find the op there), its fields must be ones the plugin's creator takes and the
+  TensorRT release must import IPluginV3 plugins (10.1 on) (errors). This one rule decides on
+  plugin nodes everywhere: ``edge check``, ``edge bundle``'s refusal;
 * ``opset``: the default-domain opset is in the range that parser supports;
 * ``ir-version``: the IR version is at least the one the opset needs (ONNX's version table,
   ``onnx.helper.find_min_ir_version_for``): a graph below it is out of the ONNX spec;
@@ -166,7 +169,14 @@ def _release(tensorrt: str) -> tuple[int, ...]:
 
 
 def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
-    """An edge plugin op: an error if its creator would refuse it or the parser imports no V3 plugins, else a note."""
+    """An edge plugin op: an error if it is outside edge's domain, its creator would refuse it or the parser imports
+    no V3 plugins, else a note."""
+    if node.domain != PLUGIN_DOMAIN:
+        return [Finding("plugin", label, f"{node.op_type} is in the domain {node.domain or '(default)'!r}: edge's "
+                        f"plugin ops are in {PLUGIN_DOMAIN!r} (TensorRT's parser ignores the domain; edge's ONNX "
+                        "Runtime reference and onnx.checker find the op there)",
+                        "rewrite the graph with `edge clean --plugins` from the plain export (it writes the node "
+                        f"in {PLUGIN_DOMAIN!r} and declares the domain)")]
     try:
         read_fields(node)
     except EdgeError as e:
@@ -178,12 +188,13 @@ def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport) -> lis
     return [Finding("plugin", label, f"{node.op_type} v{PLUGIN_VERSION} is edge's TensorRT plugin (plugins/), not an "
                     f"operator of TensorRT {parser.tensorrt}'s ONNX support table: the parser imports it through the "
                     "plugin registry, which needs libedge_plugins.so loaded before parsing",
-                    "build plugins/ for the device and load it (trtexec --staticPlugins=libedge_plugins.so), or "
-                    "clean without --plugins", INFO)]
+                    "build plugins/ for the device and load it before parsing (edge bundle ships the sources, "
+                    "the runner does both; trtexec --dynamicPlugins=libedge_plugins.so), or clean without "
+                    "--plugins", INFO)]
 
 
 def check_operator(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
-    if node.op_type in PLUGIN_OPS and node.domain == PLUGIN_DOMAIN:
+    if node.op_type in PLUGIN_OPS:
         return check_plugin(node, label, parser)
     if node.domain not in ("", "ai.onnx"):
         return [Finding("operator", label, f"{node.domain}::{node.op_type} is not an ONNX operator TensorRT "

@@ -37,16 +37,18 @@ NV_TEGRA_RELEASE_36_4_3 = "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD
 
 def plugin_graph(path: Path) -> Path:
     """tokens [1, 17, 8] -> TokenDepthwiseConv (k 3, grid 4x4, 1 prefix token, mean) -> out, as `edge clean
-    --plugins` writes the node (plugins/tokenDepthwiseConv/README.md's attributes), float32 with edge metadata."""
+    --plugins` writes the node (plugins/tokenDepthwiseConv/README.md's attributes, in the domain edge.plugins),
+    float32 with edge metadata."""
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32))
     node = helper.make_node("TokenDepthwiseConv", ["tokens"], ["out"], name="blocks.1.attn.mixer", kernel_size=3,
                             grid=[4, 4], prefix_tokens=1, prefix_mode="mean", weight=weight, plugin_version="1",
-                            plugin_namespace="")
+                            plugin_namespace="", domain="edge.plugins")
     graph = helper.make_graph([node], "plugin",
                               [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, 17, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 17, 8])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("edge.plugins", 1)])
     model.ir_version = 8
     model.metadata_props.add(key="edge.input_size", value="[1, 4, 4]")
     onnx.save(model, str(path))

@@ -148,7 +148,7 @@ def test_edge_check_takes_the_plugin_op_with_a_note(tiny_graphs):
     findings = check_model(onnx.load(str(tiny_graphs["pool"]["plugins"])))
     plugin = [f for f in findings if f.rule == "plugin"]
     assert errors(findings) == [] and len(plugin) == 2 and all(f.severity == INFO for f in plugin)
-    assert "libedge_plugins.so" in plugin[0].what and "--staticPlugins" in plugin[0].fix
+    assert "libedge_plugins.so" in plugin[0].what and "--dynamicPlugins" in plugin[0].fix
 
 
 def test_cli_plugins_flag_prints_the_notes(tiny_graphs, tmp_path, capsys):
