@@ -9,7 +9,8 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --method entropy --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json
-  edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx"""
+  edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx
+  edge quantize runs/ref.onnx --precision int8 --placement modelopt --accept-loss --out runs/ref.int8.onnx"""
 
 
 def register(subparsers) -> None:
@@ -17,6 +18,7 @@ def register(subparsers) -> None:
     from calib.qdq import METHODS
     from edge.precision.fp16 import Fp16Config
     from edge.precision.fp16_ranges import RangeCheck
+    from edge.precision.gate import THRESHOLDS, GateConfig
     from edge.precision.int8 import Int8Config
 
     parser = add_command(
@@ -33,7 +35,13 @@ def register(subparsers) -> None:
         "input of each residual Add (--placement); calibrated on seeded, class-balanced training images\n"
         "(ranges cached under ~/.cache/edge/calibration or $EDGE_CACHE_DIR). What is not quantized is\n"
         "float16 with the fp16 islands above (TensorRT INT8+FP16), or float32 with --unquantized fp32.\n"
-        "The result is checked (onnx.checker, ONNX Runtime on real images) before it is written.", EXAMPLES)
+        "The result is checked (onnx.checker, ONNX Runtime on real images) before it is written.\n"
+        "Accuracy gate: the graph and its float32 source run on held-out test images of fmnist-mini\n"
+        "(--gate-images); per output it prints top-1 agreement with float32, max abs, mean abs and\n"
+        "relative L2 error (--json: check) and records them in the graph (edge bundle carries them to the\n"
+        "device). Below " + "; ".join(f"{p}: top-1 agreement {t.min_top1_agreement:g}, rel L2 {t.max_rel_l2:g}"
+                                    for p, t in THRESHOLDS.items())
+        + " it writes nothing and exits 2,\nnaming the nodes that add most error, unless --accept-loss.", EXAMPLES)
     parser.add_argument("model", type=ExistingFile(), help="a float32 ONNX graph (from edge export / edge clean)")
     parser.add_argument("--precision", required=True, choices=["fp16", "int8"], help="the precision to convert to")
     add_out_file(parser, "the output .onnx file", ".onnx")
@@ -67,6 +75,11 @@ def register(subparsers) -> None:
                         help="int8: calibration cache folder (default: $EDGE_CACHE_DIR/calibration or "
                              "~/.cache/edge/calibration)")
     parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
+    add_field(parser, "--gate-images", GateConfig, "images",
+              help="accuracy gate: held-out test images of fmnist-mini the graph is compared with float32 on")
+    parser.add_argument("--accept-loss", action="store_true",
+                        help="write the graph even when it is below the accuracy gate (said on stderr, recorded "
+                             "in the graph and in --json: check.accepted_loss)")
     parser.set_defaults(run=run)
 
 
@@ -79,6 +92,7 @@ def run(args) -> int:
 
     from edge.precision.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
     from edge.precision.fp16_ranges import RangeCheck
+    from edge.precision.gate import GateConfig
     from edge.precision.int8 import Int8Config
     from edge.precision.quantize import quantize_file
 
@@ -92,6 +106,7 @@ def run(args) -> int:
     ranges = RangeCheck(data=args.data, samples=args.samples, seed=args.seed, margin=args.range_margin) \
         if args.range_check else None
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
+                           gate=GateConfig(images=args.gate_images, accept_loss=args.accept_loss),
                            progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
     if args.precision == "fp16":
@@ -104,12 +119,36 @@ def run(args) -> int:
                   + (" (cached ranges)" if calibration["cache_hit"] else "")
                   + f", the rest {result['float_precision']}")
         notes = scale_lines(result.get("float16_rest", {}).get("qdq_scales_fp32", []))
-    agreement = f"top-1 agreement {check['top1_agreement']:.3f}, " if "top1_agreement" in check else ""
-    emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} images: "
-                            f"{agreement}max abs {check['max_abs']:.2e}"
+    if check["accepted_loss"]:
+        print("\n".join(loss_lines(args.out, check)), file=sys.stderr)
+    emit(result, args.json, f"wrote {args.out} ({detail})\n" + "\n".join(gate_lines(check))
                             + (f"\nnote: {check['note']}" if "note" in check else "")
                             + "".join(f"\n{line}" for line in notes))
     return 0
+
+
+def gate_lines(check: dict) -> list[str]:
+    """The accuracy gate's figures for people: the verdict, then one line per output."""
+    from edge.precision.gate import node_line
+
+    bounds = check["thresholds"]
+    verdict = "passed" if check["passed"] else "FAILED (written anyway: --accept-loss)"
+    lines = [f"accuracy gate {verdict}: against float32 on {check['images']} held-out images of {check['data']} "
+             f"(top-1 agreement >= {bounds['min_top1_agreement']:g}, rel L2 <= {bounds['max_rel_l2']:g})"]
+    for name, f in check["per_output"].items():
+        agreement = f"top-1 agreement {f['top1_agreement']:.3f}, " if "top1_agreement" in f else ""
+        lines.append(f"  {name}: {agreement}max abs {f['max_abs']:.2e}, mean abs {f['mean_abs']:.2e}, "
+                     f"rel L2 {f['rel_l2']:.2e}")
+    lines += [f"  node {node_line(n)}" for n in check.get("nodes", [])]
+    return lines
+
+
+def loss_lines(out, check: dict) -> list[str]:
+    """What --accept-loss let through, for stderr."""
+    return [f"WARNING: {out} is below the accuracy gate and was written only because of --accept-loss:",
+            *(f"  {line}" for line in check["failures"]),
+            "  it computes measurably other outputs than its float32 graph; `edge bundle` and the device's gate "
+            "carry these figures"]
 
 
 def scale_lines(scales: list[dict]) -> list[str]:
