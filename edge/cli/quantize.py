@@ -10,7 +10,7 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --method entropy --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json
   edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx
-  edge quantize runs/ref.onnx --precision int8 --placement modelopt --accept-loss --out runs/ref.int8.onnx"""
+  edge quantize runs/ref.onnx --precision int8 --placement skip --gate-images 100 --accept-loss --out runs/ref.int8.onnx"""
 
 
 def register(subparsers) -> None:
@@ -39,9 +39,10 @@ def register(subparsers) -> None:
         "Accuracy gate: the graph and its float32 source run on held-out test images of fmnist-mini\n"
         "(--gate-images); per output it prints top-1 agreement with float32, max abs, mean abs and\n"
         "relative L2 error (--json: check) and records them in the graph (edge bundle carries them to the\n"
-        "device). Below " + "; ".join(f"{p}: top-1 agreement {t.min_top1_agreement:g}, rel L2 {t.max_rel_l2:g}"
-                                    for p, t in THRESHOLDS.items())
-        + " it writes nothing and exits 2,\nnaming the nodes that add most error, unless --accept-loss.", EXAMPLES)
+        "device). Thresholds: " + "; ".join(f"{p} top-1 agreement >= {t.min_top1_agreement:g}, rel L2 <= "
+                                            f"{t.max_rel_l2:g}" for p, t in THRESHOLDS.items())
+        + ".\nBelow them it writes nothing and exits 2, naming the nodes that add most error, unless\n"
+          "--accept-loss.", EXAMPLES)
     parser.add_argument("model", type=ExistingFile(), help="a float32 ONNX graph (from edge export / edge clean)")
     parser.add_argument("--precision", required=True, choices=["fp16", "int8"], help="the precision to convert to")
     add_out_file(parser, "the output .onnx file", ".onnx")
