@@ -5,8 +5,9 @@ and a file). A bundle packages files and knows no pipeline run folder: the CLI a
 for a run's graphs (each variant's cleaned static-batch graph) and passes them on, with the
 manifest's ``source`` saying where they came from. Each variant is written at every precision asked
 for: fp32 is the graph itself, fp16 and int8 (Q/DQ) are made by edge.precision.quantize (int8
-calibrates on ``--data``/``--samples``, recorded in the manifest), and each carries its TensorRT
-build config. The device-side package ``jetson/`` is copied in, so the bundle runs with
+calibrates on ``--data``/``--samples``, recorded in the manifest; each passes its accuracy gate, whose
+figures the graph records and the variant's device gate carries as ``host``), and each carries its
+TensorRT build config. The device-side package ``jetson/`` is copied in, so the bundle runs with
 ``cd BUNDLE && python3 -m jetson run``. The format (manifest, checksums, folders)
 is defined once, in :mod:`jetson.bundle`.
 
@@ -24,7 +25,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -295,7 +296,8 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
                 variants.append(Variant(name=graph.name, precision=precision, graph=relative,
                                         graph_sha256=sha256_file(tmp / relative), build=build, inputs=inputs_io,
                                         calibration=(made or {}).get("calibration"), source=str(original.path),
-                                        gate=gate.spec(precision, config.tf32) if gate else None))
+                                        gate=replace(gate.spec(precision, config.tf32), host=host_gate(
+                                            tmp / relative, f"{graph.name}.{precision}")) if gate else None))
                 progress(f"{graph.name}.{precision}: {relative}")
         _copy_package(tmp)
         try:
@@ -321,6 +323,21 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
         return write_gate(graph.name, graph.path, out, config.check_data, config.gate_images)
     except JetsonError as e:  # the gate's own rules (jetson.accuracy_gate): bad input, not a bug of edge
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
+
+
+def host_gate(graph: Path, variant: str) -> dict | None:
+    """The accuracy gate figures ``edge quantize`` recorded in ``graph`` (edge.precision.gate), which the
+    device's gate sets beside its own; None for a graph it did not make (fp32)."""
+    import onnx
+
+    from edge.onnx_metadata import metadata_of
+    from edge.precision.gate import read_gate_record
+
+    try:
+        return read_gate_record(metadata_of(onnx.load(str(graph), load_external_data=False)))
+    except ValueError as e:
+        raise EdgeError(f"{variant}: the accuracy gate figures recorded in {graph.name} are not JSON",
+                        found=str(e)[:200], fix="make the graph again with `edge quantize`") from e
 
 
 def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:

@@ -27,6 +27,7 @@ FP16_RANGE_CHECK = "edge.fp16_range_check"  # fp16 graphs: JSON, what the range 
 CALIBRATION = "edge.calibration"        # int8 graphs: JSON data, samples, seed, method
 FLOAT_PRECISION = "edge.float_precision"  # int8 graphs: the precision of everything not quantized
 QDQ_PLACEMENT = "edge.qdq_placement"    # int8 graphs: where the Q/DQ pairs sit (calib.placement.PLACEMENTS)
+ACCURACY_GATE = "edge.accuracy_gate"    # fp16 and int8 graphs: JSON, edge quantize's gate figures (edge.precision.gate)
 
 
 def graph_metadata(source: str, plan: str | None, data_config: dict) -> dict[str, str]:

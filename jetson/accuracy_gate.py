@@ -29,6 +29,13 @@ The thresholds per precision (:data:`THRESHOLDS`; the bundle records the ones it
   classifies right, so int8 is judged by top-1; the published collapse (ModelOpt's default int8 of
   ViT-B/16 at 0.03-5 % top-1) agrees on almost no image.
 
+The host's figures travel with the variant (``host``: what ``edge quantize``'s own gate measured of
+the fp16 or int8 graph in ONNX Runtime against the same float32 graph, on the first held-out test
+images of the same data, of which the device's images are the first ones; ``edge.accuracy_gate`` in the
+graph's metadata). The verdict puts the engine's top-1 agreement beside the graph's
+(``versus_host``): an engine well below its graph loses accuracy in TensorRT (its kernels, fusions or
+precisions), not in the quantization. The comparison is reported, not judged: the thresholds judge.
+
 Agreement thresholds allow near-ties: with 32 images 0.9 lets 3 images flip (a legitimate fp16 engine
 flips about 1 %), 0.8 lets 6 flip (a legitimate int8 ViT about 5 %: 4+ flips of 32 happen 7 % of the
 time, 7+ flips under 0.1 %).
@@ -190,7 +197,8 @@ def run_in_batches(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarra
 @dataclass(frozen=True)
 class GateSpec:
     """A variant's gate in the manifest: the image files per input, the reference file per output (paths
-    relative to the bundle), how many images, where they came from, the thresholds."""
+    relative to the bundle), how many images, where they came from, the thresholds, and the host's figures
+    of the variant's graph (``edge quantize``'s gate; None for a graph it did not make)."""
 
     inputs: dict[str, str]
     reference: dict[str, str]
@@ -198,22 +206,28 @@ class GateSpec:
     data: str
     source: str
     thresholds: Thresholds
+    host: dict | None = None
 
     def to_json(self) -> dict:
         return {"inputs": dict(self.inputs), "reference": dict(self.reference), "images": self.images,
-                "data": self.data, "source": self.source, "thresholds": self.thresholds.to_json()}
+                "data": self.data, "source": self.source, "thresholds": self.thresholds.to_json(),
+                "host": self.host}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> GateSpec:
         try:
             spec = cls(inputs=dict(data["inputs"]), reference=dict(data["reference"]), images=int(data["images"]),
                        data=str(data["data"]), source=str(data["source"]),
-                       thresholds=Thresholds.from_json(data["thresholds"], where))
+                       thresholds=Thresholds.from_json(data["thresholds"], where), host=data.get("host"))
         except (KeyError, TypeError, ValueError) as e:
             raise JetsonError(f"{where}: the accuracy gate lacks a field", found=f"{type(e).__name__}: {e}",
                               fix="make the bundle again with `edge bundle`") from e
         if not spec.inputs or not spec.reference:
             raise JetsonError(f"{where}: the accuracy gate names no inputs or no reference outputs",
+                              fix="make the bundle again with `edge bundle`")
+        if spec.host is not None and not isinstance(spec.host, dict):
+            raise JetsonError(f"{where}: the accuracy gate's host figures are {type(spec.host).__name__}",
+                              expected="an object (edge quantize's gate) or null",
                               fix="make the bundle again with `edge bundle`")
         return spec
 
@@ -242,7 +256,19 @@ def gate_engine(backend: Any, spec: GateSpec, root: Path, variant: str) -> dict:
     outputs = run_in_batches(backend.run, inputs, batch, variant)
     verdict = judge(outputs, reference, spec.thresholds, variant)
     return {**verdict, "images": spec.images, "data": spec.data, "batch": batch,
-            "reference": f"float32 ONNX Runtime outputs of {spec.source}"}
+            "reference": f"float32 ONNX Runtime outputs of {spec.source}",
+            "host": spec.host, "versus_host": versus_host(verdict, spec.host)}
+
+
+def versus_host(verdict: Mapping[str, Any], host: Mapping[str, Any] | None) -> dict | None:
+    """The engine's top-1 agreement beside its graph's on the host (``edge quantize``'s gate); None when either
+    has none."""
+    device = verdict.get("top1_agreement")
+    graph = (host or {}).get("top1_agreement")
+    if device is None or not isinstance(graph, (int, float)) or isinstance(graph, bool):
+        return None
+    return {"device_top1_agreement": device, "host_top1_agreement": float(graph),
+            "host_images": (host or {}).get("images"), "difference": device - float(graph)}
 
 
 def summary_line(variant: str, accuracy: dict) -> str:
@@ -252,6 +278,9 @@ def summary_line(variant: str, accuracy: dict) -> str:
     if agreement is not None:
         words.append(f"top-1 agreement {agreement:.3f}")
     words.append(f"max rel error {accuracy['max_rel_error']:.3g}, max abs {accuracy['max_abs_error']:.3g}")
+    compared = accuracy.get("versus_host")
+    if compared:
+        words.append(f"its graph on the host {compared['host_top1_agreement']:.3f} on {compared['host_images']} images")
     line = ", ".join(words)
     if accuracy["failures"]:
         line += "; " + "; ".join(accuracy["failures"]) + " (its latency is no speedup: the engine computes " \

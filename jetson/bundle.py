@@ -28,7 +28,8 @@ Both go through this module, so the format has one definition. A bundle is a fol
                    "gate": null | {"inputs": {"input": "gate/inputs/....npy"}, "reference": {"logits":
                             "gate/baseline/reference_0.npy"}, "images": 32, "data": "fmnist-mini:test",
                             "source": "...", "thresholds": {"min_top1_agreement": 0.9, "max_rel_error": 0.05,
-                            "max_abs_error": null}},
+                            "max_abs_error": null},
+                            "host": null | {...edge quantize's gate of the graph: edge.accuracy_gate}},
                    "build": {"precision": "fp16", "strongly_typed": true, "workspace_mib": 2048,
                              "optimization_level": 3, "tiling_optimization_level": null,
                              "tactic_dram_mib": 3072, "batch": null,

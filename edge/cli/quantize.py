@@ -10,7 +10,8 @@ EXAMPLES = """  edge quantize runs/ref.onnx --precision fp16 --out runs/ref.fp16
   edge quantize runs/ref.onnx --precision int8 --data fmnist --samples 500 --method entropy --out runs/ref.int8.onnx
   edge quantize runs/ref.onnx --precision fp16 --keep-fp32 Gelu --out runs/ref.fp16.onnx --json
   edge quantize runs/ref.onnx --precision fp16 --data fmnist-mini --samples 64 --range-margin 4 --out runs/r.onnx
-  edge quantize their.onnx --precision int8 --data fmnist --input-size 1x28x28 --mean 0.286 --std 0.353 --out q.onnx"""
+  edge quantize their.onnx --precision int8 --data fmnist --input-size 1x28x28 --mean 0.286 --std 0.353 --out q.onnx
+  edge quantize runs/ref.onnx --precision int8 --placement skip --gate-images 100 --accept-loss --out runs/ref.int8.onnx"""
 
 
 def register(subparsers) -> None:
@@ -18,6 +19,7 @@ def register(subparsers) -> None:
     from calib.qdq import METHODS
     from edge.precision.fp16 import Fp16Config
     from edge.precision.fp16_ranges import RangeCheck
+    from edge.precision.gate import THRESHOLDS, GateConfig
     from edge.precision.int8 import Int8Config
 
     parser = add_command(
@@ -38,7 +40,14 @@ def register(subparsers) -> None:
         "int8 needs the preprocessing: recorded by edge export, or --mean and --std (--input-size where the\n"
         "graph's input shape is not static).\n"
         "The result is checked (onnx.checker, ONNX Runtime on real images; seeded random inputs for a graph\n"
-        "without preprocessing) before it is written.", EXAMPLES)
+        "without preprocessing) before it is written.\n"
+        "Accuracy gate: the graph and its float32 source run on held-out test images of fmnist-mini\n"
+        "(--gate-images); per output it prints top-1 agreement with float32, max abs, mean abs and\n"
+        "relative L2 error (--json: check) and records them in the graph (edge bundle carries them to the\n"
+        "device). Thresholds: " + "; ".join(f"{p} top-1 agreement >= {t.min_top1_agreement:g}, rel L2 <= "
+                                            f"{t.max_rel_l2:g}" for p, t in THRESHOLDS.items())
+        + ".\nBelow them it writes nothing and exits 2, naming the nodes that add most error, unless\n"
+          "--accept-loss.", EXAMPLES)
     parser.add_argument("model", type=ExistingFile(), help="a float32 ONNX graph (from edge export / edge clean)")
     parser.add_argument("--precision", required=True, choices=["fp16", "int8"], help="the precision to convert to")
     add_out_file(parser, "the output .onnx file", ".onnx")
@@ -73,6 +82,11 @@ def register(subparsers) -> None:
                         help="int8: calibration cache folder (default: $EDGE_CACHE_DIR/calibration or "
                              "~/.cache/edge/calibration)")
     parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
+    add_field(parser, "--gate-images", GateConfig, "images",
+              help="accuracy gate: held-out test images of fmnist-mini the graph is compared with float32 on")
+    parser.add_argument("--accept-loss", action="store_true",
+                        help="write the graph even when it is below the accuracy gate (said on stderr, recorded "
+                             "in the graph and in --json: check.accepted_loss)")
     parser.set_defaults(run=run)
 
 
@@ -105,6 +119,7 @@ def run(args) -> int:
 
     from edge.precision.fp16 import DEFAULT_BLOCK_LIST, Fp16Config
     from edge.precision.fp16_ranges import RangeCheck
+    from edge.precision.gate import GateConfig
     from edge.precision.int8 import Int8Config
     from edge.precision.quantize import quantize_file
 
@@ -118,7 +133,9 @@ def run(args) -> int:
     ranges = RangeCheck(data=args.data, samples=args.samples, seed=args.seed, margin=args.range_margin) \
         if args.range_check else None
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
-                           input_options=input_options(args), progress=lambda message: print(message, file=sys.stderr))
+                           input_options=input_options(args),
+                           gate=GateConfig(images=args.gate_images, accept_loss=args.accept_loss),
+                           progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]
     if args.precision == "fp16":
         detail = f"{result['nodes_fp16']} nodes fp16, {result['nodes_fp32']} fp32, {result['casts']} Casts"
@@ -130,13 +147,38 @@ def run(args) -> int:
                   + (" (cached ranges)" if calibration["cache_hit"] else "")
                   + f", the rest {result['float_precision']}")
         notes = scale_lines(result.get("float16_rest", {}).get("qdq_scales_fp32", []))
-    agreement = f"top-1 agreement {check['top1_agreement']:.3f}, " if "top1_agreement" in check else ""
-    on = "random inputs" if check.get("outputs") == "random inputs" else "images"
-    emit(result, args.json, f"wrote {args.out} ({detail}); against float32 on {check['images']} {on}: "
-                            f"{agreement}max abs {check['max_abs']:.2e}"
+    if check["accepted_loss"]:
+        print("\n".join(loss_lines(args.out, check)), file=sys.stderr)
+    emit(result, args.json, f"wrote {args.out} ({detail})\n" + "\n".join(gate_lines(check))
                             + (f"\nnote: {check['note']}" if "note" in check else "")
                             + "".join(f"\n{line}" for line in notes))
     return 0
+
+
+def gate_lines(check: dict) -> list[str]:
+    """The accuracy gate's figures for people: the verdict, then one line per output."""
+    from edge.precision.gate import node_line
+
+    bounds = check["thresholds"]
+    verdict = "passed" if check["passed"] else "FAILED (written anyway: --accept-loss)"
+    on = (f"{check['images']} seeded random inputs (no preprocessing recorded: errors only)"
+          if check.get("outputs") == "random inputs" else f"{check['images']} held-out images of {check['data']}")
+    lines = [f"accuracy gate {verdict}: against float32 on {on} "
+             f"(top-1 agreement >= {bounds['min_top1_agreement']:g}, rel L2 <= {bounds['max_rel_l2']:g})"]
+    for name, f in check["per_output"].items():
+        agreement = f"top-1 agreement {f['top1_agreement']:.3f}, " if "top1_agreement" in f else ""
+        lines.append(f"  {name}: {agreement}max abs {f['max_abs']:.2e}, mean abs {f['mean_abs']:.2e}, "
+                     f"rel L2 {f['rel_l2']:.2e}")
+    lines += [f"  node {node_line(n)}" for n in check.get("nodes", [])]
+    return lines
+
+
+def loss_lines(out, check: dict) -> list[str]:
+    """What --accept-loss let through, for stderr."""
+    return [f"WARNING: {out} is below the accuracy gate and was written only because of --accept-loss:",
+            *(f"  {line}" for line in check["failures"]),
+            "  it computes measurably other outputs than its float32 graph; `edge bundle` and the device's gate "
+            "carry these figures"]
 
 
 def scale_lines(scales: list[dict]) -> list[str]:

@@ -19,11 +19,12 @@ import onnx
 
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
-from edge.onnx_metadata import (FLOAT_PRECISION, FP16_RANGE_CHECK, FP32_OPS, SOFTMAX, set_precision_metadata,
-                                source_precision)
+from edge.onnx_metadata import (ACCURACY_GATE, FLOAT_PRECISION, FP16_RANGE_CHECK, FP32_OPS, SOFTMAX,
+                                set_precision_metadata, source_precision)
 from edge.precision.calibration import InputOptions, with_input_options
 from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes, name_nodes
 from edge.precision.fp16_ranges import RangeCheck
+from edge.precision.gate import GATE_IMAGES, GateConfig, gate_record, judge
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -40,41 +41,17 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 PRECISIONS = ("fp16", "int8")
 
 
-def _agreement(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray, classes: int | None,
-               data: str) -> dict:
-    """How far the converted graph's outputs move on real images (top-1 agreement, max abs error)."""
-    from calib.data import graph_batch
-    from edge.check.accuracy import head_mismatch
-    from edge.check.compare import ort_session
-
-    name = reference.graph.input[0].name
-    batch = graph_batch(reference) or len(inputs)
-    sessions = [ort_session(m.SerializeToString()) for m in (reference, candidate)]
-    chunks = [inputs[i:i + batch] for i in range(0, len(inputs) - batch + 1, batch)]
-    a, b = (np.concatenate([s.run(None, {name: c})[0] for c in chunks]).astype(np.float64) for s in sessions)
-    check = {"images": int(len(a)), "max_abs": float(np.abs(a - b).max()), "finite": bool(np.isfinite(b).all())}
-    if classes is None:
-        return {**check, "outputs": "random inputs", "note": "the graph records no preprocessing: compared on seeded "
-                "random inputs, not images (no top-1 agreement); pass --input-size, --mean and --std to compare on "
-                "images"}
-    mismatch = head_mismatch(a.shape, classes, data)
-    if mismatch:  # another data set's head, or features: argmax agreement would mean nothing
-        return {**check, "outputs": "features", "note": f"{mismatch}: compared as features (max abs), no top-1 "
-                f"agreement; for accuracy on {data} use `edge eval MODEL --probe`"}
-    return {**check, "outputs": "class scores", "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
-
-
-def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = 64) \
+def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = GATE_IMAGES) \
         -> tuple[np.ndarray, int | None, str]:
     """``count`` test images (or one static batch of the graph when that is larger), the class count, the name;
-    a graph that records no preprocessing: seeded random inputs, no class count, ``random``."""
+    a graph that records no preprocessing: seeded random inputs, no class count, ``random inputs``."""
     from calib.data import graph_batch
     from edge.data import ArrayPreprocess, load_dataset
     from edge.precision.calibration import has_preprocessing, input_spec_of, random_inputs
 
     count = max(count, graph_batch(model) or 0)
     if not has_preprocessing(model):
-        return random_inputs(model, source, count), None, "random"
+        return random_inputs(model, source, count), None, "random inputs"
     spec = input_spec_of(model, source)
     dataset = load_dataset(data, "test")
     images = ArrayPreprocess(spec)(dataset.images[:count]).numpy().astype(np.float32)
@@ -147,13 +124,17 @@ def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config)
 
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
                   int8=None, ranges: RangeCheck | None = None, check_data: str = "fmnist-mini",
-                  input_options: InputOptions | None = None, progress=None) -> dict:
+                  input_options: InputOptions | None = None, gate: GateConfig | None = None,
+                  progress=None) -> dict:
     """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first.
 
     ``ranges``: fp16 only, where the calibration images for the range check come from (None: no
     range check, float32 islands by op type and head only, as before the check existed).
     ``input_options``: the preprocessing the user gives (a graph from another exporter records none); it is
     recorded in the written graph and used for calibration, the range check and the check on images.
+    ``gate``: the accuracy gate on ``check_data``'s test images (:mod:`edge.precision.gate`; None: its
+    defaults); below its thresholds nothing is written (:class:`~edge.precision.gate.AccuracyLoss`)
+    unless ``gate.accept_loss``. The result's ``check`` holds its figures, the graph records them.
     """
     if precision not in PRECISIONS:
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
@@ -185,11 +166,13 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     except onnx.checker.ValidationError as e:
         raise EdgeError(f"the {precision} graph of {model_path} fails onnx.checker", found=str(e)[:500],
                         fix="nothing was written; report this graph as a bug") from e
-    inputs, classes, data_name = _check_images(model, str(model_path), check_data)
-    result["check"] = _agreement(model, converted, inputs, classes, data_name)
+    gate = gate or GateConfig()
+    inputs, classes, data_name = _check_images(model, str(model_path), check_data, gate.images)
+    result["check"] = judge(model, converted, precision, inputs, classes, data_name, str(model_path), gate)
     if not result["check"]["finite"]:
         raise EdgeError(f"the {precision} graph of {model_path} gives non-finite outputs on real images",
                         fix="nothing was written; keep more ops in float32 (--keep-fp32 OP)")
+    set_precision_metadata(converted, source_precision(converted), **{ACCURACY_GATE: gate_record(result["check"])})
     data = converted.SerializeToString()
     write_atomic(data, out)
     result.update({"source": str(model_path), "out": str(out), "bytes": len(data), "nodes": len(converted.graph.node)})

@@ -268,3 +268,31 @@ def test_a_reference_of_another_shape_fails_that_variant_naming_it_and_the_other
     assert "a.fp32: the engine's output 'logits' has shape [32, 4], the reference [32, 5]" in \
         summary["variants"]["a.fp32"]["error"]
     assert summary["variants"]["b.fp32"]["status"] == "done" and summary["variants"]["b.fp32"]["accuracy"] == PASS
+
+
+def test_the_hosts_figures_travel_in_the_manifest_and_stand_beside_the_engines():
+    """edge quantize's gate of the graph (ONNX Runtime on the host) round-trips through the manifest; the device's
+    verdict sets its top-1 agreement beside the engine's, judged by the thresholds alone."""
+    from jetson.accuracy_gate import summary_line, versus_host
+
+    host = {"top1_agreement": 0.984, "rel_l2": 0.024, "images": 500, "data": "fmnist-mini:test", "passed": True}
+    spec = {"inputs": {"x": "gate/inputs/1.npy"}, "reference": {"y": "gate/a/reference_0.npy"}, "images": 32,
+            "data": "fmnist-mini:test", "source": "a.onnx", "thresholds": THRESHOLDS["int8"].to_json(), "host": host}
+    loaded = GateSpec.from_json(spec, "variant a")
+    assert loaded.host == host and GateSpec.from_json(loaded.to_json(), "variant a") == loaded
+    assert GateSpec.from_json({**spec, "host": None}, "variant a").host is None
+    assert GateSpec.from_json({k: v for k, v in spec.items() if k != "host"}, "variant a").host is None  # older bundles
+    with pytest.raises(JetsonError, match="host figures are list"):
+        GateSpec.from_json({**spec, "host": [0.98]}, "variant a")
+
+    ref = logits(images=10)
+    flipped = ref.copy()
+    flipped[:1] = -flipped[:1]  # 1 of 10 flips: 0.9, below the graph's 0.984 but within int8's 0.8
+    verdict = judge({"logits": flipped}, {"logits": ref}, THRESHOLDS["int8"], "a.int8")
+    compared = versus_host(verdict, host)
+    assert compared == {"device_top1_agreement": pytest.approx(0.9), "host_top1_agreement": 0.984,
+                        "host_images": 500, "difference": pytest.approx(0.9 - 0.984)}
+    assert verdict["status"] == PASS
+    line = summary_line("a.int8", {**verdict, "images": 10, "versus_host": compared})
+    assert "top-1 agreement 0.900" in line and "its graph on the host 0.984 on 500 images" in line
+    assert versus_host(verdict, None) is None and versus_host(verdict, {"rel_l2": 0.1}) is None
