@@ -40,7 +40,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 GEMM_OPS = ("MatMul", "Gemm", "Conv")
-PLACEMENTS = ("linear", "linear-sq", "modelopt", "skip")
+PLACEMENTS = ("linear-sq", "linear", "modelopt", "skip")
 #: placements that quantize the weight GEMMs only
 LINEAR_PLACEMENTS = ("linear", "linear-sq")
 #: ops whose output is the GEMM's result up to a constant (bias, LayerScale, reshape)

@@ -70,7 +70,7 @@ class QdqConfig:
     percentile: float = 99.999      # percentile method: the share of |x| kept
     entropy_bins: int = 2048        # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
-    placement: str = "linear"       # linear | linear-sq | modelopt | skip (calib.placement)
+    placement: str = "linear-sq"    # linear-sq | linear | modelopt | skip (calib.placement)
     smoothquant_alpha: float = DEFAULT_ALPHA  # linear-sq: SmoothQuant's migration strength
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)
     exclude_nodes: tuple[str, ...] = ()
@@ -232,6 +232,8 @@ def _smoothed(model: onnx.ModelProto, config: QdqConfig, calibration: Calibratio
     from calib.smoothquant import activation_channel_max, smooth, smooth_targets
 
     targets = smooth_targets(model.graph, head)
+    if not targets:  # no LayerNorm -> GEMM pair: nothing to smooth, no images to read
+        return model, {"alpha": config.smoothquant_alpha, "smoothed": [], "cache": None, "cache_hit": False}
     path = _cache_path(model.SerializeToString(), config, calibration)
     path = path.with_name(path.stem + ".smoothquant.npz") if path else None
     if path and path.is_file():

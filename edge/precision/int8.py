@@ -38,7 +38,7 @@ class Int8Config:
     percentile: float = option(99.999, above=0, maximum=100)  # percentile method: the share of |x| kept
     entropy_bins: int = option(2048, minimum=2, maximum=1 << 20)  # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
-    placement: str = "linear"       # linear | linear-sq | modelopt | skip (calib.placement; the choice:
+    placement: str = "linear-sq"    # linear-sq | linear | modelopt | skip (calib.placement; the choice:
                                     # docs/results/int8-placements.md)
     smoothquant_alpha: float = option(0.5, minimum=0, maximum=1)  # linear-sq: SmoothQuant's migration strength
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)
@@ -98,8 +98,9 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None
         quantized, report = qdq.quantize_int8(model, source, config.qdq(), calibration, head=head, quiet=ort_messages)
     except CalibError as e:
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
+    smoothing = {"smoothquant_alpha": config.smoothquant_alpha} if config.placement == "linear-sq" else {}
     set_precision_metadata(quantized, "int8", **{CALIBRATION: json.dumps({**config.calibration_record(),
-                                                                          "method": config.method}),
+                                                                          "method": config.method, **smoothing}),
                                                  QDQ_PLACEMENT: config.placement})
     return quantized, {"precision": "int8", "format": "QDQ", "config": asdict(config),
                        "calibration": {"method": config.method, "samples": config.samples, "data": config.data,

@@ -94,7 +94,7 @@ def test_linear_quantizes_the_weight_gemms_only():
     assert plan == {"qkv": (0, 1), "proj": (0, 1), "fc1": (0, 1), "fc2": (0, 1)}  # no bmm1/bmm2, Add, LN, head
     assert placement_plan(graph, "linear-sq", HEAD) == plan
     assert {"bmm1", "bmm2", "residual1", "norm2"} <= set(placement_plan(graph, "modelopt", HEAD))
-    assert set(PLACEMENTS) == {"linear", "linear-sq", "modelopt", "skip"}
+    assert set(PLACEMENTS) == {"linear", "linear-sq", "modelopt", "skip"} and QdqConfig().placement == "linear-sq"
 
 
 @pytest.mark.parametrize("placement", ["linear", "linear-sq"])

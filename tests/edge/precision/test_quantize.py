@@ -36,7 +36,7 @@ def graphs(tmp_path_factory):
     fp16 = folder / "ref.fp16.onnx"
     int8 = folder / "ref.int8.onnx"
     int8_modelopt = folder / "ref.int8.modelopt.onnx"
-    int8_linear = folder / "ref.int8.linear.onnx"
+    int8_linear = folder / "ref.int8.linear-sq.onnx"
     reports = {"fp16": quantize_file(fp32, fp16, "fp16"),
                "int8": quantize_file(fp32, int8, "int8", int8=Int8Config(
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="skip")),
@@ -190,23 +190,25 @@ def test_int8_modelopt_placement(graphs):
     assert graphs["reports"]["int8_modelopt"]["check"]["top1_agreement"] >= 0.95
 
 
-def test_int8_default_is_linear(graphs):
-    """The default placement: Q/DQ on the weight GEMMs' two inputs only (48 Linear MatMuls and the patch Conv);
-    the attention MatMuls, residual Adds, LayerNorms and the head float16/float32, no float32-output DQ."""
+def test_int8_default_is_linear_sq(graphs):
+    """The default placement: SmoothQuant folded into the 24 LayerNorm -> qkv/fc1 pairs, then Q/DQ on the weight
+    GEMMs' two inputs only (48 Linear MatMuls and the patch Conv); the attention MatMuls, residual Adds, LayerNorms
+    and the head float16/float32, no float32-output DQ."""
     model = onnx.load(str(graphs["int8_linear"]))
-    assert qdq_violations(model, "linear") == []
+    assert qdq_violations(model, "linear-sq") == []
     assert any("no constant weight" in p for p in qdq_violations(onnx.load(str(graphs["int8_modelopt"])), "linear"))
     report = graphs["reports"]["int8_linear"]
     assert report["quantized_nodes"] == {"MatMul": 48, "Gemm": 0, "Conv": 1, "Add": 0, "LayerNormalization": 0}
     assert (report["quantize_nodes"], report["dequantize_nodes"]) == (49, 98)
     assert report["float16_rest"]["dq_fp32_outputs"] == []
+    assert len(report["smoothquant"]["smoothed"]) == 24 and report["smoothquant"]["alpha"] == 0.5
     types = value_types(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     for node in model.graph.node:
         if node.op_type == "MatMul" and not any(i in producers and producers[i].op_type == "DequantizeLinear"
                                                 for i in node.input):
             assert all(types[i] == onnx.TensorProto.FLOAT16 for i in node.input), node.name  # attention, fp16
-    assert {p.key: p.value for p in model.metadata_props}["edge.qdq_placement"] == "linear"
+    assert {p.key: p.value for p in model.metadata_props}["edge.qdq_placement"] == "linear-sq"
 
 
 def test_int8_cli_keeps_onnxruntime_advice_off_the_terminal(graphs, tmp_path, capfd):
