@@ -333,12 +333,27 @@ def markdown(r: dict) -> str:
         for label, cell in rows.items():
             lines.append(f"| {label} | " + " | ".join(cell(g) for g in graphs.values()) + " |")
         lines.append("")
-    lines += ["## Reading", "", *READING.split("\n"), ""]
+    lines += ["## The default, from these figures", "", *_reading(r), ""]
     return "\n".join(lines)
 
 
-READING = """The default (`--placement linear`) was chosen from these figures: see docs/precision.md for the \
-decision and the acceptance limits (INT8 within 1.0 pt of float32 on the outlier model, 0.5 pt on the reference)."""
+#: acceptance (issue 30): the default INT8 within this many points of float32 on each model
+LIMITS = {"fmnist-deit-tiny": 0.5, "fmnist-deit-tiny-outliers": 1.0}
+
+
+def _reading(r: dict) -> list[str]:
+    """Which placements meet the acceptance limits on every model measured (the default must)."""
+    lines = []
+    for placement in PLACEMENTS:
+        drops = {m: 100 * (g["fp32"]["accuracy"] - g[f"int8 {placement}"]["accuracy"])
+                 for m, g in r["models"].items() if f"int8 {placement}" in g}
+        ok = all(d <= LIMITS.get(m, 1.0) for m, d in drops.items())
+        lines.append(f"- `{placement}`: " + ", ".join(f"{d:.2f} pt below float32 on {m} (limit {LIMITS.get(m, 1.0)})"
+                                                       for m, d in drops.items()) + (": meets" if ok else ": fails"))
+    lines.append("- The default is `linear-sq` (Int8Config.placement; docs/precision.md says why). fp16: " + ", ".join(
+        f"{100 * (g['fp32']['accuracy'] - g['fp16']['accuracy']):.2f} pt on {m}" for m, g in r["models"].items()
+        if "fp16" in g) + " (limit 0.1 on the reference).")
+    return lines
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ DEFAULT_ALPHA = 0.5
 EPSILON = 1e-5
 #: ops between a LayerNorm and the GEMM that leave the channel axis last and untouched
 CHANNEL_KEEPING = ("Reshape", "Identity")
+#: readers that see only a tensor's shape (a dynamic-batch export reads the LayerNorm output's Shape)
+SHAPE_ONLY = ("Shape", "Size")
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,12 @@ def _weight_axis(node: onnx.NodeProto) -> int | None:
 
 
 def _gemms_reading(tensor: str, readers: dict[str, list[onnx.NodeProto]], inits: dict) -> list[onnx.NodeProto] | None:
-    """The weight GEMMs reading ``tensor`` (through channel-keeping ops), or None if anything else reads it."""
+    """The weight GEMMs reading ``tensor`` (through channel-keeping ops), or None if anything else reads its
+    values (a Shape reads none)."""
     found = []
     for node in readers.get(tensor, []):
+        if node.op_type in SHAPE_ONLY:
+            continue
         if node.op_type in CHANNEL_KEEPING:
             below = _gemms_reading(node.output[0], readers, inits)
             if below is None:

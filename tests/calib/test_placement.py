@@ -151,6 +151,7 @@ def test_smoothquant_scales_follow_the_formula():
 
 def test_smoothquant_leaves_a_norm_read_by_anything_but_gemms():
     model = block_graph()
+    model.graph.node.append(helper.make_node("Shape", ["n1"], ["n1_shape"], name="shape"))  # reads no value
     nodes = {n.name: n for n in model.graph.node}
     nodes["residual2"].input[0] = "n2"  # n2 now also feeds an Add: not smoothable without changing the Add
     assert [t.norm for t in smooth_targets(model.graph, HEAD)] == ["norm1"]
