@@ -302,8 +302,8 @@ def markdown(r: dict) -> str:
             if g is None or "accuracy" not in g:
                 cells.append("structure only")
                 continue
-            drop = 100 * (r["models"][m]["fp32"]["accuracy"] - g["accuracy"])
-            cells.append(f"{_pct(g['accuracy'])} ({_pct(g['top1_agreement_fp32'])}; {-drop:+.2f} pt)")
+            change = 100 * (g["accuracy"] - r["models"][m]["fp32"]["accuracy"]) + 0.0  # + 0.0: no "-0.00"
+            cells.append(f"{_pct(g['accuracy'])} ({_pct(g['top1_agreement_fp32'])}; {change:+.2f} pt)")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Q/DQ census", "",
               "Inputs that read a DequantizeLinear (directly or through a Cast), by role: `GEMM activation` / "

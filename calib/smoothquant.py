@@ -125,8 +125,8 @@ def activation_channel_max(model: onnx.ModelProto, images: np.ndarray, tensors: 
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    batch = graph_batch(model) or 32
-    if len(images) < batch:
+    batch = graph_batch(model) or min(32, len(images))
+    if not images.size or len(images) < batch:
         raise CalibError(f"{len(images)} calibration images for SmoothQuant", expected=f"at least one batch ({batch})",
                          fix="pass more calibration samples")
     found: dict[str, np.ndarray] = {}

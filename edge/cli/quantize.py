@@ -62,9 +62,9 @@ def register(subparsers) -> None:
                              "then Q/DQ on the weight GEMMs only (-0.17 pt on the outlier model, -0.02 pt on the "
                              "reference); linear: the weight GEMMs only, residual stream, LayerNorm and attention "
                              "float16 (-1.55 pt on the outlier model); modelopt: also the residual Add's branch input, "
-                             "the LayerNorm input and the attention MatMuls (NVIDIA ModelOpt's; 65.14 % on the "
+                             "the LayerNorm input and the attention MatMuls (NVIDIA ModelOpt's; 65.14 %% on the "
                              "outlier model); skip: each residual Add's skip input and the head (TensorRT's guide; "
-                             "SKIP_OUT on the outlier model)")
+                             "18.86 %% on the outlier model)")
     parser.add_argument("--unquantized", default=_short(Int8Config.float_precision), choices=["fp16", "fp32"],
                         help="int8: precision of everything not quantized")
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE", type=Text(),
