@@ -1,18 +1,34 @@
 """Where Q/DQ pairs go for TensorRT, and a check that a graph follows it.
 
-Two placements, both symmetric int8 (zero point 0), per-channel weights (the output-channel
-axis), per-tensor activations, Q/DQ on the *inputs* of MatMul/Gemm/Conv, never their outputs:
+Four placements, all symmetric int8 (zero point 0), per-channel weights (the output-channel
+axis: the only per-channel scales TensorRT takes), per-tensor activations, Q/DQ on the *inputs*
+of MatMul/Gemm/Conv, never their outputs:
+
+``linear``: Q/DQ only on the two
+inputs of the *weight GEMMs*, the MatMul/Gemm/Conv whose second input is a constant weight (a
+ViT's patch-embedding Conv, qkv, proj, fc1, fc2); the attention MatMuls (two variable inputs),
+the residual Adds, LayerNorm, Softmax and the head (everything downstream of the last
+LayerNorm, as ``modelopt``) stay float, so the residual stream never meets a per-tensor int8
+scale and TensorRT's FP16 fused attention stays usable. What pretrained ViTs' massive residual
+channels break (``modelopt``'s LayerNorm inputs, ``skip``'s skip inputs) is not quantized.
+
+``linear-sq`` (the default): ``linear`` on the graph smoothed first (SmoothQuant,
+:mod:`calib.smoothquant`): the post-LayerNorm channels that one per-tensor scale serves badly are
+evened out. Measured on all 10,000 test images (docs/results/int8-placements.md): within 0.2
+point of float32 on the outlier model and the reference, where ``linear`` loses 1.55 points on
+the outlier model and ``modelopt`` falls to 65 %.
 
 ``skip`` (TensorRT Developer Guide, "Q/DQ layer placement"): quantize the residual (skip) input
 of a residual Add so the Add fuses into the epilogue of the GEMM/Conv producing its other input;
 LayerNorm, Softmax and everything else read float tensors; the classifier head is quantized too.
 
-``modelopt`` (the default; what NVIDIA ModelOpt's ONNX INT8 quantization writes for a ViT, read
+``modelopt`` (what NVIDIA ModelOpt's ONNX INT8 quantization writes for a ViT, read
 from its output on the reference graph, benchmarks/quant_peers.py): quantize the *branch* input
 of a residual Add (the GEMM's result) and the residual stream where a LayerNorm reads it (the
 LayerNorm reads the dequantized stream; the skip input of the next Add reads the float one);
 the head (everything downstream of the last LayerNorm, a GEMV at batch 1) stays unquantized.
-Same accuracy on ONNX Runtime, closer agreement with float32 (docs/results/quant-peers.md).
+Fine on the reference model (docs/results/quant-peers.md); it quantizes the residual stream, which
+collapses a model with massive residual channels.
 
 ONNX Runtime's QDQ quantizer shares one Q/DQ pair between all readers of a tensor and quantizes
 every input of an op it quantizes (both Add inputs, a LayerNorm's scale).
@@ -29,7 +45,9 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 GEMM_OPS = ("MatMul", "Gemm", "Conv")
-PLACEMENTS = ("skip", "modelopt")
+PLACEMENTS = ("linear-sq", "linear", "modelopt", "skip")
+#: placements that quantize the weight GEMMs only
+LINEAR_PLACEMENTS = ("linear", "linear-sq")
 #: ops whose output is the GEMM's result up to a constant (bias, LayerScale, reshape)
 THROUGH_OPS = ("Add", "Mul", "Reshape", "Transpose", "Identity")
 
@@ -80,8 +98,16 @@ def residual_adds(graph: onnx.GraphProto) -> dict[str, str]:
     return found
 
 
+def weight_gemms(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The MatMul/Gemm/Conv nodes whose second input is a constant weight (not an attention MatMul)."""
+    constants = _constants(graph)
+    return [n for n in graph.node if n.op_type in GEMM_OPS and len(n.input) > 1 and n.input[1] in constants]
+
+
 def placement_plan(graph: onnx.GraphProto, placement: str, head: frozenset[str] = frozenset()) -> dict[str, tuple]:
     """Node name -> the input indices ``placement`` quantizes (``head``: the head's node names)."""
+    if placement in LINEAR_PLACEMENTS:
+        return {n.name: (0, 1) for n in weight_gemms(graph) if n.name not in head}
     residual = residual_adds(graph)
     plan: dict[str, tuple] = {}
     for node in graph.node:
@@ -147,13 +173,18 @@ def _drop_unread(model: onnx.ModelProto) -> int:
 def qdq_violations(model: onnx.ModelProto, placement: str = "skip") -> list[str]:
     """Every way the graph breaks TensorRT's Q/DQ rules and ``placement`` (an empty list: it follows them).
 
-    Checks: each Q/DQ is int8 with every zero point 0; per-channel scales sit on weights only;
+    A Cast between a DQ and its reader is looked through. Checks: each Q/DQ is int8 with every
+    zero point 0; per-channel scales sit on weights only;
     a DQ output is read only by MatMul/Gemm/Conv, or by a residual Add on its skip input
-    (``skip``) or its branch input and by a LayerNormalization's input (``modelopt``); no Q/DQ
-    on a Softmax input; a GEMM's output is quantized only as a residual Add's branch input
-    (``modelopt``).
+    (``skip``) or its branch input and by a LayerNormalization's input (``modelopt``); for
+    ``linear`` and ``linear-sq`` only by a MatMul/Gemm/Conv whose second input is a constant
+    weight (no attention MatMul, no Add); no Q/DQ on a Softmax input; a GEMM's output is
+    quantized only as a residual Add's branch input (``modelopt``) or as a weight GEMM's input (the
+    attention's output read by ``proj``, ``linear``), never by ``skip``.
     """
-    allowed_readers = (*GEMM_OPS, "Add") + (("LayerNormalization",) if placement == "modelopt" else ())
+    linear = placement in LINEAR_PLACEMENTS
+    allowed_readers = GEMM_OPS if linear else \
+        (*GEMM_OPS, "Add") + (("LayerNormalization",) if placement == "modelopt" else ())
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producers = _producers(graph)
@@ -162,6 +193,7 @@ def qdq_violations(model: onnx.ModelProto, placement: str = "skip") -> list[str]
         for name in node.input:
             readers[name].append(node)
     residual = residual_adds(_float_view(model))
+    weighted = {n.name for n in graph.node if _reads_weight(n, inits, producers)}
     problems = []
     for node in graph.node:
         if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
@@ -180,19 +212,43 @@ def qdq_violations(model: onnx.ModelProto, placement: str = "skip") -> list[str]
             problems.append(f"{node.name}: per-channel scale on an activation")
         if node.op_type == "QuantizeLinear":
             source = producers.get(node.input[0])
-            if source is not None and source.op_type in GEMM_OPS and placement != "modelopt":
+            if source is not None and source.op_type in GEMM_OPS and placement == "skip":
                 problems.append(f"{node.name}: quantizes the output of {source.op_type} {source.name}")
             continue
-        for reader in readers[node.output[0]]:
-            index = list(reader.input).index(node.output[0])
+        for tensor, reader in _readers_through_casts(node.output[0], readers):
+            index = list(reader.input).index(tensor)
             if reader.op_type not in allowed_readers or (reader.op_type == "LayerNormalization" and index != 0):
                 problems.append(f"{node.name}: read by {reader.op_type} {reader.name}")
+            elif linear and reader.name not in weighted:
+                problems.append(f"{node.name}: read by {reader.op_type} {reader.name}, which has no constant "
+                                f"weight (an attention MatMul: {placement} leaves it float)")
             elif reader.op_type == "Add":
                 is_skip = residual.get(reader.name) == _quantized_source(node, producers)
                 if reader.name not in residual or is_skip != (placement == "skip"):
                     wanted = "skip" if placement == "skip" else "branch"
                     problems.append(f"{node.name}: on an Add input that is not a residual {wanted} input")
     return problems
+
+
+def _readers_through_casts(tensor: str, readers: dict[str, list[onnx.NodeProto]]) -> list[tuple[str, onnx.NodeProto]]:
+    """(tensor read, reader) for each reader of ``tensor``, looking through Casts (a float16 DQ cast to float32
+    for a float32 LayerNorm, :mod:`edge.precision.fp16`'s form for NVIDIA/TensorRT#4832)."""
+    found = []
+    for reader in readers[tensor]:
+        if reader.op_type == "Cast":
+            found.extend(_readers_through_casts(reader.output[0], readers))
+        else:
+            found.append((tensor, reader))
+    return found
+
+
+def _reads_weight(node: onnx.NodeProto, inits: dict, producers: dict[str, onnx.NodeProto]) -> bool:
+    """Whether a GEMM's second input is a weight: an initializer, or a DQ of an int8 initializer."""
+    if node.op_type not in GEMM_OPS or len(node.input) < 2:
+        return False
+    second = node.input[1]
+    dq = producers.get(second)
+    return second in inits or (dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits)
 
 
 def _float_view(model: onnx.ModelProto) -> onnx.GraphProto:

@@ -5,8 +5,11 @@ ONNX Runtime calibrates and inserts the Q/DQ pairs; the configuration is TensorR
 * ``QuantFormat.QDQ``, ``QuantType.QInt8`` for activations and weights, ``ActivationSymmetric``
   and ``WeightSymmetric`` (every zero point 0: TensorRT only takes symmetric int8);
 * ``per_channel=True`` (weights per output channel; activations stay per tensor);
-* only the nodes of the placement (:mod:`calib.placement`: MatMul, Gemm, Conv, the residual Adds,
-  and for ``modelopt`` the LayerNorms' inputs) are quantized; their outputs are not
+* only the nodes of the placement (:mod:`calib.placement`: for ``linear`` the weight GEMMs; for
+  ``modelopt`` and ``skip`` MatMul, Gemm, Conv, the residual Adds, and for ``modelopt`` the
+  LayerNorms' inputs) are quantized; ``linear-sq`` first folds SmoothQuant into the float graph
+  (:mod:`calib.smoothquant`, its per-channel activation maxima measured on the same images and
+  cached beside the ranges); their outputs are not
   (``OpTypesToExcludeOutputQuantization``), biases stay float (``QuantizeBias=False``: TensorRT
   folds float biases itself), ``QDQKeepRemovableActivations`` so nothing is folded away;
 * after ONNX Runtime's pass :func:`calib.placement.restrict_to_placement` hands every input the
@@ -33,6 +36,7 @@ This module imports nothing of edge: bad input raises :class:`calib.errors.Calib
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -40,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +53,7 @@ import onnx
 from calib.data import ArrayCalibrationReader, graph_batch
 from calib.errors import CalibError
 from calib.placement import GEMM_OPS, PLACEMENTS, placement_plan, qdq_violations, restrict_to_placement
+from calib.smoothquant import DEFAULT_ALPHA
 
 METHODS = ("minmax", "entropy", "percentile")
 FLOAT_PRECISIONS = ("float16", "float32")
@@ -65,7 +70,8 @@ class QdqConfig:
     percentile: float = 99.999      # percentile method: the share of |x| kept
     entropy_bins: int = 2048        # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
-    placement: str = "modelopt"     # modelopt | skip (calib.placement)
+    placement: str = "linear-sq"    # linear-sq | linear | modelopt | skip (calib.placement)
+    smoothquant_alpha: float = DEFAULT_ALPHA  # linear-sq: SmoothQuant's migration strength
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)
     exclude_nodes: tuple[str, ...] = ()
 
@@ -74,6 +80,8 @@ class QdqConfig:
             raise CalibError(f"calibration method {self.method!r} is unknown", expected=f"one of {', '.join(METHODS)}")
         if not 0 < self.percentile <= 100:
             raise CalibError(f"percentile {self.percentile} is out of range", expected="0 < percentile <= 100")
+        if not 0 <= self.smoothquant_alpha <= 1:
+            raise CalibError(f"SmoothQuant alpha {self.smoothquant_alpha} is out of range", expected="0 <= alpha <= 1")
         if self.placement not in PLACEMENTS:
             raise CalibError(f"Q/DQ placement {self.placement!r} is unknown",
                              expected=f"one of {', '.join(PLACEMENTS)}")
@@ -121,6 +129,7 @@ def cache_key(model_bytes: bytes, config: QdqConfig, identity: dict) -> str:
     fields = {"onnx_sha256": hashlib.sha256(model_bytes).hexdigest(), **identity,
               "method": config.method, "exclude": sorted(config.exclude_nodes),
               "residual": config.quantize_residual, "placement": config.placement,
+              **({"alpha": config.smoothquant_alpha} if config.placement == "linear-sq" else {}),
               "onnxruntime": onnxruntime.__version__,
               **({"percentile": config.percentile} if config.method == "percentile" else {}),
               **({"bins": config.entropy_bins} if config.method != "minmax" else {})}
@@ -189,6 +198,10 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibr
     """
     config.check()
     model = _prepared(model, source, config)
+    calibration = replace(calibration, images=functools.cache(calibration.images))  # read once for both uses
+    smoothing = None
+    if config.placement == "linear-sq":
+        model, smoothing = _smoothed(model, config, calibration, head)
     model_bytes = model.SerializeToString()
     plan = quantization_plan(model, config, head)
     cache_path = _cache_path(model_bytes, config, calibration)
@@ -208,8 +221,35 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibr
                               "cache": str(cache_path) if cache_path else None, "cache_hit": cache_hit},
               "quantized_nodes": {op: sum(1 for n in model.graph.node if n.name in plan and n.op_type == op)
                                   for op in (*GEMM_OPS, "Add", "LayerNormalization")},
-              **_qdq_counts(quantized), **placement, "onnxruntime_log": ort_log}
+              **_qdq_counts(quantized), **placement, "onnxruntime_log": ort_log,
+              **({"smoothquant": smoothing} if smoothing else {})}
     return quantized, report
+
+
+def _smoothed(model: onnx.ModelProto, config: QdqConfig, calibration: Calibration,
+              head: frozenset[str]) -> tuple[onnx.ModelProto, dict]:
+    """``model`` with SmoothQuant folded in; the per-channel activation maxima cached like the ranges."""
+    from calib.smoothquant import activation_channel_max, smooth, smooth_targets
+
+    targets = smooth_targets(model.graph, head)
+    if not targets:  # no LayerNorm -> GEMM pair: nothing to smooth, no images to read
+        return model, {"alpha": config.smoothquant_alpha, "smoothed": [], "cache": None, "cache_hit": False}
+    path = _cache_path(model.SerializeToString(), config, calibration)
+    path = path.with_name(path.stem + ".smoothquant.npz") if path else None
+    if path and path.is_file():
+        with np.load(path) as saved:
+            maxima = {t.output: saved[f"t{i}"] for i, t in enumerate(targets)}
+        cache_hit = True
+    else:
+        maxima = activation_channel_max(model, calibration.images(), [t.output for t in targets])
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
+                np.savez(tmp, **{f"t{i}": maxima[t.output] for i, t in enumerate(targets)})
+            Path(tmp.name).replace(path)
+        cache_hit = False
+    smoothed, report = smooth(model, maxima, config.smoothquant_alpha, head)
+    return smoothed, {**report, "cache": str(path) if path else None, "cache_hit": cache_hit}
 
 
 def _prepared(model: onnx.ModelProto, source: str, config: QdqConfig) -> onnx.ModelProto:

@@ -13,7 +13,12 @@ from the ONNX graph, so the precision has to be baked into the graph. This pass:
   constant scale below float16's smallest normal number (6.1e-5; smaller ones become subnormals
   with a few significant bits, or 0) keeps its Q/DQ nodes, and so the scale, in float32, a Cast
   after the DQ where a float16 node reads it (:func:`underflowing_qdq_scales`, reported as
-  ``qdq_scales_fp32``);
+  ``qdq_scales_fp32``); and a pair whose readers are all float32 islands other than a GEMM (the
+  LayerNorm inputs of the ``modelopt`` placement) is float16 too, a Cast to float32 after the DQ
+  (``dq_output_fp16``, the default: TensorRT 10.16 on SM 8.7 fails to compile an int8
+  DequantizeLinear with float32 output, NVIDIA/TensorRT#4832; the Cast costs what the Cast before
+  the Q cost in the float32 form). A DQ read by a float32 GEMM (the ``skip`` placement's head)
+  stays float32, so TensorRT can still fuse it into that GEMM;
 * stores each float weight once in the precision of its readers (a weight read by both gets a
   float16 copy beside the float32 one, never a Cast);
 * inserts a Cast only where a tensor crosses from one precision to the other: one Cast per
@@ -63,6 +68,7 @@ TYPE_AGNOSTIC = {"Shape", "Size"}
 SOFTMAX_PRECISIONS = ("float16", "float32")
 SOFTMAX_DEFAULT = "float16"
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+GEMM_OPS = ("MatMul", "Gemm", "Conv")
 
 
 @dataclass
@@ -72,6 +78,8 @@ class Fp16Config:
     node_block_list: tuple[str, ...] = ()  # node names kept float32 in addition to the ops above
     keep_io_types: bool = True
     softmax: str = SOFTMAX_DEFAULT         # float16 | float32
+    #: a DQ read only by float32 non-GEMM nodes outputs float16 and a Cast follows (False: float32 output)
+    dq_output_fp16: bool = True
 
     def check(self) -> None:
         if self.softmax not in SOFTMAX_PRECISIONS:
@@ -96,12 +104,13 @@ class Fp16Report:
     clipped_values: int = 0
     fp32_nodes: list[str] = field(default_factory=list)
     qdq_scales_fp32: list[dict] = field(default_factory=list)  # Q/DQ scales float16 cannot hold, kept float32
+    dq_fp32_outputs: list[str] = field(default_factory=list)  # int8 DQs writing float32 (NVIDIA/TensorRT#4832)
 
     def as_dict(self) -> dict:
         return {"nodes_fp16": self.nodes_fp16, "nodes_fp32": self.nodes_fp32, "casts": self.casts,
                 "weights_converted": self.weights_converted, "weights_duplicated": self.weights_duplicated,
                 "clipped_values": self.clipped_values, "fp32_nodes": self.fp32_nodes,
-                "qdq_scales_fp32": self.qdq_scales_fp32}
+                "qdq_scales_fp32": self.qdq_scales_fp32, "dq_fp32_outputs": self.dq_fp32_outputs}
 
 
 def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -155,6 +164,13 @@ def _convert_attributes(node: onnx.NodeProto, report: Fp16Report) -> None:
             attr.t.CopyFrom(numpy_helper.from_array(_to_half(numpy_helper.to_array(attr.t), report), attr.t.name))
 
 
+def float32_output_dqs(model: onnx.ModelProto) -> list[str]:
+    """The DequantizeLinear nodes whose output is float32: what TensorRT 10.16 on SM 8.7 fails to compile
+    from int8 (NVIDIA/TensorRT#4832). A DQ's output type is its scale's (input 1)."""
+    types = float_tensor_types(model)
+    return [n.name for n in model.graph.node if n.op_type == "DequantizeLinear" and types.get(n.input[1]) == FLOAT]
+
+
 def underflowing_qdq_scales(graph: onnx.GraphProto) -> list[dict]:
     """The constant Q/DQ scales float16 cannot hold: ``{"scale", "min_abs", "nodes"}`` for each scale
     with a value whose magnitude is below :data:`FP16_SMALLEST_NORMAL` (0 included)."""
@@ -171,18 +187,22 @@ def underflowing_qdq_scales(graph: onnx.GraphProto) -> list[dict]:
     return list(found.values())
 
 
-def _qdq_follow_readers(graph: onnx.GraphProto, node_type: dict[str, int], fp32_scales: set[str]) -> None:
+def _qdq_follow_readers(graph: onnx.GraphProto, node_type: dict[str, int], fp32_scales: set[str],
+                        dq_output_fp16: bool = True) -> None:
     """A DequantizeLinear takes its readers' precision (float16 if any reads float16), a QuantizeLinear its DQ's;
-    a Q/DQ whose scale is in ``fp32_scales`` stays float32."""
-    readers: dict[str, list[str]] = defaultdict(list)
+    a Q/DQ whose scale is in ``fp32_scales`` stays float32. With ``dq_output_fp16`` a DQ read only by
+    float32 nodes none of which is a GEMM is float16 too (a Cast to float32 follows it)."""
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in graph.node:
         for name in node.input:
-            readers[name].append(node.name)
+            readers[name].append(node)
     for node in reversed(graph.node):  # readers come later in a topologically sorted graph
         if node.op_type in QDQ_OPS:
-            wanted = {node_type.get(r, FLOAT) for r in readers[node.output[0]]}
+            wanted = {node_type.get(r.name, FLOAT) for r in readers[node.output[0]]}
             kept = len(node.input) > 1 and node.input[1] in fp32_scales
-            node_type[node.name] = HALF if HALF in wanted and not kept else FLOAT
+            no_gemm = all(r.op_type not in GEMM_OPS for r in readers[node.output[0]])
+            half = HALF in wanted or (dq_output_fp16 and node.op_type == "DequantizeLinear" and no_gemm)
+            node_type[node.name] = HALF if half and not kept else FLOAT
 
 
 def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) -> tuple[onnx.ModelProto, Fp16Report]:
@@ -207,7 +227,7 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
             continue
         node_type[node.name] = FLOAT if node.op_type in fp32_ops or node.name in blocked_names else HALF
     report.qdq_scales_fp32 = underflowing_qdq_scales(graph)
-    _qdq_follow_readers(graph, node_type, {entry["scale"] for entry in report.qdq_scales_fp32})
+    _qdq_follow_readers(graph, node_type, {entry["scale"] for entry in report.qdq_scales_fp32}, config.dq_output_fp16)
     report.fp32_nodes = [n.name for n in graph.node if node_type.get(n.name) == FLOAT]
     report.nodes_fp32 = sum(1 for t in node_type.values() if t == FLOAT)
     report.nodes_fp16 = sum(1 for t in node_type.values() if t == HALF)
@@ -317,6 +337,7 @@ def convert_to_fp16(model: onnx.ModelProto, config: Fp16Config | None = None) ->
     graph.node.extend(ordered)
     del graph.value_info[:]
     model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    report.dq_fp32_outputs = float32_output_dqs(model)
     if report.clipped_values:
         warnings.warn(f"{report.clipped_values} weight values beyond the float16 range were clipped to +-{FP16_MAX}",
                       stacklevel=2)

@@ -38,7 +38,9 @@ class Int8Config:
     percentile: float = option(99.999, above=0, maximum=100)  # percentile method: the share of |x| kept
     entropy_bins: int = option(2048, minimum=2, maximum=1 << 20)  # entropy and percentile methods: histogram bins
     quantize_residual: bool = True  # Q/DQ on an input of residual Adds (which one: placement)
-    placement: str = "modelopt"     # modelopt | skip (calib.placement; the choice: docs/results/quant-peers.md)
+    placement: str = "linear-sq"    # linear-sq | linear | modelopt | skip (calib.placement; the choice:
+                                    # docs/results/int8-placements.md)
+    smoothquant_alpha: float = option(0.5, minimum=0, maximum=1)  # linear-sq: SmoothQuant's migration strength
     float_precision: str = "float16"  # what is not quantized: float16 (INT8+FP16) or float32 (INT8+FP32)
     exclude_nodes: tuple[str, ...] = ()
     cache_dir: str | None = None    # None: $EDGE_CACHE_DIR/calibration or ~/.cache/edge/calibration
@@ -54,7 +56,10 @@ class Int8Config:
             raise EdgeError(f"--samples {self.samples}", expected="at least 1 calibration sample")
         if self.placement not in PLACEMENTS:
             raise EdgeError(f"Q/DQ placement {self.placement!r} is unknown", expected=f"one of {', '.join(PLACEMENTS)}",
-                            fix="pass --placement skip or modelopt")
+                            fix=f"pass --placement {' or '.join(PLACEMENTS)}")
+        if not 0 <= self.smoothquant_alpha <= 1:
+            raise EdgeError(f"SmoothQuant alpha {self.smoothquant_alpha} is out of range", expected="0 <= alpha <= 1",
+                            fix="0.5 is SmoothQuant's default")
         if self.float_precision not in FLOAT_PRECISIONS:
             raise EdgeError(f"float precision {self.float_precision!r} is unknown",
                             expected=f"one of {', '.join(FLOAT_PRECISIONS)}", fix="pass --unquantized fp16 or fp32")
@@ -63,6 +68,7 @@ class Int8Config:
         """How calib quantizes the graph (this config less the calibration data and cache)."""
         return QdqConfig(method=self.method, percentile=self.percentile, entropy_bins=self.entropy_bins,
                          quantize_residual=self.quantize_residual, placement=self.placement,
+                         smoothquant_alpha=self.smoothquant_alpha,
                          float_precision=self.float_precision, exclude_nodes=tuple(self.exclude_nodes))
 
     def calibration_record(self) -> dict:
@@ -75,7 +81,7 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None
     """The Q/DQ int8 graph of ``model`` (float32) and a report (calibration, cache, structure).
 
     ``head``: the names of the classifier head's nodes (:func:`edge.precision.fp16.head_nodes`), which the
-    ``modelopt`` placement leaves unquantized.
+    ``linear``, ``linear-sq`` and ``modelopt`` placements leave unquantized.
     Everything not quantized is still float32 here; with ``config.float_precision="float16"`` the
     graph is at opset 19, ready for :func:`edge.precision.fp16.convert_to_fp16`.
     """
@@ -92,8 +98,9 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: Int8Config | None
         quantized, report = qdq.quantize_int8(model, source, config.qdq(), calibration, head=head, quiet=ort_messages)
     except CalibError as e:
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
+    smoothing = {"smoothquant_alpha": config.smoothquant_alpha} if config.placement == "linear-sq" else {}
     set_precision_metadata(quantized, "int8", **{CALIBRATION: json.dumps({**config.calibration_record(),
-                                                                          "method": config.method}),
+                                                                          "method": config.method, **smoothing}),
                                                  QDQ_PLACEMENT: config.placement})
     return quantized, {"precision": "int8", "format": "QDQ", "config": asdict(config),
                        "calibration": {"method": config.method, "samples": config.samples, "data": config.data,

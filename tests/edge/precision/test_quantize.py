@@ -36,13 +36,16 @@ def graphs(tmp_path_factory):
     fp16 = folder / "ref.fp16.onnx"
     int8 = folder / "ref.int8.onnx"
     int8_modelopt = folder / "ref.int8.modelopt.onnx"
+    int8_linear = folder / "ref.int8.linear-sq.onnx"
     reports = {"fp16": quantize_file(fp32, fp16, "fp16"),
                "int8": quantize_file(fp32, int8, "int8", int8=Int8Config(
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="skip")),
-               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", int8=Int8Config(  # the default
+               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", int8=Int8Config(
+                   data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="modelopt")),
+               "int8_linear": quantize_file(fp32, int8_linear, "int8", int8=Int8Config(  # the default
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache")))}
-    return {"fp32": fp32, "fp16": fp16, "int8": int8, "int8_modelopt": int8_modelopt, "reports": reports,
-            "folder": folder}
+    return {"fp32": fp32, "fp16": fp16, "int8": int8, "int8_modelopt": int8_modelopt, "int8_linear": int8_linear,
+            "reports": reports, "folder": folder}
 
 
 def value_types(model):
@@ -151,7 +154,8 @@ def test_int8_computes_the_unquantized_part_in_float16(graphs):
 
 
 def test_int8_modelopt_placement(graphs):
-    """ModelOpt's (the default): the branch input of each residual Add, the LayerNorm inputs, no Q/DQ in the head."""
+    """ModelOpt's: the branch input of each residual Add, the LayerNorm inputs, no Q/DQ in the head; the
+    LayerNorm's DQ writes float16 and a Cast to float32 follows (NVIDIA/TensorRT#4832)."""
     from calib.placement import _float_view, residual_adds
     from edge.precision.fp16 import head_nodes
 
@@ -163,8 +167,10 @@ def test_int8_modelopt_placement(graphs):
     head = head_nodes(model.graph)
 
     def dequantized(node):
-        return [i for i, name in enumerate(node.input)
-                if name in producers and producers[name].op_type == "DequantizeLinear"]
+        return [i for i, name in enumerate(node.input) if name in producers and (
+            producers[name].op_type == "DequantizeLinear" or producers[name].op_type == "Cast"
+            and producers[name].input[0] in producers and producers[producers[name].input[0]].op_type
+            == "DequantizeLinear")]
 
     roles = collections.Counter()
     for node in model.graph.node:
@@ -175,12 +181,34 @@ def test_int8_modelopt_placement(graphs):
             source = producers[producers[branch].input[0]].input[0]  # DQ <- Q <- the float tensor
             roles["Add branch"] += node.name in skip and skip[node.name] != source
         elif node.op_type == "LayerNormalization":
-            roles["LayerNorm"] += dequantized(node) == [0]
+            roles["LayerNorm"] += dequantized(node) == [0] and producers[node.input[0]].op_type == "Cast"
     assert roles == {"Add branch": 24, "LayerNorm": 24}  # the final norm belongs to the head
+    assert graphs["reports"]["int8_modelopt"]["float16_rest"]["dq_fp32_outputs"] == []
     assert graphs["reports"]["int8_modelopt"]["quantized_nodes"] == {"MatMul": 72, "Gemm": 0, "Conv": 1, "Add": 24,
                                                                      "LayerNormalization": 24}
     assert {p.key: p.value for p in model.metadata_props}["edge.qdq_placement"] == "modelopt"
     assert graphs["reports"]["int8_modelopt"]["check"]["top1_agreement"] >= 0.95
+
+
+def test_int8_default_is_linear_sq(graphs):
+    """The default placement: SmoothQuant folded into the 24 LayerNorm -> qkv/fc1 pairs, then Q/DQ on the weight
+    GEMMs' two inputs only (48 Linear MatMuls and the patch Conv); the attention MatMuls, residual Adds, LayerNorms
+    and the head float16/float32, no float32-output DQ."""
+    model = onnx.load(str(graphs["int8_linear"]))
+    assert qdq_violations(model, "linear-sq") == []
+    assert any("no constant weight" in p for p in qdq_violations(onnx.load(str(graphs["int8_modelopt"])), "linear"))
+    report = graphs["reports"]["int8_linear"]
+    assert report["quantized_nodes"] == {"MatMul": 48, "Gemm": 0, "Conv": 1, "Add": 0, "LayerNormalization": 0}
+    assert (report["quantize_nodes"], report["dequantize_nodes"]) == (49, 98)
+    assert report["float16_rest"]["dq_fp32_outputs"] == []
+    assert len(report["smoothquant"]["smoothed"]) == 24 and report["smoothquant"]["alpha"] == 0.5
+    types = value_types(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and not any(i in producers and producers[i].op_type == "DequantizeLinear"
+                                                for i in node.input):
+            assert all(types[i] == onnx.TensorProto.FLOAT16 for i in node.input), node.name  # attention, fp16
+    assert {p.key: p.value for p in model.metadata_props}["edge.qdq_placement"] == "linear-sq"
 
 
 def test_int8_cli_keeps_onnxruntime_advice_off_the_terminal(graphs, tmp_path, capfd):
@@ -234,10 +262,11 @@ def test_accuracy_on_fmnist_mini(graphs):
     data = load_dataset("fmnist-mini", "test")
     images, labels = data.images[:TEST_IMAGES], data.labels[:TEST_IMAGES]
     spec = input_spec_of(onnx.load(str(graphs["fp32"]), load_external_data=False), "ref")
-    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8", "int8_modelopt")}
+    acc = {k: accuracy(graphs[k], images, labels, spec) for k in ("fp32", "fp16", "int8", "int8_modelopt",
+                                                                   "int8_linear")}
     assert acc["fp32"] > 0.8
     assert abs(acc["fp16"] - acc["fp32"]) <= 1 / TEST_IMAGES + 1e-9  # one image (acceptance: 0.2 pt, full split)
-    for int8 in ("int8", "int8_modelopt"):
+    for int8 in ("int8", "int8_modelopt", "int8_linear"):
         assert acc["fp32"] - acc[int8] <= 6 / TEST_IMAGES + 1e-9     # acceptance: 1.0 pt on the full split
         assert graphs["reports"][int8]["check"]["top1_agreement"] >= 0.95
 
