@@ -273,7 +273,9 @@ def _cache_path(model_bytes: bytes, config: QdqConfig, calibration: Calibration)
 def _reader(model: onnx.ModelProto, calibration: Calibration, cache_path: Path | None) -> ArrayCalibrationReader:
     """The calibration images as ONNX Runtime's reader, in the graph's static batch (or batches of 32)."""
     images = calibration.images()
-    reader = ArrayCalibrationReader(images, model.graph.input[0].name, graph_batch(model) or CALIBRATION_BATCH)
+    static = graph_batch(model)  # a dynamic batch takes every image: the last batch may be short
+    reader = ArrayCalibrationReader(images, model.graph.input[0].name, static or min(CALIBRATION_BATCH, len(images)),
+                                    partial=static is None)
     if cache_path:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
     return reader

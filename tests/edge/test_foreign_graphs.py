@@ -178,8 +178,9 @@ def test_clean_declares_the_input_size_of_a_dynamic_graph_and_quantize_reads_it(
     dims = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims] == [1, 1, 28, 28]
     int8 = tmp_path / "dynamic.int8.onnx"   # the size now comes from the shape: --mean and --std suffice
+    # (a random-weight ViT's near-tied logits flip under int8: the accuracy gate is not what this test is about)
     assert main(["quantize", str(out), "--precision", "int8", "--data", "fmnist-mini", "--samples", "8",
-                 *FMNIST_INPUT, "--no-cache", "--cache-dir", str(tmp_path), "--out", str(int8)]) == 0
+                 *FMNIST_INPUT, "--no-cache", "--cache-dir", str(tmp_path), "--accept-loss", "--out", str(int8)]) == 0
     assert json.loads(recorded(int8)["edge.input_size"]) == [1, 28, 28]
     capsys.readouterr()
     err = error_of(capsys, "clean", str(dynamic), "--input-size", "28x28", "--out", str(out))
