@@ -41,6 +41,7 @@ from edge.planner.report import markdown, plot
 from edge.planner.search import Point, Search, SearchConfig, SearchResult
 
 TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json", "model", "finetuned"
+ESTIMATE_MODE = "MAXN_SUPER"   # --backend estimate: the Orin Nano's power mode unless one is asked (JetPack 6.2's top)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,27 @@ def wanted_target(asked: TargetConfig, table: LatencyTable | None) -> Target:
                   power_mode=asked.power_mode or base.power_mode)
 
 
-def load_table(asked: TargetConfig) -> LatencyTable | None:
+def estimate_table(model: nn.Module, asked: TargetConfig) -> LatencyTable:
+    """The Orin Nano estimator's table (edge.latency.orin) of every part a plan on ``model`` can make
+    (the full grid): the target without a table measured on it (``--backend estimate``)."""
+    from edge.latency import orin
+    from edge.latency.grid import grid_parts
+
+    if asked.device not in (None, orin.DEVICE):
+        raise EdgeError(f"--device {asked.device} with --backend estimate", expected=f"{orin.DEVICE}, the only device "
+                        "the estimator knows", fix="leave out --device, or measure a table on that device")
+    if asked.threads is not None:
+        raise EdgeError("--threads with --backend estimate", expected="no thread count (the estimate is of TensorRT "
+                        "on the GPU)", fix="leave out --threads")
+    batch = asked.batch or 1
+    return orin.estimate_table(grid_parts(model, GridConfig("full", batch)), asked.power_mode or ESTIMATE_MODE,
+                               asked.precision or "fp16", batch)
+
+
+def load_table(asked: TargetConfig, model: nn.Module | None = None) -> LatencyTable | None:
     if asked.table is None:
+        if asked.backend == "estimate" and model is not None:
+            return estimate_table(model, asked)
         return None
     table = LatencyTable.load(asked.table)
     table.check(wanted_target(asked, table), where=f"latency table {asked.table}")
@@ -165,9 +185,12 @@ def plan_to_budget(model: nn.Module, source: dict, out: str | Path, config: Plan
     say = progress or (lambda message: None)
     config.search.check()
     out = Path(out)
-    table = load_table(config.target)
+    table = load_table(config.target, model)
     target = wanted_target(config.target, table)
     with atomic_folder(out) as folder:
+        if table is not None and config.target.table is None:   # the estimator's: kept as the search used it
+            say(f"latency estimated, not measured: {table.target.describe()} (edge.latency.orin)")
+            table.save(folder / TABLE_FILE)
         if table is None:
             say(f"measuring the latency table here ({target.describe()}); pass --table to reuse one")
             table = measure_table(model, GridConfig("full", target.batch),
