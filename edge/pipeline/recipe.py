@@ -115,7 +115,7 @@ SECTIONS = {
                     ("name", "budget", "backend", "table", "precision", "power_mode", "batch", "samples", "holdout",
                      "shortlist", "refresh"), own=PlanKeys, also=("edge.planner.job:TargetConfig",),
                     defaults={"budget": 0.5, "backend": "estimate", "precision": "fp16", "power_mode": "MAXN_SUPER",
-                              "batch": 1, "samples": 256, "holdout": 256}),
+                              "batch": 1, "samples": 128, "holdout": 128}),
     "precision": Section("edge.precision.int8:Int8Config", ("variants", "precisions", "samples"), own=PrecisionKeys,
                          defaults={"samples": 200}),
     "estimate": Section("edge.pipeline.recipe:EstimateKeys", ("power_mode", "precision", "batch")),
