@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edge.cli.common import add_command, add_data_option, add_field, add_out_folder, emit
 
-EXAMPLES = """  edge pipeline --out runs/pipeline                    # the built-in recipe: plan, methods, precision, bundle
+EXAMPLES = """  edge pipeline --out runs/pipeline                    # the built-in recipe (what scripts/main.sh runs)
   edge pipeline --print-recipe > recipe.yaml           # start your own recipe from it
   edge pipeline --recipe spans --out runs/spans        # the three-span recipe of earlier releases
   edge pipeline --recipe recipe.yaml --out runs/mine --json
@@ -15,7 +15,8 @@ def register(subparsers) -> None:
     from edge.pipeline import STEPS
 
     parser = add_command(
-        subparsers, "pipeline", "run a recipe: plan, compress, export, clean, verify, evaluate, quantize, profile, bundle",
+        subparsers, "pipeline", "run a recipe: plan, compress, export, clean, verify, evaluate, quantize, profile, "
+        "bundle",
         "A recipe (YAML; `--print-recipe` shows the built-in one) names a model, data and variants (the\n"
         "original plus compression plans), and optionally a plan search to a latency budget on a target\n"
         "(edge plan; its choice becomes a variant), FP16/INT8 graphs of some variants (edge quantize), each\n"
@@ -32,8 +33,8 @@ def register(subparsers) -> None:
 
     from edge.pipeline.recipe import named_recipes
 
-    parser.add_argument("--recipe", metavar="FILE", help="recipe file (YAML), or a shipped recipe by name ("
-                        f"{', '.join(named_recipes())}); default: the built-in recipe")
+    parser.add_argument("--recipe", metavar="FILE", help="recipe file (YAML), or a shipped recipe by name: "
+                        f"{' or '.join(named_recipes())} (default: the built-in recipe)")
     add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)
     add_data_option(parser, None, "override the recipe's data (no fallback then)")
     add_field(parser, "--threads", Recipe, default=None, help="override the recipe's threads")

@@ -93,7 +93,7 @@ class Section:
     also: tuple[str, ...] = ()  # further library configs whose fields the section holds (``module:Class``)
 
     def library_configs(self) -> list[type]:
-        found = []
+        found: list[type] = []
         for spec in (self.config, *self.also):
             module, name = spec.split(":")
             found.append(getattr(importlib.import_module(module), name))
@@ -326,7 +326,7 @@ def parse_recipe(document, source: str = BUILTIN, base: Path | None = None) -> R
             raise EdgeError(f"recipe {source}: variants[{seen[variant.name]}] and variants[{i}] are both named "
                             f"{variant.name!r}", fix="give every variant its own name")
         seen[variant.name] = i
-    values = {}
+    values: dict[str, typing.Any] = {}
     for key, value in document.items():
         if key == "variants":
             continue

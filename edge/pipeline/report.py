@@ -201,7 +201,8 @@ def orin_section(recipe, variants: list[dict], precisions: list[dict]) -> dict |
                   "leave_one_out_largest_abs": max(abs(r["leave_one_out"]["error"]) for r in fitted),
                   "source": "docs/results/orin-estimator.md"},
         "note": (f"estimated by edge.latency.orin (a roofline per TensorRT kernel), not measured: within "
-                 f"{100 * max(abs(r['error']) for r in fitted):.1f} % of the published Orin Nano figures it was checked "
+                 f"{100 * max(abs(r['error']) for r in fitted):.1f} % of the published Orin Nano figures it was "
+                 "checked "
                  f"against (ViT-B/16 and DINOv2-B/14 at 224 px, fp16); on a model this small, launch costs (an assumed "
                  f"{orin.LAUNCH_US} us per kernel) weigh most, and no published figure checks that"),
     }
@@ -327,9 +328,9 @@ def latency_conditions(report: dict) -> list[str]:
     lat, first, hw = report["latency"], report["variants"][0], report["hardware"]
     p, s, aa = first["profile"], lat["settings"], lat["aa_control"]
     other = lat["contention"].get("other_cpu_share")
-    count = len(report["variants"])
+    count = len(report["variants"]) + len(report.get("precision") or ())
     lines = [
-        f"Latency: {'all ' * (count > 1)}{plural(count, 'variant')} and an A/A control (`{aa['of']}` timed a second "
+        f"Latency: {'all ' * (count > 1)}{plural(count, 'graph')} and an A/A control (`{aa['of']}` timed a second "
         f"time as its own variant) side by side in one run: {p['backend']} {lat['onnxruntime']} on the {p['device']} "
         f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, "
         f"{plural(lat['threads'], 'intra-op thread')}; {s['sessions']} session sets created afresh in rotated "
@@ -440,7 +441,8 @@ def chosen_section(report: dict) -> tuple[str, list[str], list] | None:
         return None
     chosen, original = plan["chosen"], plan["original"]
     lines = [f"`edge plan` chose **`{chosen['plan']}`** (the variant `{plan['variant']}`): predicted "
-             f"{chosen['predicted_ms']:.4g} ms, {original['predicted_ms'] / chosen['predicted_ms']:.2f}x faster than the "
+             f"{chosen['predicted_ms']:.4g} ms, {original['predicted_ms'] / chosen['predicted_ms']:.2f}x faster "
+             "than the "
              f"original's {original['predicted_ms']:.4g} ms; held-out KL {chosen['kl']:.4g}, top-1 agreement with the "
              f"original {100 * chosen['agreement']:.2f} % on {plan['search']['holdout']} held-out training images.",
              f"Each round took the move with the least KL lost per ms saved, measured beside the plan so far "
@@ -464,16 +466,20 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
     for p in rows:
         gate = p["gate"][BATCHED]
         table.append((p["name"], f"{100 * p['accuracy']:.2f}", f"{p['accuracy_delta_pt_vs_fp32']:+.2f}",
-                      _pct(gate.get("top1_agreement")), _fmt(gate.get("max_abs"), ".2e"), _fmt(gate.get("rel_l2"), ".2e"),
+                      _pct(gate.get("top1_agreement")), _fmt(gate.get("max_abs"), ".2e"),
+                      _fmt(gate.get("rel_l2"), ".2e"),
                       {True: "passed", False: "FAILED"}.get(gate.get("passed"), "-"),
                       speedup_cell(p["speedup"]), _fmt(p["orin_estimate_ms"], ".4f")))
     first = rows[0]
     gate = first["gate"][BATCHED]
-    lines = [f"Each graph made by `edge quantize` (the library's defaults; INT8 calibrated on "
-             f"{(first['calibration'] or {}).get('samples', '-')} training images) from the variant's cleaned float32 "
-             f"graphs; accuracy with ONNX Runtime on {first['samples']:,} images of `{first['accuracy_data']}`; the "
-             f"accuracy gate against float32 on {gate.get('images', '-')} test images of `{gate.get('data', '-')}`. "
-             "Speedup: against the float32 original here (ONNX Runtime on this CPU)."]
+    calibrated = next((p["calibration"] for p in rows if p["calibration"]), None)
+    lines = [f"Each graph made by `edge quantize` (the library's defaults"
+             + (f"; INT8 calibrated on {calibrated['samples']} training images of `{calibrated['data']}`" if calibrated
+                else "") + f") from the variant's cleaned float32 graphs; accuracy with ONNX Runtime on "
+             f"{first['samples']:,} images of `{first['accuracy_data']}`; the accuracy gate against float32 on "
+             f"{gate.get('images', '-')} test images" + (f" of `{gate['data']}`" if gate.get("data") else "")
+             + " (of the dynamic-batch graph; the static one's in report.json). Speedup: against the float32 original "
+               "here (ONNX Runtime on this CPU)."]
     return "Precision", lines, [(("graph", "accuracy %", "vs float32 pt", "gate top-1 agreement", "gate max abs",
                                   "gate rel L2", "gate", "speedup here [95 %]", "Orin est. ms"), table)]
 
@@ -571,7 +577,8 @@ def speed_chart_png(report: dict) -> bytes:
     for i, v in enumerate(rows):
         s, y = v["speedup"], 100 * v["accuracy"]
         ax.errorbar([s["speedup"]], [y], xerr=[[s["speedup"] - s["low"]], [s["high"] - s["speedup"]]], fmt="o",
-                    color="#4c72b0", capsize=3, markersize=6, label="measured here (ONNX Runtime, CPU)" if not i else None)
+                    color="#4c72b0", capsize=3, markersize=6,
+                    label="measured here (ONNX Runtime, CPU)" if not i else None)
         ax.annotate(v["name"], (s["speedup"], y), textcoords="offset points", xytext=(6, 5), fontsize=7)
     orin = report["orin_estimate"]
     if orin:
@@ -584,7 +591,8 @@ def speed_chart_png(report: dict) -> bytes:
     ax.axvline(1.0, color="#999", lw=0.8)
     ax.legend(loc="lower left", fontsize=8)
     first = report["variants"][0]
-    ax.set_xlabel(f"speedup over `{report['latency']['reference']}` (here: measured, batch {first['profile']['batch']}, "
+    ax.set_xlabel(f"speedup over `{report['latency']['reference']}` (here: measured, batch "
+                  f"{first['profile']['batch']}, "
                   f"whiskers: 95 % interval; Orin: estimated)")
     ax.set_ylabel(f"top-1 accuracy (%), {first['samples']:,} test images")
     ax.set_title("accuracy vs speed: measured here and estimated for the Orin Nano", fontsize=10)

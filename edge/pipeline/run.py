@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -397,10 +398,10 @@ class PrecisionRun:
             from edge.precision.int8 import Int8Config
             from edge.precision.quantize import quantize_file
 
-            options = {"int8": Int8Config(data=self.ctx.data, samples=settings.samples, seed=recipe.seed)} \
-                if self.precision == "int8" else {}
+            int8 = Int8Config(data=self.ctx.data, samples=settings.samples, seed=recipe.seed) \
+                if self.precision == "int8" else None
             return {graph: quantize_summary(quantize_file(self.base.folder / clean_name(graph), self.folder / graph,
-                                                          self.precision, **options))
+                                                          self.precision, int8=int8))
                     for graph in (DEPLOYED, BATCHED)}
 
         return step(self.ctx, self.name, "quantize", self.folder, inputs, work, (DEPLOYED, BATCHED))
@@ -425,7 +426,7 @@ def reference_variant(recipe: Recipe) -> str:
 
 
 def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
-                precisions: list[tuple[PrecisionRun, StepRecord]] = ()) -> StepRecord:
+                precisions: Sequence[tuple[PrecisionRun, StepRecord]] = ()) -> StepRecord:
     """Every variant's cleaned static-batch graph timed side by side, in one run, with an A/A control.
 
     One step for all variants: their latency ratios always come from one measurement, so a variant
@@ -437,8 +438,9 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
     graph = clean_name(DEPLOYED)
     graphs = {run.variant.name: (run.folder / graph, record.outputs[graph]) for run, record in zip(runs, cleaned)}
     graphs |= {run.name: (run.folder / DEPLOYED, record.outputs[DEPLOYED]) for run, record in precisions}
-    inputs = {"graphs": {name: digest for name, (_, digest) in graphs.items()},
-              "reference": reference_variant(recipe), "settings": dataclasses.asdict(recipe.profile),
+    reference = reference_variant(recipe)
+    inputs = {"graphs": {name: digest for name, (_, digest) in graphs.items()}, "reference": reference,
+              "settings": dataclasses.asdict(recipe.profile),
               "threads": recipe.threads, "seed": recipe.seed,
               "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
 
@@ -449,13 +451,14 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
         config = SideBySideConfig(**dataclasses.asdict(recipe.profile), seed=recipe.seed)
         factories = {name: functools.partial(OrtBackend, path, threads=recipe.threads, seed=recipe.seed,
                                              spinning=config.spinning) for name, (path, _) in graphs.items()}
-        return {**side_by_side(factories, inputs["reference"], config), "graph": graph}
+        return {**side_by_side(factories, reference, config), "graph": graph}
 
     return step(ctx, SHARED, "profile", ctx.out, inputs, work)
 
 
 def run_plan(ctx: Context) -> StepRecord | None:
-    """``edge plan``'s search to the recipe's budget on its target, into ``OUT/plan`` (its model: the planned variant)."""
+    """``edge plan``'s search to the recipe's budget on its target, into ``OUT/plan`` (its model: the planned
+    variant)."""
     settings, recipe = ctx.recipe.plan, ctx.recipe
     if settings is None:
         return None
@@ -512,7 +515,8 @@ def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, Ste
                               gate_images=settings.gate_images)
         graphs = [SourceGraph(name, runs[name].folder / graph) for name in settings.variants]
         manifest = make_bundle(graphs, ctx.out / BUNDLE, config, force=True, progress=log,
-                               source={"kind": "pipeline", "paths": [f"{VARIANTS}/{n}/{graph}" for n in settings.variants]})
+                               source={"kind": "pipeline",
+                                       "paths": [f"{VARIANTS}/{n}/{graph}" for n in settings.variants]})
         return {"folder": BUNDLE, "variants": [f"{v['name']}.{v['precision']}" for v in manifest["variants"]],
                 "files": len(manifest["files"]), "precisions": list(settings.precisions),
                 "gate_images": settings.gate_images}
@@ -548,8 +552,13 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     log(f"edge pipeline: {plural(len(recipe.variants), 'variant')} of {recipe.model} on {data} -> {out}")
     analysis = run_analysis(ctx)
     planned = run_plan(ctx)
-    runs = [PlannedRun(ctx, variant, planned) if variant.searched else VariantRun(ctx, variant)
-            for variant in recipe.run_variants()]
+    runs: list[VariantRun] = []
+    for variant in recipe.run_variants():
+        if variant.searched:
+            assert planned is not None  # a searched variant comes from the plan section
+            runs.append(PlannedRun(ctx, variant, planned))
+        else:
+            runs.append(VariantRun(ctx, variant))
     cleaned = [run.run() for run in runs]
     by_name = {run.variant.name: (run, record) for run, record in zip(runs, cleaned)}
     precisions = []
