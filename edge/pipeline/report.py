@@ -383,7 +383,14 @@ def conditions(report: dict) -> list[str]:
     return lines
 
 
+#: the story's keys as a report of an earlier edge (format 2, before them) reads: ``edge deploy --report`` renders
+#: such a report again with the device section
+STORY_KEYS = {"plan": None, "methods": {}, "precision": [], "orin_estimate": None, "bundle": None, "next_commands": [],
+              "not_measured": []}
+
+
 def markdown(report: dict) -> str:
+    report = {**STORY_KEYS, **report}
     lines = ["# edge pipeline report", "", f"Created {report['created']} by edge {report['edge']}."]
     for section in story(report):
         lines += _md_section(section)
@@ -503,8 +510,10 @@ def orin_section_text(report: dict) -> tuple[str, list[str], list] | None:
                                                       "measured speedup here"), orin_rows(report))]
 
 
-def bundle_section(report: dict) -> tuple[str, list[str], list]:
+def bundle_section(report: dict) -> tuple[str, list[str], list] | None:
     bundle = report["bundle"]
+    if not report["next_commands"]:
+        return None
     lines = []
     if bundle:
         lines.append(f"`{bundle['path']}`: what `edge bundle` makes ({', '.join(bundle['variants'])}; "
@@ -515,8 +524,8 @@ def bundle_section(report: dict) -> tuple[str, list[str], list]:
     return "The bundle, and what to run next", lines, []
 
 
-def not_measured_section(report: dict) -> tuple[str, list[str], list]:
-    return "What was not measured", report["not_measured"], []
+def not_measured_section(report: dict) -> tuple[str, list[str], list] | None:
+    return ("What was not measured", report["not_measured"], []) if report["not_measured"] else None
 
 
 def story(report: dict) -> list[tuple[str, list[str], list]]:
@@ -628,6 +637,7 @@ def _img(png: bytes, caption: str) -> str:
 
 
 def html_report(report: dict, out: Path) -> str:
+    report = {**STORY_KEYS, **report}
     esc = html.escape
     text_columns = {0, 1, 10, 14}
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)

@@ -498,3 +498,14 @@ def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, m
     report = json.loads((copy / "report.json").read_text())
     assert report["passed"] is False and not report["variants"][0]["verification"]["passed"]
     assert "FAILED" in (copy / "report.md").read_text()
+
+
+def test_a_report_of_an_earlier_edge_renders_again(first_run):
+    """`edge deploy --report` renders a run's report again: one written before the story's keys existed too."""
+    from edge.pipeline.report import STORY_KEYS
+
+    _, out, report = first_run
+    earlier = {k: v for k, v in report.items() if k not in STORY_KEYS}
+    text = markdown(earlier)
+    assert "## Accuracy and speed" in text and "## Precision" not in text and "next, on" not in text.lower()
+    assert "<h2>Accuracy and speed</h2>" in html_report(earlier, out)
