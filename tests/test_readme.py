@@ -156,8 +156,11 @@ _PLAN = ("CI time: the search measures about 150 plans of the 12-block model (te
 _PLANNED = "CI time: needs the plan above (slow); the same verb on a compressed artifact runs in the guides"
 SLOW = {
     (PIPE, "edge pipeline --out runs/pipeline"):
-        "the built-in recipe (4 variants, 500 calibration images, analysis, 300 profile iterations each) has no "
-        "option to shrink it: about 100 s on 2 cores even on the small data set",
+        "the built-in recipe (a plan search, 6 variants, FP16/INT8 of two, a bundle, 300 profile iterations each) "
+        "has no option to shrink it: minutes on 2 cores even on the small data set",
+    (PIPE, "edge pipeline --recipe spans --out runs/spans"):
+        "the three-span recipe (4 variants, analysis, 300 profile iterations each): about 100 s on 2 cores even on "
+        "the small data set",
     (PIPE, "edge pipeline --recipe recipe.yaml --out runs/mine --json"): "the built-in recipe again, in a new folder",
     (PIPE, "edge pipeline --out runs/pipeline --redo profile"): "needs the built-in recipe's run (see above)",
     # CI must finish in 20 minutes on 2 cores; these repeat a verb another command already runs

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from edge.cli.common import add_command, add_data_option, add_field, add_out_folder, emit
-from edge.cli.options import ExistingFile
 
-EXAMPLES = """  edge pipeline --out runs/pipeline                    # the built-in default recipe
+EXAMPLES = """  edge pipeline --out runs/pipeline                    # the built-in recipe (what scripts/main.sh runs)
   edge pipeline --print-recipe > recipe.yaml           # start your own recipe from it
+  edge pipeline --recipe spans --out runs/spans        # the three-span recipe of earlier releases
   edge pipeline --recipe recipe.yaml --out runs/mine --json
   edge pipeline --out runs/pipeline --redo profile     # measure latency again, keep the rest"""
 
@@ -15,27 +15,33 @@ def register(subparsers) -> None:
     from edge.pipeline import STEPS
 
     parser = add_command(
-        subparsers, "pipeline", "run a recipe: compress, export, clean, verify, evaluate, count and profile variants",
-        "A recipe (YAML; `--print-recipe` shows the built-in default) names a model, data and variants (the\n"
-        "original plus compression plans). For each variant: compress, count params and FLOPs, export to ONNX,\n"
-        "clean, verify against PyTorch, evaluate accuracy with ONNX Runtime; then every variant's latency,\n"
-        "side by side in one run (interleaved rounds, an A/A control), with its speedup against the\n"
-        "original and a confidence interval. Writes OUT/report.json, OUT/report.md and a self-contained\n"
-        "OUT/report.html (table, accuracy-vs-latency chart with the Pareto front, analysis heatmaps).\n"
+        subparsers, "pipeline", "run a recipe: plan, compress, export, clean, verify, evaluate, quantize, profile, "
+        "bundle",
+        "A recipe (YAML; `--print-recipe` shows the built-in one) names a model, data and variants (the\n"
+        "original plus compression plans), and optionally a plan search to a latency budget on a target\n"
+        "(edge plan; its choice becomes a variant), FP16/INT8 graphs of some variants (edge quantize), each\n"
+        "variant's Orin Nano estimate and a bundle (edge bundle). For each variant: compress, count params and\n"
+        "FLOPs, export to ONNX, clean, verify against PyTorch, evaluate accuracy with ONNX Runtime; then every\n"
+        "graph's latency side by side in one run (interleaved rounds, an A/A control), with its speedup\n"
+        "against the original and a confidence interval. Writes OUT/report.json, OUT/report.md and a\n"
+        "self-contained OUT/report.html (the plan and why, the variants, precision, the Orin estimate, the\n"
+        "bundle and the commands to deploy it; accuracy-vs-speed chart, analysis heatmaps).\n"
         "Steps whose inputs (content hashes) did not change are not redone; when any variant changed, all\n"
         "are timed again together. Exit status 1 when a cleaned graph disagrees with its PyTorch model, 2 for a bad\n"
         "recipe (nothing is written then).", EXAMPLES)
     from edge.pipeline.recipe import Recipe
 
-    parser.add_argument("--recipe", metavar="FILE", type=ExistingFile(
-                        "recipe", fix="`edge pipeline --print-recipe > recipe.yaml` writes one to edit"),
-                        help="recipe file (YAML); default: the built-in recipe")
+    from edge.pipeline.recipe import named_recipes
+
+    parser.add_argument("--recipe", metavar="FILE", help="recipe file (YAML), or a shipped recipe by name: "
+                        f"{' or '.join(named_recipes())} (default: the built-in recipe)")
     add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)
     add_data_option(parser, None, "override the recipe's data (no fallback then)")
     add_field(parser, "--threads", Recipe, default=None, help="override the recipe's threads")
     parser.add_argument("--redo", action="append", default=[], choices=STEPS,
                         help="run this step again even where cached (repeatable)")
-    parser.add_argument("--print-recipe", action="store_true", help="print the built-in default recipe and exit")
+    parser.add_argument("--print-recipe", nargs="?", const="default", metavar="NAME",
+                        help="print the built-in recipe (or the shipped recipe NAME) and exit")
     parser.set_defaults(run=run)
 
 
@@ -44,7 +50,7 @@ def run(args) -> int:
     from edge.pipeline import default_recipe_text, load_recipe, run_pipeline, with_overrides
 
     if args.print_recipe:
-        print(default_recipe_text(), end="")
+        print(default_recipe_text(args.print_recipe), end="")
         return 0
     if not args.out:
         raise EdgeError("edge pipeline needs --out DIR", fix="e.g. edge pipeline --out runs/pipeline")
@@ -52,6 +58,7 @@ def run(args) -> int:
     report = run_pipeline(recipe, args.out, redo=tuple(args.redo))
     lines = summary_lines(report)
     lines.append(f"wrote {args.out}/report.html, report.md, report.json")
+    lines += next_lines(report)
     emit(report, args.json, "\n".join(lines))
     if not report["passed"]:
         import sys
@@ -64,21 +71,42 @@ def run(args) -> int:
 def summary_lines(report: dict) -> list[str]:
     from edge.pipeline.report import speedup_cell
 
-    latency = report["latency"]
-    width = max(len(v["name"]) for v in report["variants"])
-    lines = [f"{'variant':<{width}}  {'accuracy':>8}  {'median ms':>9}  {'speedup [95 % interval]':<26}  "
-             f"{'MFLOPs':>7}  plan"]
-    for v in report["variants"]:
+    latency, plan, orin = report["latency"], report["plan"], report["orin_estimate"]
+    lines = []
+    if plan:
+        chosen, original = plan["chosen"], plan["original"]
+        target = plan["target"]
+        lines.append(f"plan: budget {plan['budget']:g}x on {target['device']} ({target['backend']}, "
+                     f"{target['precision']}): chose {chosen['plan']} -> `{plan['variant']}`, "
+                     f"{original['predicted_ms'] / chosen['predicted_ms']:.2f}x predicted, held-out agreement "
+                     f"{100 * chosen['agreement']:.2f} % ({len(plan['rounds'])} rounds)")
+    rows = [*report["variants"], *report["precision"]]
+    estimates = {r["name"]: r for r in orin["rows"]} if orin else {}
+    width = max(len(v["name"]) for v in rows)
+    lines.append(f"{'variant':<{width}}  {'accuracy':>8}  {'median ms':>9}  {'speedup [95 % interval]':<26}  "
+                 f"{'Orin est.':>9}  plan")
+    for v in rows:
         verdict = "reference" if v["name"] == latency["reference"] else v["speedup"]["verdict"]
+        estimate = estimates.get(v["name"])
+        orin_cell = f"{estimate['speedup']:.2f}x" if estimate else "-"
         lines.append(f"{v['name']:<{width}}  {100 * v['accuracy']:>7.2f}%  {v['latency']['median_ms']:>9.3f}  "
-                     f"{speedup_cell(v['speedup']):<26}  {v['flops'] / 1e6:>7.1f}  {v['plan'] or '(original)'}  "
-                     f"{verdict}" + ("  *" if v["pareto"] else ""))
+                     f"{speedup_cell(v['speedup']):<26}  {orin_cell:>9}  {v['plan'] or '(original)'}  "
+                     f"{verdict}" + ("  *" if v.get("pareto") else ""))
     aa = latency["aa_control"]
     bound = latency["settings"]["aa_tolerance"]
     lines.append(f"A/A control ({aa['of']} against itself): {speedup_cell(aa)}, "
                  f"deviation {100 * aa['deviation']:.1f} % "
                  + (f"> {100 * bound:.0f} %: too noisy to rank variants that close; rerun with --redo profile on a "
                     "quieter machine" if latency["noisy"] else f"<= {100 * bound:.0f} %"))
+    if orin:
+        lines.append(f"Orin est.: speedup on a {orin['device']} ({orin['power_mode']}), estimated, not measured: "
+                     f"{orin['note']}")
     lines.append(f"* Pareto front; {report['steps']['ran']} steps ran, {report['steps']['cached']} cached, "
                  f"{report['seconds']:.1f} s")
+    if report["bundle"]:
+        lines.append(f"bundle: {report['bundle']['path']} ({', '.join(report['bundle']['variants'])})")
     return lines
+
+
+def next_lines(report: dict) -> list[str]:
+    return ["next, on a Jetson:", *(f"  {command}" for command in report["next_commands"])]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from edge.cli.common import add_command, add_data_option, add_field, add_model_options, add_out_folder, emit
 from edge.cli.options import ExistingFile, Share, Text
@@ -68,6 +69,8 @@ def register(subparsers) -> None:
                         "fastest (fused attention head sizes, GEMM widths multiples of 16) for engines of this "
                         "precision; auto: the target's precision for --backend tensorrt or estimate, off for "
                         "onnxruntime")
+    parser.add_argument("--power-mode", choices=_estimate_modes(), help="--backend estimate: the Orin Nano's "
+                        "power mode (default: MAXN_SUPER)")
     add_field(parser, "--threads", TargetConfig, help="ONNX Runtime intra-op threads of the target "
               "(default: the table's, else 2)")
     add_field(parser, "--iterations", PlanJobConfig, help="timed calls per graph (table measured here, whole models)")
@@ -83,6 +86,12 @@ def register(subparsers) -> None:
               "(default: torch's)")
     add_out_folder(parser, "output folder (written whole, atomically)")
     parser.set_defaults(run=run)
+
+
+def _estimate_modes() -> list[str]:
+    from edge.latency.orin import MODES
+
+    return list(MODES)
 
 
 def _bounds(config: type, name: str):
@@ -105,7 +114,7 @@ def run(args) -> int:
     search.check()
     target = TargetConfig(table=tuple(args.table or ()), backend=args.backend, device=args.device,
                           precision=args.precision, batches=args.batch or (), batch_weights=args.batch_weights or (),
-                          threads=args.threads)
+                          threads=args.threads, power_mode=args.power_mode)
     config = PlanJobConfig(search=search, target=target, iterations=args.iterations, measure=args.measure,
                            correct=args.correct,
                            finetune=args.finetune, finetune_max_steps=args.finetune_max_steps,
@@ -127,7 +136,9 @@ def run(args) -> int:
         human.append(f"distilled {tuned['steps']} steps: accuracy {tuned['after']['accuracy']:.4f} "
                      f"(original {tuned['original']['accuracy']:.4f}, drop {tuned['drop_pt']:.2f} pt)")
     human.append(f"wrote {args.out} (model/, plan.json, plan.md, pareto.png)")
-    emit({**record, "out": args.out}, args.json, "\n".join(human))
+    from edge.planner.job import MODEL_DIR
+
+    emit({**record, "out": args.out, "model_path": str(Path(args.out) / MODEL_DIR)}, args.json, "\n".join(human))
     return 0
 
 

@@ -30,6 +30,11 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "evaluate": ("edge.check.accuracy", "edge.check.onnx_classifier", "edge.data"),
     # edge.check.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision
     "profile": ("edge.profile", "edge.runtime", "edge.check.compare", "edge.onnx_metadata"),
+    "plan": ("edge.planner", "edge.latency", "edge.compress", "edge.analysis", "edge.data", "edge.models"),
+    "estimate": ("edge.latency", "edge.models"),
+    "quantize": ("edge.precision", "calib", "edge.check.accuracy", "edge.check.compare", "edge.data"),
+    "bundle": ("edge.bundle", "jetson", "edge.precision", "calib", "edge.graph", "edge.check", "edge.trt",
+               "edge.data"),
 }
 EVERY_STEP = ("edge.pipeline.run",)  # where each step's work is written
 #: the packages of this repository (beside edge): their imports are followed, others' are not

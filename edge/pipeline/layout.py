@@ -2,19 +2,25 @@
 
 ``OUT/variants/NAME/`` holds a variant's files: ``model/`` (the compressed artifact, variants with
 a plan), :data:`DEPLOYED` (static batch: verified, cleaned, profiled), :data:`BATCHED` (dynamic
-batch: accuracy), and the cleaned graph of each (:func:`clean_name`). ``OUT/report.json`` (with
+batch: accuracy), and the cleaned graph of each (:func:`clean_name`); ``fp16/`` and ``int8/`` the
+same two graphs at that precision. ``OUT/plan/`` is the plan search's folder (its ``model/`` the
+planned variant's artifact), ``OUT/bundle/`` the bundle for the devices. ``OUT/report.json`` (with
 ``report.md`` and ``report.html``) is the report; ``OUT/device/`` holds what ``edge deploy --report OUT``
 fetched from the devices.
 """
 
 VARIANT_STEPS = ("compress", "count", "export", "clean", "verify", "evaluate")
-STEPS = ("analysis", *VARIANT_STEPS, "profile")  # the step names of a run (``--redo`` choices); profile: all variants
+PRECISION_STEPS = ("quantize", "evaluate")  # OUT/variants/NAME/PRECISION/: a variant's fp16 or int8 graphs
+# the step names of a run (``--redo`` choices); plan, profile and bundle: one step for all variants
+STEPS = ("analysis", "plan", *VARIANT_STEPS, "estimate", "quantize", "profile", "bundle")
 
 VARIANTS = "variants"  # OUT/variants/NAME/
 ARTIFACT = "model"     # OUT/variants/NAME/model/
 DEPLOYED, BATCHED = "model.onnx", "model.batched.onnx"
 REPORT = "report.json"  # OUT/report.json (report.md, report.html beside it)
 DEVICE_RESULTS = "device"  # OUT/device/LABEL/: one device's fetched results
+PLAN = "plan"          # OUT/plan/: edge plan's folder (plan.json, plan.md, pareto.png, model/)
+BUNDLE = "bundle"      # OUT/bundle/: what edge bundle makes, for edge deploy
 ORT_LOG = "onnxruntime.log"  # OUT/onnxruntime.log: ONNX Runtime's notes, kept off the terminal
 
 

@@ -4,7 +4,8 @@ A recipe is read once, checked completely (unknown keys, types, ranges, plan syn
 files) and turned into frozen dataclasses; every error names the recipe file and the key. A
 section's keys, types, defaults and ranges are those of a library config (``export:`` holds fields
 of ``edge.export.ExportConfig``, see :data:`SECTIONS`), so the CLI, the recipe and the library share
-one definition. The built-in default (``default.yaml`` beside this module) documents every key.
+one definition. The built-in default (``default.yaml`` beside this module) documents every key; the
+other ``*.yaml`` beside it are shipped recipes a run may name (``--recipe spans``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.config import MAX_SEED, MAX_THREADS, Bounds, bounds, option
+from edge.config import MAX_BATCH, MAX_SEED, MAX_THREADS, Bounds, bounds, option
 from edge.errors import EdgeError, InternalError
 
 DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
@@ -44,6 +45,37 @@ class EvaluateKeys:
 
 
 @dataclass(frozen=True)
+class PlanKeys:
+    """The plan section's key that only the pipeline has (the rest: ``SearchConfig`` and ``TargetConfig`` fields)."""
+
+    name: str = "planned"  # the variant the plan's choice becomes
+
+
+@dataclass(frozen=True)
+class PrecisionKeys:
+    """Which variants get which precisions (the int8 options are ``Int8Config`` fields)."""
+
+    variants: tuple[str, ...] = ("planned", "original")
+    precisions: tuple[str, ...] = ("fp16", "int8")
+
+
+@dataclass(frozen=True)
+class EstimateKeys:
+    """The Orin Nano estimate of every variant (edge.latency.orin): its power mode, precision and batch."""
+
+    power_mode: str = "MAXN_SUPER"
+    precision: str = "fp16"  # of the float32 variants; fp16 and int8 variants are estimated at their own
+    batch: int = option(1, minimum=1, maximum=MAX_BATCH)
+
+
+@dataclass(frozen=True)
+class BundleKeys:
+    """Which variants go into ``OUT/bundle`` (the rest: ``BundleConfig`` fields)."""
+
+    variants: tuple[str, ...] = ("planned", "original")
+
+
+@dataclass(frozen=True)
 class Section:
     """A recipe section: fields of a library config (names, types, defaults, ranges), set from a recipe.
 
@@ -58,10 +90,14 @@ class Section:
     keys: tuple[str, ...]
     own: type | None = None
     defaults: Mapping[str, object] = field(default_factory=dict)
+    also: tuple[str, ...] = ()  # further library configs whose fields the section holds (``module:Class``)
 
-    def library_config(self) -> type:
-        module, name = self.config.split(":")
-        return getattr(importlib.import_module(module), name)
+    def library_configs(self) -> list[type]:
+        found: list[type] = []
+        for spec in (self.config, *self.also):
+            module, name = spec.split(":")
+            found.append(getattr(importlib.import_module(module), name))
+        return found
 
 
 SECTIONS = {
@@ -74,15 +110,27 @@ SECTIONS = {
     "profile": Section("edge.profile.sidebyside:SideBySideConfig",
                        ("warmup", "rounds", "sessions", "iterations", "turn_ms", "aa_tolerance",
                                                                  "spinning")),
+    # optional sections (None unless the recipe has them): the planner, precision, the Orin estimate, the bundle
+    "plan": Section("edge.planner.search:SearchConfig",
+                    ("name", "budget", "backend", "table", "precision", "power_mode", "batch", "samples", "holdout",
+                     "shortlist", "refresh"), own=PlanKeys, also=("edge.planner.job:TargetConfig",),
+                    defaults={"budget": 0.5, "backend": "estimate", "precision": "fp16", "power_mode": "MAXN_SUPER",
+                              "batch": 1, "samples": 128, "holdout": 128}),
+    "precision": Section("edge.precision.int8:Int8Config", ("variants", "precisions", "samples"), own=PrecisionKeys,
+                         defaults={"samples": 200}),
+    "estimate": Section("edge.pipeline.recipe:EstimateKeys", ("power_mode", "precision", "batch")),
+    "bundle": Section("edge.bundle:BundleConfig", ("variants", "precisions", "samples", "gate_images"),
+                      own=BundleKeys, defaults={"precisions": ("fp32", "fp16", "int8"), "samples": 200}),
 }
+OPTIONAL = ("plan", "precision", "estimate", "bundle")  # sections that run only when the recipe has them
 
 
 @functools.cache
 def section_type(key: str) -> type:
     """The frozen dataclass of recipe section ``key``: its keys as fields of the library config (or ``own``)."""
     section = SECTIONS[key]
-    found = {}  # name -> (field, type) of the library config, then of the pipeline's own keys
-    for cls in (section.library_config(), *([section.own] if section.own is not None else [])):
+    found = {}  # name -> (field, type) of the library configs, then of the pipeline's own keys
+    for cls in (*section.library_configs(), *([section.own] if section.own is not None else [])):
         hints = typing.get_type_hints(cls)
         found |= {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
     missing = [name for name in section.keys if name not in found]
@@ -103,7 +151,8 @@ def _section(key: str):
 @dataclass(frozen=True)
 class Variant:
     name: str
-    plan: str | None = None  # canonical plan text; None: the model as it is
+    plan: str | None = None  # canonical plan text; None: the model as it is (or, searched, the plan found)
+    searched: bool = False   # the plan section's choice (its plan is known once the search ran)
 
 
 @dataclass(frozen=True)
@@ -123,6 +172,10 @@ class Recipe:
     export: typing.Any = _section("export")            # batch, opset of ExportConfig
     evaluate: typing.Any = _section("evaluate")        # batch_size of EvaluateConfig; samples
     profile: typing.Any = _section("profile")          # warmup, rounds, sessions, ... of SideBySideConfig
+    plan: typing.Any = None       # SearchConfig and TargetConfig keys, name; None: no plan search
+    precision: typing.Any = None  # variants, precisions; samples of Int8Config; None: float32 only
+    estimate: typing.Any = None   # power_mode, precision, batch of the Orin Nano estimate; None: none
+    bundle: typing.Any = None     # variants; precisions, samples, gate_images of BundleConfig; None: no bundle
     source: str = BUILTIN  # where the recipe was read from (not a recipe key)
 
     def as_dict(self) -> dict:
@@ -130,12 +183,26 @@ class Recipe:
         record["variants"] = [dataclasses.asdict(v) for v in self.variants]
         return record
 
+    @property
+    def planned(self) -> str | None:
+        """The name of the variant the plan section makes, or None."""
+        return self.plan.name if self.plan is not None else None
+
+    def run_variants(self) -> tuple[Variant, ...]:
+        """Every variant of a run, in the report's order: the reference, the planned one, the rest."""
+        found = list(self.variants)
+        if self.planned is not None:
+            found.insert(1 if found[0].plan is None else 0, Variant(self.planned, None, searched=True))
+        return tuple(found)
+
 
 def _where(source: str, key: str) -> str:
     return f"recipe {source}, key {key}"
 
 
 def _type_name(hint) -> str:
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     base = args[0] if args else hint
     name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[base]
@@ -147,6 +214,11 @@ def _check_value(value, hint, source: str, key: str, limits: Bounds | None = Non
     base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
     if value is None and optional:
         return None
+    if typing.get_origin(base) is tuple:   # tuple[str, ...]: a YAML list of strings
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+            raise EdgeError(f"{_where(source, key)} has the wrong type", expected="a non-empty list of strings",
+                            found=f"{value!r} ({type(value).__name__})")
+        return tuple(value)
     ok = (base is bool and isinstance(value, bool)) or \
          (base is int and isinstance(value, int) and not isinstance(value, bool)) or \
          (base is float and isinstance(value, (int, float)) and not isinstance(value, bool)) or \
@@ -254,22 +326,74 @@ def parse_recipe(document, source: str = BUILTIN, base: Path | None = None) -> R
             raise EdgeError(f"recipe {source}: variants[{seen[variant.name]}] and variants[{i}] are both named "
                             f"{variant.name!r}", fix="give every variant its own name")
         seen[variant.name] = i
-    values = {}
+    values: dict[str, typing.Any] = {}
     for key, value in document.items():
         if key == "variants":
             continue
         if key == "img_size":
             values[key] = None if value is None else _img_size(value, source)
             continue
+        if key in OPTIONAL and value is None:
+            values[key] = None
+            continue
         values[key] = _build(key, value, source) if key in SECTIONS else \
             _check_value(value, hints[key], source, key, bounds(fields[key]))
     for key in ("weights", "data", "fallback_data"):
         if key in values:
             values[key] = _resolve_path(values[key], base)
+    if values.get("plan") is not None and values["plan"].table is not None:
+        values["plan"] = dataclasses.replace(values["plan"], table=_resolve_path(values["plan"].table, base))
     recipe = Recipe(variants=variants, source=source, **values)
     check_model_name(recipe)
     check_weights(recipe)
+    check_stages(recipe)
     return recipe
+
+
+def _one_of(value: str, allowed, source: str, key: str) -> None:
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), list(allowed), n=1)
+        raise EdgeError(f"{_where(source, key)}: {value!r} is not one of its choices",
+                        expected=f"one of {', '.join(allowed)}", found=f"did you mean {close[0]!r}?" if close else None)
+
+
+def check_stages(recipe: Recipe) -> None:
+    """The optional sections against each other and the variants: names, backends, modes, precisions."""
+    from edge.latency import orin
+
+    source = recipe.source
+    names = [v.name for v in recipe.variants]
+    plan = recipe.plan
+    if plan is not None:
+        if not NAME_PATTERN.match(plan.name):
+            raise EdgeError(f"{_where(source, 'plan.name')} is not a usable folder name", found=repr(plan.name),
+                            expected="letters, digits, '.', '_' and '-' (it names the planned variant's folder)")
+        if plan.name in names:
+            raise EdgeError(f"recipe {source}: plan.name and variants[{names.index(plan.name)}] are both named "
+                            f"{plan.name!r}", fix="give the planned variant its own name (plan.name)")
+        _one_of(plan.backend, ("estimate", "onnxruntime", "tensorrt"), source, "plan.backend")
+        if plan.backend == "estimate":
+            _one_of(plan.power_mode, tuple(orin.MODES), source, "plan.power_mode")
+            _one_of(plan.precision, orin.PRECISIONS, source, "plan.precision")
+        elif plan.backend == "tensorrt" and plan.table is None:
+            raise EdgeError(f"{_where(source, 'plan.backend')}: tensorrt without a table",
+                            expected="plan.table: a latency table measured on the device (edge deploy "
+                                     "--latency-table)", fix="set plan.table, or plan.backend: estimate")
+        if plan.table is not None and not Path(plan.table).expanduser().is_file():
+            raise EdgeError(f"{_where(source, 'plan.table')}: {plan.table} does not exist",
+                            expected="a latency table file", fix="fix the path (relative to the recipe's folder)")
+    every = [v.name for v in recipe.run_variants()]
+    for key, allowed in (("precision", ("fp16", "int8")), ("bundle", ("fp32", "fp16", "int8"))):
+        section = getattr(recipe, key)
+        if section is None:
+            continue
+        for i, name in enumerate(section.variants):
+            _one_of(name, every, source, f"{key}.variants[{i}]")
+        for i, precision in enumerate(section.precisions):
+            _one_of(precision, allowed, source, f"{key}.precisions[{i}]")
+    if recipe.estimate is not None:
+        _one_of(recipe.estimate.power_mode, tuple(orin.MODES), source, "estimate.power_mode")
+        _one_of(recipe.estimate.precision, orin.PRECISIONS, source, "estimate.precision")
 
 
 def check_model_name(recipe: Recipe) -> None:
@@ -309,15 +433,35 @@ def _yaml_load(text: str):
     return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+def named_recipes() -> dict[str, Path]:
+    """The recipes shipped beside the built-in one, by name (``spans``: the three-span recipe)."""
+    return {p.stem: p for p in sorted(DEFAULT_RECIPE.parent.glob("*.yaml"))}
+
+
+def named_recipe(name: str) -> Path:
+    """The shipped recipe ``name`` (``default``: the built-in one)."""
+    found = named_recipes()
+    if name not in found:
+        raise EdgeError(f"recipe {name!r} is neither a file nor a shipped recipe",
+                        expected=f"a YAML recipe file, or one of {', '.join(found)}",
+                        fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
+    return found[name]
+
+
 def load_recipe(path: str | Path | None = None) -> Recipe:
-    """Read and check a recipe file; ``None`` reads the built-in default."""
+    """Read and check a recipe file; ``None`` reads the built-in default; a name without a file of that
+    name, a shipped recipe (:func:`named_recipes`)."""
     import yaml
 
-    if path is None:
+    if path is None or str(path) == "default":
         return parse_recipe(_yaml_load(DEFAULT_RECIPE.read_text()), BUILTIN, None)
+    if not Path(path).expanduser().exists() and str(path) in named_recipes():
+        named = named_recipe(str(path))
+        return parse_recipe(_yaml_load(named.read_text()), f"<shipped recipe {named.stem}>", None)
     path = Path(path).expanduser()
     if not path.is_file():
-        raise EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file",
+        raise EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file, or a shipped recipe ("
+                        f"{', '.join(named_recipes())})",
                         fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
     try:
         document = _yaml_load(path.read_text())
@@ -331,8 +475,9 @@ def load_recipe(path: str | Path | None = None) -> Recipe:
     return parse_recipe(document, str(path), path.parent)
 
 
-def default_recipe_text() -> str:
-    return DEFAULT_RECIPE.read_text()
+def default_recipe_text(name: str = "default") -> str:
+    """The text of the built-in recipe, or of the shipped recipe ``name``."""
+    return named_recipe(name).read_text()
 
 
 def with_overrides(recipe: Recipe, *, data: str | None = None, threads: int | None = None) -> Recipe:

@@ -20,11 +20,16 @@ from edge import __version__
 from edge.errors import EdgeError, plural
 from edge.fileio import write_atomic, write_json_atomic
 from edge.pipeline import device_report
-from edge.pipeline.layout import ARTIFACT, DEPLOYED, REPORT, VARIANT_STEPS, VARIANTS, clean_name
+from edge.pipeline.layout import ARTIFACT, BATCHED, BUNDLE, DEPLOYED, PLAN, REPORT, VARIANT_STEPS, VARIANTS, clean_name
 from edge.profile.sidebyside import AA_SUFFIX
 
 FORMAT = "edge-pipeline-report"
-FORMAT_VERSION = 2  # 2: latency side by side (report["latency"], each variant's "speedup")
+# 2: latency side by side (report["latency"], each variant's "speedup"); 3: the story: plan, methods, precision,
+# Orin estimate, bundle, next commands
+FORMAT_VERSION = 3
+#: the measured effect of one epoch of `edge finetune` on a planned model (every variant here is training-free)
+FINETUNE_FIGURE = ("one epoch of `edge finetune` took the 0.5x plan of docs/results/plan-budget.md from its "
+                   "training-free accuracy to 89.84 % (the original: 90.00 %)")
 
 
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
@@ -54,6 +59,22 @@ def _verification(export: dict, clean: dict, verify: dict) -> dict:
     }
 
 
+def variant_kind(run) -> str:
+    if run.variant.searched:
+        return "planned"
+    return "original" if run.variant.plan is None else "method"
+
+
+def plan_methods(plan: str | None) -> list[str]:
+    """The compression methods of a plan, in the plan's order (none for the original)."""
+    if not plan:
+        return []
+    from edge.compress.plan import parse_plan
+    from edge.compress.registry import method_of
+
+    return list(dict.fromkeys(method_of(step).name for step in parse_plan(plan).steps))
+
+
 def variant_entry(run, latency: dict) -> dict:
     records = run.ctx.records[run.variant.name]
     count, export, clean = records["count"].result, records["export"].result, records["clean"].result
@@ -68,8 +89,12 @@ def variant_entry(run, latency: dict) -> dict:
                          "nodes_before_clean": cleaned["nodes_before"], "nodes_after_clean": cleaned["nodes_after"],
                          "clean_rounds": cleaned["rounds"], "clean_passes": cleaned["passes"]}
     backend = timed["backend"]
+    estimate = records["estimate"].result if "estimate" in records else None
     return {
         "name": run.variant.name,
+        "kind": variant_kind(run),
+        "methods": plan_methods(run.plan),
+        "training_free": True,
         "plan": run.plan,
         "requested_plan": run.variant.plan,
         "params": count["params"],
@@ -92,7 +117,39 @@ def variant_entry(run, latency: dict) -> dict:
                     "model": f"{VARIANTS}/{run.variant.name}/{latency['graph']}"},
         "compression": None if compress is None else {k: compress[k] for k in ("calibration", "fit", "planner",
                                                                                 "seconds")},
-        "artifact": f"{VARIANTS}/{run.variant.name}/{ARTIFACT}" if compress is not None else None,
+        "artifact": f"{PLAN}/{ARTIFACT}" if run.variant.searched else
+                    (f"{VARIANTS}/{run.variant.name}/{ARTIFACT}" if compress is not None else None),
+        "orin_estimate": estimate,
+        "steps": {name: record.summary() for name, record in records.items()},
+    }
+
+
+def gate_figures(quantized: dict) -> dict:
+    """The accuracy gate's figures of a converted graph: ``gate`` where edge quantize gives one, else its
+    ``check`` (top-1 agreement and max abs against float32 on real images)."""
+    found = quantized.get("gate") or quantized["check"]
+    keys = ("images", "data", "outputs", "top1_agreement", "max_abs", "mean_abs", "rel_l2", "thresholds", "passed",
+            "accepted_loss", "finite")
+    return {k: found[k] for k in keys if k in found}
+
+
+def precision_entry(run, latency: dict, variants: dict[str, dict], estimate) -> dict:
+    """One fp16 or int8 row: its accuracy, the accuracy gate, its speed here and its Orin estimate."""
+    records = run.ctx.records[run.name]
+    quantized, evaluation, timed = records["quantize"].result, records["evaluate"].result, latency["variants"][run.name]
+    base = variants[run.base.variant.name]
+    orin = base["orin_estimate"]
+    folder = f"{VARIANTS}/{run.base.variant.name}/{run.precision}"
+    return {
+        "name": run.name, "variant": run.base.variant.name, "precision": run.precision, "plan": base["plan"],
+        "accuracy": evaluation["accuracy"], "correct": evaluation["correct"], "samples": evaluation["samples"],
+        "accuracy_data": evaluation["data"], "accuracy_delta_pt_vs_fp32": round(100 * (evaluation["accuracy"]
+                                                                                       - base["accuracy"]), 4),
+        "gate": {graph: gate_figures(q) for graph, q in quantized.items()},
+        "calibration": quantized[BATCHED]["calibration"], "placement": quantized[BATCHED]["placement"],
+        "graphs": {"deployed": f"{folder}/{DEPLOYED}", "batched": f"{folder}/{BATCHED}"},
+        "latency": timed["latency"], "speedup": timed["speedup"],
+        "orin_estimate_ms": None if orin is None else orin["ms"][run.precision],
         "steps": {name: record.summary() for name, record in records.items()},
     }
 
@@ -120,18 +177,82 @@ def latency_summary(latency, ctx) -> dict:
     }
 
 
-def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None, seconds: float) -> dict:
+def orin_section(recipe, variants: list[dict], precisions: list[dict]) -> dict | None:
+    """Every variant's Orin Nano estimate, its speedup against the original's, and the estimator's stated error."""
+    settings = recipe.estimate
+    if settings is None:
+        return None
+    from edge.latency import orin
+
+    fitted = [r for r in orin.report() if "error" in r]
+    reference = variants[0]["orin_estimate"]["ms"]
+    rows = [{"name": v["name"], "precision": settings.precision, "ms": v["orin_estimate"]["ms"][settings.precision],
+             "speedup": reference[settings.precision] / v["orin_estimate"]["ms"][settings.precision]}
+            for v in variants]
+    rows += [{"name": p["name"], "precision": p["precision"], "ms": p["orin_estimate_ms"],
+              "speedup": reference[settings.precision] / p["orin_estimate_ms"]} for p in precisions]
+    return {
+        "device": orin.DEVICE, "power_mode": settings.power_mode, "batch": settings.batch,
+        "precision": settings.precision, "reference": variants[0]["name"], "estimated": True, "rows": rows,
+        "error": {"published": [{k: r[k] for k in ("name", "mode", "precision", "published_ms", "estimate_ms", "error",
+                                                     "calibrated_on")} for r in fitted],
+                  "largest_abs": max(abs(r["error"]) for r in fitted),
+                  "held_out": [r["error"] for r in fitted if not r["calibrated_on"]],
+                  "leave_one_out_largest_abs": max(abs(r["leave_one_out"]["error"]) for r in fitted),
+                  "source": "docs/results/orin-estimator.md"},
+        "note": (f"estimated by edge.latency.orin (a roofline per TensorRT kernel), not measured: within "
+                 f"{100 * max(abs(r['error']) for r in fitted):.1f} % of the published Orin Nano figures it was "
+                 "checked "
+                 f"against (ViT-B/16 and DINOv2-B/14 at 224 px, fp16); on a model this small, launch costs (an assumed "
+                 f"{orin.LAUNCH_US} us per kernel) weigh most, and no published figure checks that"),
+    }
+
+
+def next_commands(out: Path, recipe, bundle) -> list[str]:
+    """What to run next, on a Jetson: the preflight check, then the deployment of the bundle with the report."""
+    if bundle is None:
+        return [f"edge bundle {out} --out {out}/bundle --precision fp32,fp16,int8",
+                "edge deploy --check --host user@jetson",
+                f"edge deploy {out}/bundle --host user@jetson --report {out}"]
+    mode = f" --power-mode {recipe.estimate.power_mode}" if recipe.estimate is not None else ""
+    return [f"edge deploy --check --host user@jetson{mode}",
+            f"edge deploy {out}/{BUNDLE} --host user@jetson{mode} --report {out}"]
+
+
+def not_measured(report: dict) -> list[str]:
+    lines = ["No Jetson was used: every Orin Nano figure is an estimate; `edge deploy` measures them on the device."]
+    if report["precision"]:
+        lines.append("FP16 and INT8 latencies here are ONNX Runtime on this CPU, which runs many float16 ops in "
+                     "float32 and has no Tensor Cores: they say nothing of the speed TensorRT gets on the device.")
+    lines.append(f"Every variant is training-free. `edge finetune MODEL --data fmnist --epochs 1 --out DIR` distils "
+                 f"one from the original: {FINETUNE_FIGURE}.")
+    if report["plan"] and report["plan"]["target"]["backend"] == "estimate":
+        lines.append("The plan was searched on the Orin estimate, not on this CPU: its speedup here is measured, its "
+                     "speedup on the device estimated.")
+    return lines
+
+
+def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None, seconds: float, *,
+                 planned=None, precisions=(), bundle=None) -> dict:
     from edge.runtime import hardware, versions
 
     variants = [variant_entry(run, latency.result) for run in runs]
-    baseline = next((v["accuracy"] for v in variants if v["requested_plan"] is None), None)
+    reference = latency.result["reference"]
+    baseline = next(v["accuracy"] for v in variants if v["name"] == reference)
     for v in variants:
-        v["accuracy_delta_pt"] = None if baseline is None else round(100 * (v["accuracy"] - baseline), 4)
+        v["accuracy_delta_pt"] = round(100 * (v["accuracy"] - baseline), 4)
     front = pareto_front({v["name"]: (v["latency"]["median_ms"], v["accuracy"]) for v in variants})
     for v in variants:
         v["pareto"] = v["name"] in front
+    by_name = {v["name"]: v for v in variants}
+    precision_rows = [precision_entry(run, latency.result, by_name, ctx.recipe.estimate) for run in precisions]
+    for row in precision_rows:
+        row["accuracy_delta_pt"] = round(100 * (row["accuracy"] - baseline), 4)
     records = [r for per in ctx.records.values() for r in per.values()]
-    return {
+    records += [r for r in (planned, bundle) if r is not None]
+    plan = None if planned is None else {**planned.result, "variant": ctx.recipe.planned,
+                                         "steps": {"plan": planned.summary()}}
+    report = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "edge": __version__,
@@ -141,15 +262,26 @@ def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None
         "hardware": hardware(),
         "versions": versions(),
         "threads": ctx.recipe.threads,
+        "plan": plan,
+        "methods": {method: [v["name"] for v in variants if v["kind"] == "method" and v["methods"] == [method]]
+                    for method in dict.fromkeys(m for v in variants for m in v["methods"])},
         "analysis": None if analysis is None else {**analysis.result, "steps": {"analysis": analysis.summary()}},
         "latency": latency_summary(latency, ctx),
         "variants": variants,
+        "precision": precision_rows,
+        "orin_estimate": orin_section(ctx.recipe, variants, precision_rows),
+        "bundle": None if bundle is None else {**bundle.result, "path": str(ctx.out / BUNDLE),
+                                               "steps": {"bundle": bundle.summary()}},
+        "next_commands": next_commands(ctx.out, ctx.recipe, bundle),
         "pareto_front": front,
         "onnxruntime_log": ort_log,
         "steps": {"ran": sum(r.status == "ran" for r in records), "cached": sum(r.status == "cached" for r in records)},
-        "passed": all(v["verification"]["passed"] for v in variants),
+        "passed": all(v["verification"]["passed"] for v in variants)
+                  and all(g.get("passed", True) for p in precision_rows for g in p["gate"].values()),
         "seconds": round(seconds, 2),
     }
+    report["not_measured"] = not_measured(report)
+    return report
 
 
 # ----------------------------------------------------------------------------------------------- tables
@@ -196,9 +328,9 @@ def latency_conditions(report: dict) -> list[str]:
     lat, first, hw = report["latency"], report["variants"][0], report["hardware"]
     p, s, aa = first["profile"], lat["settings"], lat["aa_control"]
     other = lat["contention"].get("other_cpu_share")
-    count = len(report["variants"])
+    count = len(report["variants"]) + len(report.get("precision") or ())
     lines = [
-        f"Latency: {'all ' * (count > 1)}{plural(count, 'variant')} and an A/A control (`{aa['of']}` timed a second "
+        f"Latency: {'all ' * (count > 1)}{plural(count, 'graph')} and an A/A control (`{aa['of']}` timed a second "
         f"time as its own variant) side by side in one run: {p['backend']} {lat['onnxruntime']} on the {p['device']} "
         f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, "
         f"{plural(lat['threads'], 'intra-op thread')}; {s['sessions']} session sets created afresh in rotated "
@@ -251,54 +383,228 @@ def conditions(report: dict) -> list[str]:
     return lines
 
 
+#: the story's keys as a report of an earlier edge (format 2, before them) reads: ``edge deploy --report`` renders
+#: such a report again with the device section
+STORY_KEYS = {"plan": None, "methods": {}, "precision": [], "orin_estimate": None, "bundle": None, "next_commands": [],
+              "not_measured": []}
+
+
 def markdown(report: dict) -> str:
-    lines = ["# edge pipeline report", "", f"Created {report['created']} by edge {report['edge']}.", ""]
-    lines += [f"- {c}" for c in conditions(report)]
-    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    report = {**STORY_KEYS, **report}
+    lines = ["# edge pipeline report", "", f"Created {report['created']} by edge {report['edge']}."]
+    for section in story(report):
+        lines += _md_section(section)
+    lines += ["", "## Accuracy and speed", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table_rows(report)]
-    lines += ["", f"Pareto front (lower median latency, higher accuracy): {', '.join(report['pareto_front'])}."]
+    lines += ["", f"Pareto front (lower median latency, higher accuracy): {', '.join(report['pareto_front'])}. "
+              "report.html plots accuracy against speedup, measured here and estimated for the Orin Nano."]
+    for section in story_after(report):
+        lines += _md_section(section)
+    lines += ["## How it was measured", ""]
+    lines += [f"- {c}" for c in conditions(report)]
     analysis = report["analysis"]
     if analysis:
         lines += ["", "## Analysis of the original model", "",
                   f"{analysis['samples']} calibration images of `{analysis['data']}`; most redundant block (highest "
                   f"Block Redundancy): {analysis['most_redundant_block']}. Heatmaps: "
                   + ", ".join(f"[{k}]({v})" for k, v in analysis["pictures"].items()) + "."]
-    lines += ["", "report.html has the accuracy-vs-latency chart and the heatmaps; report.json has every figure.", ""]
+    lines += ["", "report.html has the accuracy-vs-speed chart and the heatmaps; report.json has every figure.", ""]
     if report.get("device"):
         lines += device_report.device_markdown(report["device"])
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ story
+# Each section: a title, paragraphs, and tables (head, rows); markdown and HTML render the same sections.
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.2f} %"
+
+
+def asked_section(report: dict) -> tuple[str, list[str], list]:
+    rec, plan = report["recipe"], report["plan"]
+    lines = [f"Model `{rec['model']}`, data `{report['data']['used']}`."]
+    if plan:
+        t = plan["target"]
+        where = f"{t['device']}" + (f", power mode {t['power_mode']}" if t.get("power_mode") else "")
+        lines.append(f"A plan at most **{plan['budget']:g}x** of the original's latency ({plan['budget_ms']:.4g} ms) "
+                     f"on **{where}** ({t['backend']}, {t['precision']}, batch {t['batch']}); "
+                     + ("latency estimated, not measured (edge.latency.orin)." if t["backend"] == "estimate"
+                        else f"latency table {plan['table']}."))
+    methods = report["methods"]
+    if methods:
+        lines.append("Beside it, one variant per compression method: " + "; ".join(
+            f"{m}: {', '.join(f'`{n}`' for n in names)}" for m, names in methods.items()) + ".")
+    if report["precision"]:
+        lines.append("FP16 and INT8 of " + ", ".join(sorted({f"`{p['variant']}`" for p in report["precision"]}))
+                     + ".")
+    return "What was asked", lines, []
+
+
+def chosen_section(report: dict) -> tuple[str, list[str], list] | None:
+    plan = report["plan"]
+    if not plan:
+        return None
+    chosen, original = plan["chosen"], plan["original"]
+    lines = [f"`edge plan` chose **`{chosen['plan']}`** (the variant `{plan['variant']}`): predicted "
+             f"{chosen['predicted_ms']:.4g} ms, {original['predicted_ms'] / chosen['predicted_ms']:.2f}x faster "
+             "than the "
+             f"original's {original['predicted_ms']:.4g} ms; held-out KL {chosen['kl']:.4g}, top-1 agreement with the "
+             f"original {100 * chosen['agreement']:.2f} % on {plan['search']['holdout']} held-out training images.",
+             f"Each round took the move with the least KL lost per ms saved, measured beside the plan so far "
+             f"({plan['measured_plans']} plans measured, {plan['refused']} refused, {plan['seconds']:.0f} s; "
+             f"{plan['search']['samples']} calibration images). Its record: {plan['files']['record']}, "
+             f"{plan['files']['markdown']}, {plan['files']['plot']}."]
+    rounds = [(str(r["round"]), r["method"], r["label"], f"{r['predicted_ms']:.4g}", f"{r['kl']:.4g}",
+               f"{100 * r['agreement']:.2f} %", r["why"]) for r in plan["rounds"]]
+    front = [(p["plan"] or "(original)", f"{p['predicted_ms']:.4g}", f"{p['kl']:.4g}", f"{100 * p['agreement']:.2f} %")
+             for p in plan["front"]]
+    return "What was chosen and why", lines, [
+        (("round", "method", "move", "predicted ms", "KL", "agreement", "why"), rounds),
+        (("Pareto front: plan", "predicted ms", "KL", "agreement"), front)]
+
+
+def precision_section(report: dict) -> tuple[str, list[str], list] | None:
+    rows = report["precision"]
+    if not rows:
+        return None
+    table = []
+    for p in rows:
+        gate = p["gate"][BATCHED]
+        table.append((p["name"], f"{100 * p['accuracy']:.2f}", f"{p['accuracy_delta_pt_vs_fp32']:+.2f}",
+                      _pct(gate.get("top1_agreement")), _fmt(gate.get("max_abs"), ".2e"),
+                      _fmt(gate.get("rel_l2"), ".2e"),
+                      {True: "passed", False: "FAILED"}.get(gate.get("passed"), "-"),
+                      speedup_cell(p["speedup"]), _fmt(p["orin_estimate_ms"], ".4f")))
+    first = rows[0]
+    gate = first["gate"][BATCHED]
+    calibrated = next((p["calibration"] for p in rows if p["calibration"]), None)
+    lines = [f"Each graph made by `edge quantize` (the library's defaults"
+             + (f"; INT8 calibrated on {calibrated['samples']} training images of `{calibrated['data']}`" if calibrated
+                else "") + f") from the variant's cleaned float32 graphs; accuracy with ONNX Runtime on "
+             f"{first['samples']:,} images of `{first['accuracy_data']}`; the accuracy gate against float32 on "
+             f"{gate.get('images', '-')} test images" + (f" of `{gate['data']}`" if gate.get("data") else "")
+             + " (of the dynamic-batch graph; the static one's in report.json). Speedup: against the float32 original "
+               "here (ONNX Runtime on this CPU)."]
+    return "Precision", lines, [(("graph", "accuracy %", "vs float32 pt", "gate top-1 agreement", "gate max abs",
+                                  "gate rel L2", "gate", "speedup here [95 %]", "Orin est. ms"), table)]
+
+
+def orin_rows(report: dict) -> list[tuple[str, ...]]:
+    orin = report["orin_estimate"]
+    measured = {v["name"]: v["speedup"] for v in report["variants"]} | {p["name"]: p["speedup"]
+                                                                           for p in report["precision"]}
+    return [(r["name"], r["precision"], f"{r['ms']:.4f}", f"{r['speedup']:.2f}x",
+             f"{measured[r['name']]['speedup']:.2f}x") for r in orin["rows"]]
+
+
+def orin_section_text(report: dict) -> tuple[str, list[str], list] | None:
+    orin = report["orin_estimate"]
+    if not orin:
+        return None
+    lines = [f"**Estimates, not measurements**: {orin['device']}, power mode {orin['power_mode']}, batch "
+             f"{orin['batch']}, TensorRT {orin['precision']} for the float32 variants (FP16/INT8 rows at their own "
+             f"precision). {orin['note']} ({orin['error']['source']})."]
+    return "On the Orin Nano (estimated)", lines, [(("variant", "precision", "estimated ms", "estimated speedup",
+                                                      "measured speedup here"), orin_rows(report))]
+
+
+def bundle_section(report: dict) -> tuple[str, list[str], list] | None:
+    bundle = report["bundle"]
+    if not report["next_commands"]:
+        return None
+    lines = []
+    if bundle:
+        lines.append(f"`{bundle['path']}`: what `edge bundle` makes ({', '.join(bundle['variants'])}; "
+                     f"{bundle['files']} files: graphs, TensorRT build configs, the accuracy gate on "
+                     f"{bundle['gate_images']} images, the device runner).")
+    lines.append("Next, on a Jetson (the device builds its engines from the bundle; results join this report):")
+    lines += [f"`{c}`" for c in report["next_commands"]]
+    return "The bundle, and what to run next", lines, []
+
+
+def not_measured_section(report: dict) -> tuple[str, list[str], list] | None:
+    return ("What was not measured", report["not_measured"], []) if report["not_measured"] else None
+
+
+def story(report: dict) -> list[tuple[str, list[str], list]]:
+    """The report's sections top-down, before the variants table."""
+    return [s for s in (asked_section(report), chosen_section(report)) if s is not None]
+
+
+def story_after(report: dict) -> list[tuple[str, list[str], list]]:
+    """The sections after the variants table."""
+    return [s for s in (precision_section(report), orin_section_text(report), bundle_section(report),
+                        not_measured_section(report)) if s is not None]
+
+
+def _md_section(section) -> list[str]:
+    title, lines, tables = section
+    out = ["", f"## {title}", ""]
+    for line in lines:
+        out += [line, ""]
+    for head, rows in tables:
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+        out.append("")
+    return out
+
+
+def _html_inline(text: str) -> str:
+    """Markdown's `code` and **bold** of a story line, escaped."""
+    import re
+
+    escaped = html.escape(text)
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", escaped)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", escaped)
+
+
+def _html_section(section) -> str:
+    title, lines, tables = section
+    parts = [f"<h2>{html.escape(title)}</h2>"] + [f"<p>{_html_inline(line)}</p>" for line in lines]
+    for head, rows in tables:
+        parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+                     + "".join("<tr>" + "".join(f'<td class="text">{html.escape(str(c))}</td>' for c in row) + "</tr>"
+                               for row in rows) + "</table>")
+    return "\n".join(parts)
+
+
 # ------------------------------------------------------------------------------------------------- HTML
 
 
-def pareto_chart_png(report: dict) -> bytes:
-    """Accuracy against median latency (whiskers: p10 to p90), the Pareto front joined by a step line."""
+def speed_chart_png(report: dict) -> bytes:
+    """Accuracy against speedup over the original: measured here (ONNX Runtime, whiskers: the 95 % interval)
+    and, where the recipe asks for it, estimated for the Orin Nano: two labelled series."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variants = report["variants"]
-    fig, ax = plt.subplots(figsize=(7.2, 4.6), dpi=110, layout="constrained")
-    for v in variants:
-        s = v["latency"]
-        x, y = s["median_ms"], 100 * v["accuracy"]
-        color = "#c44e52" if v["pareto"] else "#4c72b0"
-        ax.errorbar([x], [y], xerr=[[x - s["p10_ms"]], [s["p90_ms"] - x]], fmt="o", color=color, capsize=3,
-                    markersize=7 if v["pareto"] else 5)
-        ax.annotate(v["name"], (x, y), textcoords="offset points", xytext=(6, 5), fontsize=8)
-    front = [v for v in variants if v["pareto"]]
-    front.sort(key=lambda v: v["latency"]["median_ms"])
-    if len(front) > 1:
-        ax.step([v["latency"]["median_ms"] for v in front], [100 * v["accuracy"] for v in front], where="post",
-                color="#c44e52", alpha=0.6, label="Pareto front")
-        ax.legend(loc="lower right", fontsize=8)
-    first = variants[0]
-    ax.set_xlabel(f"median latency (ms), {first['profile']['backend']} {first['profile']['device']}, batch "
-                  f"{first['profile']['batch']}, {first['profile']['threads']} threads (whiskers: p10 to p90)")
+    rows = [*report["variants"], *report["precision"]]
+    fig, ax = plt.subplots(figsize=(7.6, 4.8), dpi=110, layout="constrained")
+    for i, v in enumerate(rows):
+        s, y = v["speedup"], 100 * v["accuracy"]
+        ax.errorbar([s["speedup"]], [y], xerr=[[s["speedup"] - s["low"]], [s["high"] - s["speedup"]]], fmt="o",
+                    color="#4c72b0", capsize=3, markersize=6,
+                    label="measured here (ONNX Runtime, CPU)" if not i else None)
+        ax.annotate(v["name"], (s["speedup"], y), textcoords="offset points", xytext=(6, 5), fontsize=7)
+    orin = report["orin_estimate"]
+    if orin:
+        accuracy = {v["name"]: v["accuracy"] for v in rows}
+        for i, r in enumerate(orin["rows"]):
+            ax.plot([r["speedup"]], [100 * accuracy[r["name"]]], "D", color="#dd8452", markersize=5,
+                    label=f"Orin Nano, estimated ({orin['power_mode']}, TensorRT)" if not i else None)
+            ax.annotate(r["name"], (r["speedup"], 100 * accuracy[r["name"]]), textcoords="offset points",
+                        xytext=(6, -9), fontsize=7, color="#a0522d")
+    ax.axvline(1.0, color="#999", lw=0.8)
+    ax.legend(loc="lower left", fontsize=8)
+    first = report["variants"][0]
+    ax.set_xlabel(f"speedup over `{report['latency']['reference']}` (here: measured, batch "
+                  f"{first['profile']['batch']}, "
+                  f"whiskers: 95 % interval; Orin: estimated)")
     ax.set_ylabel(f"top-1 accuracy (%), {first['samples']:,} test images")
-    ax.set_title("accuracy vs latency (red: Pareto front)", fontsize=10)
+    ax.set_title("accuracy vs speed: measured here and estimated for the Orin Nano", fontsize=10)
     ax.grid(alpha=0.3)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
@@ -331,6 +637,7 @@ def _img(png: bytes, caption: str) -> str:
 
 
 def html_report(report: dict, out: Path) -> str:
+    report = {**STORY_KEYS, **report}
     esc = html.escape
     text_columns = {0, 1, 10, 14}
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
@@ -351,10 +658,14 @@ def html_report(report: dict, out: Path) -> str:
         f"<title>edge pipeline report: {esc(report['recipe']['model'])}</title>", f"<style>{CSS}</style></head><body>",
         "<h1>edge pipeline report</h1>",
         f"<p>Created {esc(report['created'])} by edge {esc(report['edge'])}.</p>",
-        '<ul class="conditions">' + "".join(f"<li>{esc(c)}</li>" for c in conditions(report)) + "</ul>",
-        "<h2>Variants</h2>", f"<table><tr>{head}</tr>{''.join(body)}</table>",
+        *[_html_section(section) for section in story(report)],
+        "<h2>Accuracy and speed</h2>", f"<table><tr>{head}</tr>{''.join(body)}</table>",
         "<p>Rows in red are on the Pareto front (lower median latency, higher accuracy).</p>",
-        _img(pareto_chart_png(report), "accuracy vs median latency; whiskers from p10 to p90"),
+        _img(speed_chart_png(report), "accuracy vs speedup over the original: measured here (circles, 95 % "
+                                      "interval) and estimated for the Orin Nano (diamonds)"),
+        *[_html_section(section) for section in story_after(report)],
+        "<h2>How it was measured</h2>",
+        '<ul class="conditions">' + "".join(f"<li>{esc(c)}</li>" for c in conditions(report)) + "</ul>",
     ]
     analysis = report["analysis"]
     if analysis:

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -36,7 +37,7 @@ from torch import nn
 from edge.errors import EdgeError, plural
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.cache import StepCache, StepRecord
-from edge.pipeline.layout import ARTIFACT, BATCHED, DEPLOYED, ORT_LOG, STEPS, VARIANTS, clean_name
+from edge.pipeline.layout import ARTIFACT, BATCHED, BUNDLE, DEPLOYED, ORT_LOG, PLAN, STEPS, VARIANTS, clean_name
 from edge.pipeline.recipe import Recipe, Variant
 from edge.progress import log
 
@@ -195,7 +196,7 @@ class VariantRun:
 
     @cached_property
     def model(self) -> nn.Module:
-        if self.variant.plan is None:
+        if self.variant.plan is None and not self.variant.searched:
             return self.ctx.model
         from edge.compress import load_artifact
 
@@ -306,26 +307,26 @@ class VariantRun:
         return run
 
     def evaluate(self, cleaned: StepRecord) -> StepRecord:
-        recipe = self.ctx.recipe
         graph = clean_name(BATCHED)
-        inputs = {"graph": cleaned.outputs[graph], "data": self.ctx.test_hash, "batch_size": recipe.evaluate.batch_size,
-                  "samples": recipe.evaluate.samples, "seed": recipe.seed}
+        return evaluate_graph(self.ctx, self.variant.name, self.folder, graph, cleaned.outputs[graph])
+
+    def estimate(self) -> StepRecord | None:
+        """The variant's latency on a Jetson Orin Nano as edge.latency.orin estimates it, at every precision."""
+        settings = self.ctx.recipe.estimate
+        if settings is None:
+            return None
 
         def work() -> dict:
-            from edge.check.accuracy import evaluate
-            from edge.check.onnx_classifier import OnnxClassifier
-            from edge.data import InputSpec, balanced_indices
+            from edge.latency import model_parts, predict_parts, orin
 
-            dataset = self.ctx.test_set
-            if recipe.evaluate.samples is not None:
-                picked = balanced_indices(dataset.labels, recipe.evaluate.samples, recipe.seed, dataset.num_classes)
-                dataset = dataset.subset(picked.sort().values, f"{dataset.name}[{len(picked)}]")
-            classifier = OnnxClassifier(self.folder / graph, threads=recipe.threads)
-            result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
-                              batch_size=recipe.evaluate.batch_size)
-            return {**result, "graph": graph, "backend": "onnxruntime"}
+            parts = model_parts(self.model)
+            ms = {precision: predict_parts(parts, orin.estimate_table(parts, settings.power_mode, precision,
+                                                                      settings.batch)).total_ms
+                  for precision in orin.PRECISIONS}
+            return {"ms": ms, "device": orin.DEVICE, "power_mode": settings.power_mode, "batch": settings.batch,
+                    "backend": orin.BACKEND}
 
-        return self._step("evaluate", inputs, work)
+        return self._step("estimate", {"model": self.content_hash, "settings": dataclasses.asdict(settings)}, work)
 
     def run(self) -> StepRecord:
         """Every step but profiling (all variants are profiled together); the clean step's record."""
@@ -334,7 +335,89 @@ class VariantRun:
         cleaned = self.clean(self.export())
         self.verify(cleaned)
         self.evaluate(cleaned)
+        self.estimate()
         return cleaned
+
+
+def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: str) -> StepRecord:
+    """Top-1 accuracy of ``folder/graph`` (a dynamic-batch graph) with ONNX Runtime on the test split."""
+    recipe = ctx.recipe
+    inputs = {"graph": digest, "data": ctx.test_hash, "batch_size": recipe.evaluate.batch_size,
+              "samples": recipe.evaluate.samples, "seed": recipe.seed}
+
+    def work() -> dict:
+        from edge.check.accuracy import evaluate
+        from edge.check.onnx_classifier import OnnxClassifier
+        from edge.data import InputSpec, balanced_indices
+
+        dataset = ctx.test_set
+        if recipe.evaluate.samples is not None:
+            picked = balanced_indices(dataset.labels, recipe.evaluate.samples, recipe.seed, dataset.num_classes)
+            dataset = dataset.subset(picked.sort().values, f"{dataset.name}[{len(picked)}]")
+        classifier = OnnxClassifier(folder / graph, threads=recipe.threads)
+        result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
+                          batch_size=recipe.evaluate.batch_size)
+        return {**result, "graph": graph, "backend": "onnxruntime"}
+
+    return step(ctx, label, "evaluate", folder, inputs, work)
+
+
+class PlannedRun(VariantRun):
+    """The plan search's choice as a variant: its artifact is ``OUT/plan/model`` (no compress step of its own)."""
+
+    def __init__(self, ctx: Context, variant: Variant, planned: StepRecord) -> None:
+        super().__init__(ctx, variant)
+        self.planned = planned
+
+    @property
+    def artifact(self) -> Path:
+        return self.ctx.out / PLAN / ARTIFACT
+
+    def compress(self) -> None:
+        self.plan = self.planned.result["chosen"]["plan"]
+        weights = sha256_file(self.artifact / "model.safetensors")
+        self.content_hash = hashlib.sha256(f"{weights}\0{self.plan}".encode()).hexdigest()
+
+
+class PrecisionRun:
+    """A variant's fp16 or int8 graphs (``edge quantize`` of its two cleaned graphs), evaluated and timed."""
+
+    def __init__(self, base: VariantRun, precision: str) -> None:
+        self.base, self.precision = base, precision
+        self.ctx = base.ctx
+        self.name = f"{base.variant.name}.{precision}"
+        self.folder = base.folder / precision
+
+    def quantize(self, cleaned: StepRecord) -> StepRecord:
+        recipe, settings = self.ctx.recipe, self.ctx.recipe.precision
+        inputs = {"graphs": {g: cleaned.outputs[clean_name(g)] for g in (DEPLOYED, BATCHED)},
+                  "precision": self.precision, "samples": settings.samples, "data": self.ctx.train_hash,
+                  "seed": recipe.seed}
+
+        def work() -> dict:
+            from edge.precision.int8 import Int8Config
+            from edge.precision.quantize import quantize_file
+
+            int8 = Int8Config(data=self.ctx.data, samples=settings.samples, seed=recipe.seed) \
+                if self.precision == "int8" else None
+            return {graph: quantize_summary(quantize_file(self.base.folder / clean_name(graph), self.folder / graph,
+                                                          self.precision, int8=int8))
+                    for graph in (DEPLOYED, BATCHED)}
+
+        return step(self.ctx, self.name, "quantize", self.folder, inputs, work, (DEPLOYED, BATCHED))
+
+    def run(self, cleaned: StepRecord) -> StepRecord:
+        quantized = self.quantize(cleaned)
+        evaluate_graph(self.ctx, self.name, self.folder, BATCHED, quantized.outputs[BATCHED])
+        return quantized
+
+
+def quantize_summary(result: dict) -> dict:
+    """What the report keeps of ``quantize_file``'s result: the accuracy gate's figures and how it was made."""
+    config = result.get("config") or {}
+    return {"precision": result["precision"], "check": result["check"], "gate": result.get("gate"),
+            "calibration": result.get("calibration"), "placement": config.get("placement"),
+            "bytes": result["bytes"], "nodes": result["nodes"]}
 
 
 def reference_variant(recipe: Recipe) -> str:
@@ -342,7 +425,8 @@ def reference_variant(recipe: Recipe) -> str:
     return next((v.name for v in recipe.variants if v.plan is None), recipe.variants[0].name)
 
 
-def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord]) -> StepRecord:
+def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
+                precisions: Sequence[tuple[PrecisionRun, StepRecord]] = ()) -> StepRecord:
     """Every variant's cleaned static-batch graph timed side by side, in one run, with an A/A control.
 
     One step for all variants: their latency ratios always come from one measurement, so a variant
@@ -352,8 +436,11 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord])
 
     recipe = ctx.recipe
     graph = clean_name(DEPLOYED)
-    inputs = {"graphs": {run.variant.name: record.outputs[graph] for run, record in zip(runs, cleaned)},
-              "reference": reference_variant(recipe), "settings": dataclasses.asdict(recipe.profile),
+    graphs = {run.variant.name: (run.folder / graph, record.outputs[graph]) for run, record in zip(runs, cleaned)}
+    graphs |= {run.name: (run.folder / DEPLOYED, record.outputs[DEPLOYED]) for run, record in precisions}
+    reference = reference_variant(recipe)
+    inputs = {"graphs": {name: digest for name, (_, digest) in graphs.items()}, "reference": reference,
+              "settings": dataclasses.asdict(recipe.profile),
               "threads": recipe.threads, "seed": recipe.seed,
               "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
 
@@ -362,11 +449,79 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord])
         from edge.profile.sidebyside import SideBySideConfig, side_by_side
 
         config = SideBySideConfig(**dataclasses.asdict(recipe.profile), seed=recipe.seed)
-        factories = {run.variant.name: functools.partial(OrtBackend, run.folder / graph, threads=recipe.threads,
-                                                         seed=recipe.seed, spinning=config.spinning) for run in runs}
-        return {**side_by_side(factories, inputs["reference"], config), "graph": graph}
+        factories = {name: functools.partial(OrtBackend, path, threads=recipe.threads, seed=recipe.seed,
+                                             spinning=config.spinning) for name, (path, _) in graphs.items()}
+        return {**side_by_side(factories, reference, config), "graph": graph}
 
     return step(ctx, SHARED, "profile", ctx.out, inputs, work)
+
+
+def run_plan(ctx: Context) -> StepRecord | None:
+    """``edge plan``'s search to the recipe's budget on its target, into ``OUT/plan`` (its model: the planned
+    variant)."""
+    settings, recipe = ctx.recipe.plan, ctx.recipe
+    if settings is None:
+        return None
+    inputs = {"source": ctx.source_hash, "architecture": [recipe.model, recipe.img_size], "data": ctx.train_hash,
+              "settings": dataclasses.asdict(settings), "seed": recipe.seed, "threads": recipe.threads,
+              "table": sha256_file(Path(settings.table)) if settings.table else None}
+
+    def work() -> dict:
+        from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget
+        from edge.planner.search import SearchConfig
+
+        search = SearchConfig(budget=settings.budget, data=ctx.data, samples=settings.samples,
+                              holdout=settings.holdout, seed=recipe.seed, shortlist=settings.shortlist,
+                              refresh=settings.refresh)
+        estimate = settings.backend == "estimate"
+        target = TargetConfig(table=settings.table, backend=settings.backend, precision=settings.precision,
+                              batch=settings.batch, threads=None if estimate else recipe.threads,
+                              power_mode=settings.power_mode if estimate else None)
+        # no whole-model timing in the search: the pipeline times the chosen plan beside every variant
+        record = plan_to_budget(ctx.model, ctx.source, ctx.out / PLAN,
+                                PlanJobConfig(search=search, target=target, measure=0, correct=0), progress=log)
+        return plan_summary(record)
+
+    return step(ctx, SHARED, "plan", ctx.out, inputs, work, (PLAN,))
+
+
+def plan_summary(record: dict) -> dict:
+    """What the report keeps of ``plan.json``: the budget, the target, the choice, every round and why, the front."""
+    result = record["result"]
+    rounds = [{k: r[k] for k in ("round", "method", "move", "label", "plan", "kl", "agreement", "predicted_ms",
+                                  "saved_ms", "cost_kl_per_ms", "why", "measured")} for r in result["rounds"]]
+    return {"budget": record["budget"], "budget_ms": record["budget_ms"], "target": record["target"],
+            "table": record["table"], "search": record["search"], "chosen": result["chosen"],
+            "original": result["original"], "rounds": rounds, "front": result["front"],
+            "measured_plans": len(result["points"]), "refused": len(result["refused"]), "builds": result["builds"],
+            "methods": result["methods"], "seconds": result["seconds"],
+            "files": {k: f"{PLAN}/{v}" for k, v in (("record", "plan.json"), ("markdown", "plan.md"),
+                                                     ("plot", "pareto.png"), ("model", ARTIFACT))}}
+
+
+def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, StepRecord]) -> StepRecord | None:
+    """``edge bundle`` of the recipe's variants' cleaned static-batch graphs into ``OUT/bundle``."""
+    settings = ctx.recipe.bundle
+    if settings is None:
+        return None
+    graph = clean_name(DEPLOYED)
+    inputs = {"graphs": {name: cleaned[name].outputs[graph] for name in settings.variants},
+              "settings": dataclasses.asdict(settings), "data": ctx.train_hash}
+
+    def work() -> dict:
+        from edge.bundle import BundleConfig, SourceGraph, make_bundle
+
+        config = BundleConfig(precisions=settings.precisions, data=ctx.data, samples=settings.samples,
+                              gate_images=settings.gate_images)
+        graphs = [SourceGraph(name, runs[name].folder / graph) for name in settings.variants]
+        manifest = make_bundle(graphs, ctx.out / BUNDLE, config, force=True, progress=log,
+                               source={"kind": "pipeline",
+                                       "paths": [f"{VARIANTS}/{n}/{graph}" for n in settings.variants]})
+        return {"folder": BUNDLE, "variants": [f"{v['name']}.{v['precision']}" for v in manifest["variants"]],
+                "files": len(manifest["files"]), "precisions": list(settings.precisions),
+                "gate_images": settings.gate_images}
+
+    return step(ctx, SHARED, "bundle", ctx.out, inputs, work, (BUNDLE,))
 
 
 def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ()) -> dict:
@@ -396,11 +551,28 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     out.mkdir(parents=True, exist_ok=True)
     log(f"edge pipeline: {plural(len(recipe.variants), 'variant')} of {recipe.model} on {data} -> {out}")
     analysis = run_analysis(ctx)
-    runs = [VariantRun(ctx, variant) for variant in recipe.variants]
+    planned = run_plan(ctx)
+    runs: list[VariantRun] = []
+    for variant in recipe.run_variants():
+        if variant.searched:
+            assert planned is not None  # a searched variant comes from the plan section
+            runs.append(PlannedRun(ctx, variant, planned))
+        else:
+            runs.append(VariantRun(ctx, variant))
     cleaned = [run.run() for run in runs]
-    latency = run_profile(ctx, runs, cleaned)
+    by_name = {run.variant.name: (run, record) for run, record in zip(runs, cleaned)}
+    precisions = []
+    if recipe.precision is not None:
+        for name in recipe.precision.variants:
+            base, record = by_name[name]
+            for precision in recipe.precision.precisions:
+                precision_run = PrecisionRun(base, precision)
+                precisions.append((precision_run, precision_run.run(record)))
+    latency = run_profile(ctx, runs, cleaned, precisions)
+    bundle = run_bundle(ctx, {n: r for n, (r, _) in by_name.items()}, {n: c for n, (_, c) in by_name.items()})
     ort_log = write_ort_messages(out)
-    report = build_report(ctx, runs, analysis, latency, ort_log, notice, time.perf_counter() - start)
+    report = build_report(ctx, runs, analysis, latency, ort_log, notice, time.perf_counter() - start,
+                          planned=planned, precisions=[p for p, _ in precisions], bundle=bundle)
     write_reports(out, report)
     return report
 

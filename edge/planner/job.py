@@ -49,6 +49,7 @@ from edge.planner.report import markdown, plot
 from edge.planner.search import Point, Search, SearchConfig, SearchResult
 
 TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json", "model", "finetuned"
+ESTIMATE_MODE = "MAXN_SUPER"   # --backend estimate: the Orin Nano's power mode unless one is asked (JetPack 6.2's top)
 
 
 @dataclass(frozen=True)

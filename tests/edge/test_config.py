@@ -17,12 +17,22 @@ ONE_VARIANT = {"variants": [{"name": "original"}]}
 
 # Where the pipeline's default differs from the library's (and so from the CLI's): the recipe's own
 # default, stated in default.yaml. Anything else differing is a second source of a default.
-RECIPE_OWN_DEFAULTS = {("evaluate", "batch_size"): (500, 256)}
+RECIPE_OWN_DEFAULTS = {
+    ("evaluate", "batch_size"): (500, 256),
+    # the main job fits 5 minutes on 2 cores: a smaller search and calibration; the Orin Nano as the target
+    ("plan", "budget"): (0.5, None), ("plan", "backend"): ("estimate", None), ("plan", "precision"): ("fp16", None),
+    ("plan", "power_mode"): ("MAXN_SUPER", None), ("plan", "batch"): (1, None), ("plan", "samples"): (128, 512),
+    ("plan", "holdout"): (128, 512), ("precision", "samples"): (200, 500), ("bundle", "samples"): (200, 500),
+    ("bundle", "precisions"): (("fp32", "fp16", "int8"), ("fp32", "fp16")),
+}
 
 
 def _library_field(section: Section, name: str) -> tuple[dataclasses.Field, object]:
-    config = section.library_config()
-    return {f.name: f for f in dataclasses.fields(config)}[name], typing.get_type_hints(config)[name]
+    for config in section.library_configs():
+        fields = {f.name: f for f in dataclasses.fields(config)}
+        if name in fields:
+            return fields[name], typing.get_type_hints(config)[name]
+    raise KeyError(name)
 
 
 @pytest.mark.parametrize("key", sorted(SECTIONS))
@@ -46,10 +56,16 @@ def test_the_recipes_own_defaults_are_the_declared_ones_and_default_yaml_states_
                 for key, section in SECTIONS.items() for name, value in section.defaults.items()}
     assert declared == RECIPE_OWN_DEFAULTS
     # default.yaml ("the values below are the defaults") says what a recipe without the key gets
-    implicit, stated = parse_recipe(ONE_VARIANT).as_dict(), load_recipe(None).as_dict()
+    from edge.pipeline.recipe import OPTIONAL
+
+    # an optional section given empty gets the values default.yaml states for it
+    implicit = parse_recipe({**ONE_VARIANT, **{key: {} for key in OPTIONAL},
+                             "precision": {"variants": ["original"]}, "bundle": {"variants": ["original"]}}).as_dict()
+    stated = load_recipe(None).as_dict()
     for record in (implicit, stated):
-        del record["variants"], record["source"]
+        del record["variants"], record["source"], record["precision"]["variants"], record["bundle"]["variants"]
     assert implicit == stated
+    assert parse_recipe(ONE_VARIANT).plan is None   # left out: not run
     assert stated["profile"]["iterations"] is None and stated["evaluate"]["batch_size"] == 500
 
 
@@ -63,7 +79,9 @@ def test_every_numeric_recipe_key_has_a_range():
     assert unranged == set()
     assert ranged == {"calibration.samples", "calibration.holdout", "analysis.samples", "export.batch", "export.opset",
                       "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations",
-                      "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance"}
+                      "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance",
+                      "plan.budget", "plan.batch", "plan.samples", "plan.holdout", "plan.shortlist", "plan.refresh",
+                      "precision.samples", "estimate.batch", "bundle.samples", "bundle.gate_images"}
 
 
 REFUSED = {
