@@ -1,7 +1,7 @@
 """Graphs edge did not export (issue 30, point 7): a torch.onnx export of a timm ViT, which records none of edge
 export's metadata, goes through `edge clean`, `edge quantize` (fp16 without data; int8 and the fp16 range check
-with --data and the input options), `edge bundle`, `edge eval` and `edge verify`; where the preprocessing cannot be inferred, the error
-names the graph, what is missing and the option that supplies it."""
+with --data and the input options), `edge bundle`, `edge eval` and `edge verify`; where the preprocessing cannot
+be inferred, the error names the graph, what is missing and the option that supplies it."""
 
 from __future__ import annotations
 
