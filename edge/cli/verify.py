@@ -67,8 +67,7 @@ def run(args) -> int:
     from edge.runtime import set_threads
 
     options = input_options(args)
-    graphs = [s for s in (args.a, args.b) if s.endswith(".onnx")]
-    if options.given() and not graphs:
+    if options.given() and not any(s.endswith(".onnx") for s in (args.a, args.b)):
         raise EdgeError(f"--input-size, --mean and --std for {args.a} and {args.b}", expected="an .onnx side (the "
                         "preprocessing of a graph from another exporter)", found="two models, whose preprocessing "
                         "is their own timm data config", fix="leave --input-size, --mean and --std out")
