@@ -32,12 +32,17 @@ class OnnxClassifier:
         self.input_name = self.session.get_inputs()[0].name
 
     def data_config(self) -> dict:
-        """The preprocessing recorded in the graph's metadata by ``edge export``."""
+        """The preprocessing recorded in the graph's metadata by ``edge export`` (or by ``edge quantize``/``edge
+        clean`` from the input options); a graph from another exporter records none: the caller resolves it from
+        the user's ``--input-size``, ``--mean`` and ``--std`` (:func:`edge.precision.calibration.input_spec_of`)."""
         try:
             return preprocessing(self.metadata)
         except KeyError as e:
-            raise EdgeError(f"{self.path} has no edge preprocessing metadata ({e.args[0]} missing)",
-                            fix="export the model with `edge export`, which records input size, mean and std") from e
+            raise EdgeError(f"{self.path} records no preprocessing (edge export's metadata: {e.args[0]} missing)",
+                            expected="the input size and the per-channel mean and std the model was trained with",
+                            fix="pass --input-size, --mean and --std (e.g. --input-size 3x224x224 --mean "
+                                "0.485,0.456,0.406 --std 0.229,0.224,0.225: give your model's own), "
+                                "or export the model with `edge export`") from e
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         array = x.numpy().astype(np.float32)

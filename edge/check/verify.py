@@ -28,13 +28,16 @@ class Side:
 
 
 def onnx_side(path: str, threads: int | None = None) -> Side:
-    """The side of an ONNX graph, run with ONNX Runtime; its input from the graph's edge metadata, if any."""
+    """The side of an ONNX graph, run with ONNX Runtime; its input from the graph's edge metadata, else unknown (a
+    graph from another exporter: the other side says it, or the caller sets ``data_config``, as ``edge verify``
+    does from ``--input-size``, ``--mean`` and ``--std``)."""
     from edge.check.onnx_classifier import OnnxClassifier
+    from edge.errors import EdgeError
 
     graph = OnnxClassifier(path, threads=threads)
     try:
         config = graph.data_config()
-    except Exception:  # noqa: BLE001 - a foreign graph without edge metadata: shape from the input only
+    except EdgeError:   # no edge metadata
         config = None
     return Side(path, "onnxruntime", config, lambda x: graph(x).numpy())
 
@@ -57,9 +60,9 @@ def _input_config(a: Side, b: Side) -> dict:
     if not configs:
         from edge.errors import EdgeError
 
-        raise EdgeError(f"neither {a.name} nor {b.name} records its input size",
-                        fix="export ONNX files with `edge export` (it records input size, mean and std), "
-                            "or compare against a model")
+        raise EdgeError(f"neither {a.name} nor {b.name} records its preprocessing (input size, mean, std)",
+                        fix="pass --input-size, --mean and --std (edge verify), export ONNX files with "
+                            "`edge export` (it records them), or compare against a model")
     sizes = {tuple(int(v) for v in c["input_size"]) for c in configs}
     if len(sizes) > 1:
         from edge.errors import EdgeError

@@ -21,21 +21,26 @@ from edge.config import MAX_BATCH
 if TYPE_CHECKING:
     from edge.check.verify import Side
     from edge.models import ImgSize
+    from edge.precision.calibration import InputOptions
 
 EXAMPLES = """  edge verify fmnist-deit-tiny runs/ref.onnx                 # PyTorch against its export
   edge verify runs/ref.onnx runs/ref.clean.onnx --json        # raw export against the cleaned graph
   edge verify runs/linear-9-10 runs/linear-9-10.clean.onnx --data fmnist --batch 32
-  edge verify fmnist-deit-tiny runs/linear-9-10 --max-abs 2 --rel-l2 0.3   # how far a compression moved it"""
+  edge verify fmnist-deit-tiny runs/linear-9-10 --max-abs 2 --rel-l2 0.3   # how far a compression moved it
+  edge verify their.onnx their.clean.onnx --input-size 1x28x28 --mean 0.286 --std 0.353   # another exporter's"""
 
 
 def register(subparsers) -> None:
     from edge.check.compare import Tolerance
+    from edge.cli.quantize import add_input_options
 
     parser = add_command(subparsers, "verify", "compare the outputs of two models or ONNX graphs",
                          "Each side is a model name, a compressed artifact or an .onnx file (run with ONNX\n"
                          "Runtime). Both run on seeded random inputs and on real test images; the result gives the\n"
                          "max absolute and relative L2 error of B against A and the top-1 agreement. Exit status 0\n"
-                         "when every comparison is within tolerance, 1 when not, 2 for bad input.", EXAMPLES)
+                         "when every comparison is within tolerance, 1 when not, 2 for bad input. Two graphs from\n"
+                         "another exporter (torch.onnx, Hugging Face), which record no preprocessing, need\n"
+                         "--input-size, --mean and --std; given, they apply to every .onnx side.", EXAMPLES)
     parser.add_argument("a", type=Model(), help="the reference: model, artifact or .onnx file")
     parser.add_argument("b", type=Model(), help="the candidate: model, artifact or .onnx file")
     add_weights_option(parser, help="weights for a model named by A (and B when B is a model too)")
@@ -46,6 +51,7 @@ def register(subparsers) -> None:
     add_field(parser, "--max-abs", Tolerance, help="tolerance: max absolute error")
     add_field(parser, "--rel-l2", Tolerance, help="tolerance: relative L2 error")
     add_threads_option(parser)
+    add_input_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -54,12 +60,22 @@ def run(args) -> int:
 
     from edge.check.compare import Tolerance
     from edge.check.verify import verify_pair
+    from edge.cli.eval import onnx_input_spec
+    from edge.cli.quantize import input_options
     from edge.data import load_dataset
+    from edge.errors import EdgeError
     from edge.runtime import set_threads
 
+    options = input_options(args)
+    if options.given() and not any(s.endswith(".onnx") for s in (args.a, args.b)):
+        raise EdgeError(f"--input-size, --mean and --std for {args.a} and {args.b}", expected="an .onnx side (the "
+                        "preprocessing of a graph from another exporter)", found="two models, whose preprocessing "
+                        "is their own timm data config", fix="leave --input-size, --mean and --std out")
     set_threads(args.threads)
-    a = load_side(args.a, args.weights, args.img_size, args.threads)
-    b = load_side(args.b, args.weights, args.img_size, args.threads)
+    a = load_side(args.a, args.weights, args.img_size, args.threads, options)
+    b = load_side(args.b, args.weights, args.img_size, args.threads, options)
+    if a.data_config is None and b.data_config is None:   # two graphs that record nothing and no options:
+        onnx_input_spec(args.a, options)                   # raises, naming the options the graphs need
     data = load_dataset(args.data, "test")
     real = data.images[: args.batch].numpy() if hasattr(data, "images") else None
     result = verify_pair(a, b, real=real, batch=args.batch, seed=args.seed,
@@ -81,12 +97,19 @@ def run(args) -> int:
     return 0
 
 
-def load_side(spec: str, weights: str | None, img_size: ImgSize | None, threads: int | None) -> Side:
-    """One side of ``edge verify``: an .onnx file run with ONNX Runtime, or a model (name or artifact) loaded here."""
+def load_side(spec: str, weights: str | None, img_size: ImgSize | None, threads: int | None,
+              options: InputOptions) -> Side:
+    """One side of ``edge verify``: an .onnx file run with ONNX Runtime (its input from ``options`` where given,
+    checked against the graph, else what it records), or a model (name or artifact) loaded here."""
     from edge.check.verify import onnx_side, torch_side
 
     if spec.endswith(".onnx"):
-        return onnx_side(spec, threads)
+        from dataclasses import replace
+
+        from edge.cli.eval import onnx_input_spec
+
+        side = onnx_side(spec, threads)   # first: a file that is no ONNX model is said as such
+        return replace(side, data_config=onnx_input_spec(spec, options).as_dict()) if options.given() else side
     from edge.compress.load import load_model
 
     return torch_side(spec, load_model(spec, weights=weights, img_size=img_size))

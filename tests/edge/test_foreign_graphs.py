@@ -1,7 +1,7 @@
 """Graphs edge did not export (issue 30, point 7): a torch.onnx export of a timm ViT, which records none of edge
 export's metadata, goes through `edge clean`, `edge quantize` (fp16 without data; int8 and the fp16 range check
-with --data and the input options) and `edge bundle`; where the preprocessing cannot be inferred, the error
-names the graph, what is missing and the option that supplies it."""
+with --data and the input options), `edge bundle`, `edge eval` and `edge verify`; where the preprocessing cannot
+be inferred, the error names the graph, what is missing and the option that supplies it."""
 
 from __future__ import annotations
 
@@ -41,13 +41,25 @@ def export_timm_vit(path: Path, bundled: str | None = None) -> Path:
         model = timm.create_model(BUNDLED[bundled].arch, pretrained=False, **BUNDLED[bundled].kwargs)
         model.load_state_dict(read_state_dict(BUNDLED[bundled].weights))
     else:
-        torch.manual_seed(0)
-        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY_VIT)
+        model = tiny_vit()
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation and tracer warnings
         warnings.simplefilter("ignore")
         torch.onnx.export(model.eval(), torch.zeros(1, 1, 28, 28), str(path), dynamo=False, opset_version=17,
                           input_names=["pixels"], output_names=["logits"])
     return path
+
+
+def tiny_vit():
+    """The seeded 2-block timm ViT on 28x28 one-channel images (random weights)."""
+    import torch
+
+    from edge._compat import ensure_torchvision_importable
+
+    ensure_torchvision_importable()
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY_VIT)
 
 
 def edge(*args: str, cache: Path) -> subprocess.CompletedProcess:
@@ -242,3 +254,93 @@ def test_bundle_refuses_int8_of_a_foreign_graph_without_mean_and_std_before_any_
                    "fmnist-mini", "--samples", "8")
     assert f"{tiny} records no preprocessing" in err and "--mean and --std must be given" in err
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+# ------------------------------------------------------------------------------------- edge eval, edge verify
+
+TINY_SPEC = "timm:vit_tiny_patch16_224," + ",".join(f"{k}={v}" for k, v in TINY_VIT.items())
+TIMM_INPUT = ("--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5")   # timm's data config of vit_tiny_patch16_224
+
+
+@pytest.fixture(scope="module")
+def edge_exported(tiny) -> Path:
+    """The tiny graph's weights exported by `edge export` (timm:ARCH and the weights): it records the preprocessing
+    of timm's data config (1x28x28, mean and std 0.5 per RGB channel, averaged on one channel)."""
+    from edge.models.weights_io import save_safetensors
+
+    weights = tiny.with_name("tiny.safetensors")
+    save_safetensors(tiny_vit().state_dict(), weights)
+    out = tiny.with_name("tiny.edge.onnx")
+    assert main(["export", TINY_SPEC, "--weights", str(weights), "--out", str(out), "--no-verify"]) == 0
+    meta = recorded(out)
+    assert json.loads(meta["edge.input_size"]) == [1, 28, 28] and json.loads(meta["edge.mean"]) == [0.5] * 3
+    return out
+
+
+def eval_json(capsys, *argv: str) -> dict:
+    assert main(["eval", *argv, "--data", "fmnist-mini", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_eval_of_a_foreign_graph_with_the_input_options_equals_the_edge_export(tiny, edge_exported, capsys):
+    reference = eval_json(capsys, str(edge_exported))
+    foreign = eval_json(capsys, str(tiny), "--input-size", "28x28", *TIMM_INPUT)
+    assert foreign["samples"] == reference["samples"] == 2000
+    assert foreign["correct"] == reference["correct"]                    # the same images, the same predictions
+    assert foreign["loss"] == pytest.approx(reference["loss"], abs=1e-5)  # and the same logits
+    assert foreign["per_class_accuracy"] == reference["per_class_accuracy"]
+    # other statistics are another preprocessing: the loss moves by 10x the tolerance above (random weights: the
+    # loss stays near ln 10 whatever the input), a check that the options are used at all
+    other = eval_json(capsys, str(tiny), *FMNIST_INPUT)
+    assert abs(other["loss"] - reference["loss"]) > 1e-4
+
+
+def test_eval_of_a_foreign_graph_names_the_options_it_needs(tiny, dynamic, capsys):
+    err = error_of(capsys, "eval", str(tiny), "--data", "fmnist-mini")
+    assert f"{tiny} records no preprocessing (edge export's metadata), so --mean and --std must be given" in err
+    assert "fix: pass --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225" in err and "edge export`" not in err
+    err = error_of(capsys, "eval", str(dynamic), "--data", "fmnist-mini", *FMNIST_INPUT)
+    assert "so --input-size must be given" in err and "input 'pixels' of shape [1, ?, ?, ?]" in err
+    err = error_of(capsys, "eval", str(tiny), "--data", "fmnist-mini", "--input-size", "1x32x32", *FMNIST_INPUT)
+    assert "found: H 32 where the graph has 28, W 32 where the graph has 28" in err
+    err = error_of(capsys, "eval", "fmnist-deit-tiny", "--data", "fmnist-mini", *FMNIST_INPUT)
+    assert "--input-size, --mean and --std for fmnist-deit-tiny" in err and "expected: an .onnx graph" in err
+
+
+def test_verify_two_foreign_graphs_with_the_input_options(tiny, tmp_path, capsys):
+    fp16 = tmp_path / "tiny.fp16.onnx"   # no options: it records no preprocessing either
+    assert main(["quantize", str(tiny), "--precision", "fp16", "--out", str(fp16)]) == 0
+    assert "edge.mean" not in recorded(fp16)
+    capsys.readouterr()
+    fp16_tolerance = ("--max-abs", "0.01", "--rel-l2", "0.01")
+    assert main(["verify", str(tiny), str(fp16), "--data", "fmnist-mini", *FMNIST_INPUT, *fp16_tolerance,
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] and result["input_size"] == [1, 28, 28] and result["outputs"] == "class scores"
+    assert [c["inputs"] for c in result["comparisons"]] == ["random", "real"]
+    assert all(0 < c["max_abs"] < 0.01 for c in result["comparisons"]) and result["top1_agreement"]["real"] >= 0.75
+    # fp32's default tolerance: fp16 is beyond it, exit status 1
+    assert main(["verify", str(tiny), str(fp16), "--data", "fmnist-mini", *FMNIST_INPUT]) == 1
+    assert "beyond tolerance" in capsys.readouterr().err
+    # a graph against itself: exactly equal, on real images normalised by the options
+    assert main(["verify", str(tiny), str(tiny), "--data", "fmnist-mini", *FMNIST_INPUT, "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert all(c["max_abs"] == 0 for c in same["comparisons"]) and same["top1_agreement"]["real"] == 1.0
+
+
+def test_verify_a_foreign_graph_against_its_edge_export_reads_the_recorded_side(tiny, edge_exported, capsys):
+    assert main(["verify", str(edge_exported), str(tiny), "--data", "fmnist-mini", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] and all(c["max_abs"] <= 1e-4 for c in result["comparisons"])
+
+
+def test_verify_of_two_foreign_graphs_names_the_options_they_need(tiny, dynamic, capsys):
+    err = error_of(capsys, "verify", str(tiny), str(tiny), "--data", "fmnist-mini")
+    assert f"{tiny} records no preprocessing (edge export's metadata), so --mean and --std must be given" in err
+    assert "fix: pass --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225" in err and "edge export`" not in err
+    err = error_of(capsys, "verify", str(dynamic), str(dynamic), "--data", "fmnist-mini")
+    assert "so --input-size and --mean and --std must be given" in err
+    err = error_of(capsys, "verify", str(tiny), str(tiny), "--mean", "0.1,0.2", "--std", "0.3")
+    assert "--mean 0.1,0.2" in err and "expected: 1 or 3 values (the input has 1 channel)" in err
+    err = error_of(capsys, "verify", "fmnist-deit-tiny", "fmnist-deit-tiny", *FMNIST_INPUT)
+    assert "expected: an .onnx side" in err
