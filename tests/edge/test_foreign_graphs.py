@@ -227,7 +227,7 @@ def test_fp16_of_a_foreign_graph_matches_float32_on_random_inputs(tiny, tmp_path
     out = tmp_path / "tiny.fp16.onnx"
     assert main(["quantize", str(tiny), "--precision", "fp16", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "against float32 on 64 random inputs" in printed and "no range check was done" in printed
+    assert "against float32 on 500 seeded random inputs" in printed and "no range check was done" in printed
     from edge.check.compare import ort_session
 
     x = np.random.default_rng(1).standard_normal((1, 1, 28, 28)).astype(np.float32)
@@ -241,7 +241,7 @@ def test_fp16_range_check_runs_with_the_input_options(tiny, tmp_path, capsys):
                  *FMNIST_INPUT, "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["range_check"]["done"] and result["range_check"]["samples"] == 16
-    assert result["check"]["outputs"] == "class scores" and result["check"]["images"] == 64
+    assert result["check"]["outputs"] == "class scores" and result["check"]["images"] == 500   # the gate's
     meta = recorded(out)
     assert json.loads(meta["edge.fp16_range_check"])["done"] is True
     assert json.loads(meta["edge.input_size"]) == [1, 28, 28]   # read from the graph's static input shape
