@@ -189,7 +189,9 @@ def with_needed_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
 def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibration: Calibration, *,
                   head: frozenset[str] = frozenset(),
                   quiet: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> tuple[onnx.ModelProto, dict]:
-    """The Q/DQ int8 graph of ``model`` (float32, named ``source`` in errors) and a report (calibration, structure).
+    """The Q/DQ int8 graph of ``model`` (float32, named ``source`` in errors) and a report (calibration, structure;
+    with ``linear-sq``, ``smoothed_float_graph``: the float graph after smoothing, whose LayerNorm outputs are
+    rescaled per channel, the graph to compare the int8 graph's intermediate tensors with).
 
     ``head``: the names of the classifier head's nodes, which the ``modelopt`` placement leaves
     unquantized. ``quiet``: a context ONNX Runtime's quantizer runs in (edge's keeps ONNX Runtime's
@@ -223,6 +225,8 @@ def quantize_int8(model: onnx.ModelProto, source: str, config: QdqConfig, calibr
                                   for op in (*GEMM_OPS, "Add", "LayerNormalization")},
               **_qdq_counts(quantized), **placement, "onnxruntime_log": ort_log,
               **({"smoothquant": smoothing} if smoothing else {})}
+    if smoothing:   # the float graph the Q/DQ pairs were placed in (its LayerNorms rescaled): for per-tensor errors
+        report["smoothed_float_graph"] = model
     return quantized, report
 
 

@@ -108,6 +108,13 @@ class SourceGraph:
 
     name: str
     path: Path
+    precisions: tuple[str, ...] | None = None   # None: every precision of the bundle's config
+
+
+def _precisions(graph: SourceGraph, config: BundleConfig) -> tuple[str, ...]:
+    """The precisions ``graph`` is packed in: its own, else the config's (edge pipeline leaves out a graph's
+    precision whose conversion fell below the accuracy gate)."""
+    return tuple(graph.precisions) if graph.precisions is not None else tuple(config.precisions)
 
 
 def _variant_name(path: Path) -> str:
@@ -207,7 +214,7 @@ def _with_input_options(source: SourceGraph, config: BundleConfig, folder: Path)
     with_input_options(model, str(source.path), given)
     path = folder / source.path.name
     onnx.save(model, str(path))
-    return SourceGraph(source.name, path)
+    return SourceGraph(source.name, path, source.precisions)
 
 
 def _check_inputs(source: SourceGraph, config: BundleConfig) -> None:
@@ -217,7 +224,7 @@ def _check_inputs(source: SourceGraph, config: BundleConfig) -> None:
 
     from edge.precision.calibration import input_spec_of
 
-    needs_images = "int8" in config.precisions and _check_convertible(source, "int8") == "float32"
+    needs_images = "int8" in _precisions(source, config) and _check_convertible(source, "int8") == "float32"
     given = config.input_options
     if needs_images or (given is not None and given.given()):
         input_spec_of(onnx.load(str(source.path), load_external_data=False), str(source.path), given)
@@ -266,7 +273,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     source = source or onnx_source(graphs)
     graphs = source_graphs(graphs)
     for graph in graphs:  # before minutes of calibration, not after
-        for precision in config.precisions:
+        for precision in _precisions(graph, config):
             _check_convertible(graph, precision)
     for graph in graphs:
         _check_inputs(graph, config)
@@ -279,7 +286,7 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
         for original in graphs:
             graph = _with_input_options(original, config, Path(prepared))
             written = {}
-            for precision in config.precisions:  # every graph TensorRT would refuse is named before the gate
+            for precision in _precisions(original, config):  # every graph TensorRT refuses is named before the gate
                 relative = f"{GRAPHS}/{graph.name}/{precision}.onnx"
                 made = _write_precision(graph, precision, tmp / relative, config, progress)
                 _check_tensorrt_rules(tmp / relative, f"{graph.name}.{precision}", config, progress)

@@ -50,6 +50,9 @@ def register(subparsers) -> None:
     add_field(parser, "--holdout", SearchConfig, help="held-out training images every plan is scored on")
     add_field(parser, "--seed", SearchConfig, help="random seed (samples, fits, timing order)")
     add_field(parser, "--shortlist", SearchConfig, help="moves re-measured each round (cheapest by their last cost)")
+    add_field(parser, "--min-step", SearchConfig, help="a move must save at least this share of the original's "
+              "predicted latency while such moves exist (default 0: any saving; e.g. 0.02 on a launch-bound target "
+              "such as a small model on the Orin estimate, where width cuts save a fraction of a percent each)")
     add_field(parser, "--refresh", SearchConfig, help="every N rounds every move is measured again")
     parser.add_argument("--table", type=ExistingFile(), metavar="FILE", action="append",
                         help="a latency table measured on the target (default: measure one here, ONNX Runtime); "
@@ -110,6 +113,7 @@ def run(args) -> int:
     set_threads(args.train_threads)
     search = SearchConfig(budget=args.budget, budget_ms=args.budget_ms, data=args.data, samples=args.samples,
                           holdout=args.holdout, seed=args.seed, shortlist=args.shortlist, refresh=args.refresh,
+                          min_step=args.min_step,
                           shape_rules=args.shape_rules)
     search.check()
     target = TargetConfig(table=tuple(args.table or ()), backend=args.backend, device=args.device,

@@ -113,7 +113,7 @@ SECTIONS = {
     # optional sections (None unless the recipe has them): the planner, precision, the Orin estimate, the bundle
     "plan": Section("edge.planner.search:SearchConfig",
                     ("name", "budget", "backend", "table", "precision", "power_mode", "batch", "samples", "holdout",
-                     "shortlist", "refresh"), own=PlanKeys, also=("edge.planner.job:TargetConfig",),
+                     "shortlist", "refresh", "min_step"), own=PlanKeys, also=("edge.planner.job:TargetConfig",),
                     defaults={"budget": 0.5, "backend": "estimate", "precision": "fp16", "power_mode": "MAXN_SUPER",
                               "batch": 1, "samples": 128, "holdout": 128}),
     "precision": Section("edge.precision.int8:Int8Config", ("variants", "precisions", "samples"), own=PrecisionKeys,

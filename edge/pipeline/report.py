@@ -276,8 +276,8 @@ def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None
         "pareto_front": front,
         "onnxruntime_log": ort_log,
         "steps": {"ran": sum(r.status == "ran" for r in records), "cached": sum(r.status == "cached" for r in records)},
-        "passed": all(v["verification"]["passed"] for v in variants)
-                  and all(g.get("passed", True) for p in precision_rows for g in p["gate"].values()),
+        "passed": all(v["verification"]["passed"] for v in variants),
+        "below_gate": [p["name"] for p in precision_rows if not all(g.get("passed", True) for g in p["gate"].values())],
         "seconds": round(seconds, 2),
     }
     report["not_measured"] = not_measured(report)
@@ -475,7 +475,7 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
         table.append((p["name"], f"{100 * p['accuracy']:.2f}", f"{p['accuracy_delta_pt_vs_fp32']:+.2f}",
                       _pct(gate.get("top1_agreement")), _fmt(gate.get("max_abs"), ".2e"),
                       _fmt(gate.get("rel_l2"), ".2e"),
-                      {True: "passed", False: "FAILED"}.get(gate.get("passed"), "-"),
+                      {True: "passed", False: "below: not bundled"}.get(gate.get("passed"), "-"),
                       speedup_cell(p["speedup"]), _fmt(p["orin_estimate_ms"], ".4f")))
     first = rows[0]
     gate = first["gate"][BATCHED]
@@ -487,6 +487,12 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
              f"{gate.get('images', '-')} test images" + (f" of `{gate['data']}`" if gate.get("data") else "")
              + " (of the dynamic-batch graph; the static one's in report.json). Speedup: against the float32 original "
                "here (ONNX Runtime on this CPU)."]
+    if report.get("below_gate"):
+        lines.append(f"Below the accuracy gate: {', '.join(report['below_gate'])}. `edge quantize` refuses such a "
+                     "graph (exit 2, naming the nodes that add most error); the pipeline writes it with the loss "
+                     "accepted so that its accuracy shows what the gate saw, and leaves it out of the bundle. A "
+                     "training-free plan has closer logits than the original, so rounding flips more of its answers: "
+                     "fine-tune it first (`edge finetune`), or ship its FP16.")
     return "Precision", lines, [(("graph", "accuracy %", "vs float32 pt", "gate top-1 agreement", "gate max abs",
                                   "gate rel L2", "gate", "speedup here [95 %]", "Orin est. ms"), table)]
 
@@ -518,7 +524,9 @@ def bundle_section(report: dict) -> tuple[str, list[str], list] | None:
     if bundle:
         lines.append(f"`{bundle['path']}`: what `edge bundle` makes ({', '.join(bundle['variants'])}; "
                      f"{bundle['files']} files: graphs, TensorRT build configs, the accuracy gate on "
-                     f"{bundle['gate_images']} images, the device runner).")
+                     f"{bundle['gate_images']} images, the device runner)"
+                     + (f"; left out, below the accuracy gate: {', '.join(bundle['left_out'])}"
+                        if bundle.get("left_out") else "") + ".")
     lines.append("Next, on a Jetson (the device builds its engines from the bundle; results join this report):")
     lines += [f"`{c}`" for c in report["next_commands"]]
     return "The bundle, and what to run next", lines, []

@@ -395,16 +395,25 @@ class PrecisionRun:
                   "seed": recipe.seed}
 
         def work() -> dict:
+            from edge.precision.gate import GateConfig
             from edge.precision.int8 import Int8Config
             from edge.precision.quantize import quantize_file
 
             int8 = Int8Config(data=self.ctx.data, samples=settings.samples, seed=recipe.seed) \
                 if self.precision == "int8" else None
+            # a graph below the accuracy gate is written for the report (its accuracy says what the gate saw)
+            # and marked; the bundle leaves it out (edge bundle would refuse it)
             return {graph: quantize_summary(quantize_file(self.base.folder / clean_name(graph), self.folder / graph,
-                                                          self.precision, int8=int8))
+                                                          self.precision, int8=int8,
+                                                          gate=GateConfig(accept_loss=True)))
                     for graph in (DEPLOYED, BATCHED)}
 
         return step(self.ctx, self.name, "quantize", self.folder, inputs, work, (DEPLOYED, BATCHED))
+
+    @staticmethod
+    def below_gate(quantized: StepRecord) -> bool:
+        """Whether either graph fell below the accuracy gate (written with the loss accepted, marked)."""
+        return any((q.get("gate") or q["check"]).get("accepted_loss") for q in quantized.result.values())
 
     def run(self, cleaned: StepRecord) -> StepRecord:
         quantized = self.quantize(cleaned)
@@ -472,7 +481,7 @@ def run_plan(ctx: Context) -> StepRecord | None:
 
         search = SearchConfig(budget=settings.budget, data=ctx.data, samples=settings.samples,
                               holdout=settings.holdout, seed=recipe.seed, shortlist=settings.shortlist,
-                              refresh=settings.refresh)
+                              refresh=settings.refresh, min_step=settings.min_step)
         estimate = settings.backend == "estimate"
         target = TargetConfig(table=settings.table, backend=settings.backend, precision=settings.precision,
                               batch=settings.batch, threads=None if estimate else recipe.threads,
@@ -499,26 +508,30 @@ def plan_summary(record: dict) -> dict:
                                                      ("plot", "pareto.png"), ("model", ARTIFACT))}}
 
 
-def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, StepRecord]) -> StepRecord | None:
-    """``edge bundle`` of the recipe's variants' cleaned static-batch graphs into ``OUT/bundle``."""
+def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, StepRecord],
+               below_gate: frozenset[tuple[str, str]] = frozenset()) -> StepRecord | None:
+    """``edge bundle`` of the recipe's variants' cleaned static-batch graphs into ``OUT/bundle``, less each
+    (variant, precision) in ``below_gate`` (its conversion fell below the accuracy gate: edge bundle refuses it)."""
     settings = ctx.recipe.bundle
     if settings is None:
         return None
     graph = clean_name(DEPLOYED)
+    kept = {name: tuple(p for p in settings.precisions if (name, p) not in below_gate) for name in settings.variants}
     inputs = {"graphs": {name: cleaned[name].outputs[graph] for name in settings.variants},
-              "settings": dataclasses.asdict(settings), "data": ctx.train_hash}
+              "settings": dataclasses.asdict(settings), "data": ctx.train_hash, "precisions": kept}
 
     def work() -> dict:
         from edge.bundle import BundleConfig, SourceGraph, make_bundle
 
         config = BundleConfig(precisions=settings.precisions, data=ctx.data, samples=settings.samples,
                               gate_images=settings.gate_images)
-        graphs = [SourceGraph(name, runs[name].folder / graph) for name in settings.variants]
+        graphs = [SourceGraph(name, runs[name].folder / graph, kept[name]) for name in settings.variants if kept[name]]
         manifest = make_bundle(graphs, ctx.out / BUNDLE, config, force=True, progress=log,
                                source={"kind": "pipeline",
                                        "paths": [f"{VARIANTS}/{n}/{graph}" for n in settings.variants]})
         return {"folder": BUNDLE, "variants": [f"{v['name']}.{v['precision']}" for v in manifest["variants"]],
                 "files": len(manifest["files"]), "precisions": list(settings.precisions),
+                "left_out": sorted(f"{n}.{p}" for n, p in below_gate if n in kept and p in settings.precisions),
                 "gate_images": settings.gate_images}
 
     return step(ctx, SHARED, "bundle", ctx.out, inputs, work, (BUNDLE,))
@@ -569,7 +582,9 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
                 precision_run = PrecisionRun(base, precision)
                 precisions.append((precision_run, precision_run.run(record)))
     latency = run_profile(ctx, runs, cleaned, precisions)
-    bundle = run_bundle(ctx, {n: r for n, (r, _) in by_name.items()}, {n: c for n, (_, c) in by_name.items()})
+    below_gate = frozenset((p.base.variant.name, p.precision) for p, record in precisions if p.below_gate(record))
+    bundle = run_bundle(ctx, {n: r for n, (r, _) in by_name.items()}, {n: c for n, (_, c) in by_name.items()},
+                        below_gate)
     ort_log = write_ort_messages(out)
     report = build_report(ctx, runs, analysis, latency, ort_log, notice, time.perf_counter() - start,
                           planned=planned, precisions=[p for p, _ in precisions], bundle=bundle)

@@ -81,6 +81,10 @@ class SearchConfig:
     batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)
     refresh: int = option(0, minimum=0, maximum=1000)     # every N rounds every move is measured again (0: never)
     shortlist: int = option(4, minimum=1, maximum=10000)  # at most this many moves re-measured in a lazy round
+    # a move must save at least this share of the original's predicted latency while such moves exist (0: any
+    # saving); on a launch-bound target (a small model on the Orin estimate) width cuts save a fraction of a
+    # percent each, and a walk of such steps takes a hundred rounds
+    min_step: float = option(0.0, minimum=0.0, maximum=0.5)
     # TensorRT's fast shapes, at which engine precision: auto (the target's precision for a tensorrt or
     # estimate target, off for onnxruntime), off, or fp16 | int8 | fp32 (edge.latency.tensorrt_shapes)
     shape_rules: str = "auto"
@@ -264,6 +268,7 @@ class Search:
         self.last_cost: dict[str, float] = {}
         self.carried: dict[str, str] = {}   # a removed move's key -> the move that carried it on
         self.rounds: list[dict] = []
+        self.min_step_ms = config.min_step * self.original.predicted_ms   # 0 once no move saves that much
         fastest_text = f"linear:-1-{self.planner.info.num_blocks - 1}"   # every block one map: a floor
         self.fastest = self.planner.measure(fastest_text)
 
@@ -307,9 +312,10 @@ class Search:
         def measure(space: SearchSpace, asked: Move) -> None:
             move, after = self._carry_on(space, asked)
             cost = _cost(now, after) if after is not None else math.inf
-            last_cost[asked.key] = cost
+            small = after is not None and now.predicted_ms - after.predicted_ms < self.min_step_ms
+            last_cost[asked.key] = math.inf if small else cost   # re-measured when the minimum step is dropped
             if after is not None:
-                rows.append((cost, move.key, space, move, after))
+                rows.append((math.inf if small else cost, move.key, space, move, after))
 
         if everything:
             for space, move in moves:
@@ -328,6 +334,11 @@ class Search:
             for space, move in moves:
                 measure(space, move)
             usable = [r for r in rows if r[0] < math.inf]
+        if not usable and self.min_step_ms > 0:   # no move saves the minimum step any more: any saving will do
+            self.say(f"no move saves {self.config.min_step:.3g}x of the original any more: smaller steps from here")
+            self.min_step_ms = 0.0
+            last_cost.clear()
+            return self._round()
         if not usable:
             return False
         cost, key, space, move, after = min(usable, key=lambda r: (r[0], r[1]))

@@ -259,10 +259,13 @@ def node_line(node: dict) -> str:
 
 # the verdict
 def judge(reference: onnx.ModelProto, candidate: onnx.ModelProto, precision: str, inputs: np.ndarray,
-          classes: int | None, data: str, source: str, config: GateConfig | None = None) -> dict:
+          classes: int | None, data: str, source: str, config: GateConfig | None = None,
+          node_reference: onnx.ModelProto | None = None) -> dict:
     """The gate of ``candidate`` (``precision``: fp16 or int8) made from ``reference``: its figures,
     thresholds and verdict. Below the thresholds it raises :class:`AccuracyLoss` naming the nodes that
-    add most error, unless ``config.accept_loss``: then the figures carry ``accepted_loss`` and the nodes."""
+    add most error, unless ``config.accept_loss``: then the figures carry ``accepted_loss`` and the nodes.
+    ``node_reference``: the float graph the per-node errors compare with where it is not ``reference`` (an
+    int8 graph placed in a SmoothQuant-rescaled float graph: its LayerNorm outputs differ by design)."""
     config = config or GateConfig()
     thresholds = THRESHOLDS[precision]
     figures = measure(reference, candidate, inputs, classes, data)
@@ -271,7 +274,7 @@ def judge(reference: onnx.ModelProto, candidate: onnx.ModelProto, precision: str
             "accepted_loss": False}
     if not missed or not figures["finite"]:  # non-finite outputs: the caller refuses them whatever the gate says
         return gate
-    gate["nodes"] = node_errors(reference, candidate, inputs[:max(config.node_images, 1)])
+    gate["nodes"] = node_errors(node_reference or reference, candidate, inputs[:max(config.node_images, 1)])
     if config.accept_loss:
         return {**gate, "accepted_loss": True}
     fix = ("keep the named nodes (a DequantizeLinear: its readers) out of int8 (--exclude NODE) or try another "

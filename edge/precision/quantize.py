@@ -168,7 +168,10 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
                         fix="nothing was written; report this graph as a bug") from e
     gate = gate or GateConfig()
     inputs, classes, data_name = _check_images(model, str(model_path), check_data, gate.images)
-    result["check"] = judge(model, converted, precision, inputs, classes, data_name, str(model_path), gate)
+    # per-node errors against the float graph the Q/DQ pairs were placed in (SmoothQuant rescales LayerNorm outputs)
+    smoothed = result.pop("smoothed_float_graph", None)
+    result["check"] = judge(model, converted, precision, inputs, classes, data_name, str(model_path), gate,
+                            node_reference=smoothed)
     if not result["check"]["finite"]:
         raise EdgeError(f"the {precision} graph of {model_path} gives non-finite outputs on real images",
                         fix="nothing was written; keep more ops in float32 (--keep-fp32 OP)")

@@ -209,3 +209,21 @@ def test_a_move_takes_its_blocks_from_the_other_methods(tiny):
     dw = method_named("dwconv").search_space(info)
     assert dw.release(frozenset({1, 2}), (2,)) == frozenset({1})
     assert spans.release(frozenset({1, 2}), (2,)) == frozenset({1})
+
+
+def test_a_minimum_step_takes_only_moves_that_save_it_until_none_does(tiny, table):
+    free = search(tiny, SOURCE, SearchConfig(budget=0.7, **FAST), table)
+    stepped = search(tiny, SOURCE, SearchConfig(budget=0.7, min_step=0.05, **FAST), table)
+    floor = 0.05 * stepped.original.predicted_ms
+    saved = [r["saved_ms"] for r in stepped.rounds]
+    assert stepped.chosen.predicted_ms <= stepped.budget_ms
+    # while a move saved 5 % of the original, only such moves were taken; smaller ones only after the last of them
+    big = [s >= floor for s in saved]
+    assert big[0] and big == sorted(big, reverse=True)
+    assert any(s < floor for s in (r["saved_ms"] for r in free.rounds))   # without it, small steps are taken
+    assert len(stepped.rounds) <= len(free.rounds)
+
+
+def test_a_minimum_step_out_of_range_is_refused():
+    with pytest.raises(EdgeError, match="min_step"):
+        SearchConfig(budget=0.5, min_step=0.9).check()

@@ -204,3 +204,23 @@ def test_the_bundle_carries_the_graphs_gate_figures_to_the_device(graphs, tmp_pa
     assert accuracy["host"] == host
     assert accuracy["versus_host"] == {"device_top1_agreement": 1.0, "host_top1_agreement": host["top1_agreement"],
                                        "host_images": 500, "difference": 1.0 - host["top1_agreement"]}
+
+
+def test_per_node_errors_of_a_smoothquant_graph_compare_with_the_smoothed_float_graph(tmp_path):
+    """SmoothQuant divides each LayerNorm output channel by its scale (folded into the next GEMM): against the
+    unsmoothed float graph every smoothed LayerNorm would look like the node adding most error."""
+    from calib.qdq import Calibration, QdqConfig, quantize_int8
+    from edge.precision.gate import node_errors
+    from tests.calib.test_placement import HEAD, block_graph, images
+
+    original = block_graph()
+    quantized, report = quantize_int8(original, "block", QdqConfig(placement="linear-sq", float_precision="float32"),
+                                      Calibration(images, {"images": "block test"}, tmp_path), head=HEAD)
+    smoothed = report["smoothed_float_graph"]
+    x = images(8)
+    against_original = {n["node"]: n for n in node_errors(original, quantized, x, top=100)}
+    against_smoothed = {n["node"]: n for n in node_errors(smoothed, quantized, x, top=100)}
+    assert against_original["norm1"]["added"] > 0.5          # the rescaling, not an error
+    assert against_smoothed["norm1"]["added"] < 1e-3          # the same LayerNorm, exact in float32
+    worst = max(against_smoothed.values(), key=lambda n: n["added"])
+    assert worst["op"] != "LayerNormalization"
