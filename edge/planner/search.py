@@ -99,6 +99,9 @@ class SearchConfig:
                             fix="a budget above 1.0x asks for a slower model: no plan is needed")
         if self.budget_ms is not None and not 0.0 < self.budget_ms < math.inf:
             raise EdgeError(f"budget {self.budget_ms:g} ms", expected="a positive number of milliseconds")
+        if not 0.0 <= self.min_step <= 0.5:
+            raise EdgeError(f"min_step {self.min_step:g}", expected="0 <= min_step <= 0.5 (a share of the original's "
+                            "predicted latency one move must save)", fix="e.g. --min-step 0.02")
         if self.shape_rules not in SHAPE_RULES:
             raise EdgeError(f"shape rules {self.shape_rules!r}", expected=f"one of {', '.join(SHAPE_RULES)}")
 
