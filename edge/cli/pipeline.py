@@ -29,18 +29,18 @@ def register(subparsers) -> None:
         "Steps whose inputs (content hashes) did not change are not redone; when any variant changed, all\n"
         "are timed again together. Exit status 1 when a cleaned graph disagrees with its PyTorch model, 2 for a bad\n"
         "recipe (nothing is written then).", EXAMPLES)
-    from edge.pipeline.recipe import Recipe
+    from edge.cli.options import Text
+    from edge.pipeline.recipe import Recipe, named_recipes, recipe_argument
 
-    from edge.pipeline.recipe import named_recipes
-
-    parser.add_argument("--recipe", metavar="FILE", help="recipe file (YAML), or a shipped recipe by name: "
+    parser.add_argument("--recipe", metavar="FILE", type=Text(recipe_argument, keep_text=True),
+                        help="recipe file (YAML), or a shipped recipe by name: "
                         f"{' or '.join(named_recipes())} (default: the built-in recipe)")
     add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)
     add_data_option(parser, None, "override the recipe's data (no fallback then)")
     add_field(parser, "--threads", Recipe, default=None, help="override the recipe's threads")
     parser.add_argument("--redo", action="append", default=[], choices=STEPS,
                         help="run this step again even where cached (repeatable)")
-    parser.add_argument("--print-recipe", nargs="?", const="default", metavar="NAME",
+    parser.add_argument("--print-recipe", nargs="?", const="default", metavar="NAME", choices=["default", *named_recipes()],
                         help="print the built-in recipe (or the shipped recipe NAME) and exit")
     parser.set_defaults(run=run)
 

@@ -115,7 +115,7 @@ SECTIONS = {
                     ("name", "budget", "backend", "table", "precision", "power_mode", "batch", "samples", "holdout",
                      "shortlist", "refresh", "min_step"), own=PlanKeys, also=("edge.planner.job:TargetConfig",),
                     defaults={"budget": 0.5, "backend": "estimate", "precision": "fp16", "power_mode": "MAXN_SUPER",
-                              "batch": 1, "samples": 128, "holdout": 128}),
+                              "batch": 1, "samples": 128, "holdout": 128, "min_step": 0.02}),
     "precision": Section("edge.precision.int8:Int8Config", ("variants", "precisions", "samples"), own=PrecisionKeys,
                          defaults={"samples": 200}),
     "estimate": Section("edge.pipeline.recipe:EstimateKeys", ("power_mode", "precision", "batch")),
@@ -448,6 +448,19 @@ def named_recipe(name: str) -> Path:
     return found[name]
 
 
+def recipe_argument(text: str) -> str:
+    """``--recipe``'s check at parse time: an existing file, ``default`` or a shipped recipe's name."""
+    if text == "default" or text in named_recipes() or Path(text).expanduser().is_file():
+        return text
+    raise _no_recipe(Path(text).expanduser())
+
+
+def _no_recipe(path: Path) -> EdgeError:
+    return EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file, or a shipped recipe ("
+                     f"{', '.join(named_recipes())})",
+                     fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
+
+
 def load_recipe(path: str | Path | None = None) -> Recipe:
     """Read and check a recipe file; ``None`` reads the built-in default; a name without a file of that
     name, a shipped recipe (:func:`named_recipes`)."""
@@ -460,9 +473,7 @@ def load_recipe(path: str | Path | None = None) -> Recipe:
         return parse_recipe(_yaml_load(named.read_text()), f"<shipped recipe {named.stem}>", None)
     path = Path(path).expanduser()
     if not path.is_file():
-        raise EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file, or a shipped recipe ("
-                        f"{', '.join(named_recipes())})",
-                        fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
+        raise _no_recipe(path)
     try:
         document = _yaml_load(path.read_text())
     except yaml.YAMLError as e:

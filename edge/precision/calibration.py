@@ -127,7 +127,8 @@ def input_spec_of(model: onnx.ModelProto, source: str, given: InputOptions | Non
                                                   "trained with",
                         found=f"input {name!r} of shape {shown(dims or [])}, no edge.input_size/mean/std metadata",
                         fix=_fix(missing))
-    check_fits(size, dims, name, source)
+    if given.given() or not recorded:   # what edge export recorded is its own graph's (which may flatten images)
+        check_fits(size, dims, name, source)
     _check_channel_values(size[0], source, mean=mean, std=std)
     interpolation = given.interpolation or recorded.get("interpolation", "bilinear")
     return InputSpec(*size, tuple(mean), tuple(std), interpolation)

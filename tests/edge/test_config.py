@@ -22,7 +22,7 @@ RECIPE_OWN_DEFAULTS = {
     # the main job fits 5 minutes on 2 cores: a smaller search and calibration; the Orin Nano as the target
     ("plan", "budget"): (0.5, None), ("plan", "backend"): ("estimate", None), ("plan", "precision"): ("fp16", None),
     ("plan", "power_mode"): ("MAXN_SUPER", None), ("plan", "batch"): (1, None), ("plan", "samples"): (128, 512),
-    ("plan", "holdout"): (128, 512), ("precision", "samples"): (200, 500), ("bundle", "samples"): (200, 500),
+    ("plan", "holdout"): (128, 512), ("plan", "min_step"): (0.02, 0.0), ("precision", "samples"): (200, 500), ("bundle", "samples"): (200, 500),
     ("bundle", "precisions"): (("fp32", "fp16", "int8"), ("fp32", "fp16")),
 }
 
@@ -81,6 +81,7 @@ def test_every_numeric_recipe_key_has_a_range():
                       "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations",
                       "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance",
                       "plan.budget", "plan.batch", "plan.samples", "plan.holdout", "plan.shortlist", "plan.refresh",
+                      "plan.min_step",
                       "precision.samples", "estimate.batch", "bundle.samples", "bundle.gate_images"}
 
 
