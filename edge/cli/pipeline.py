@@ -30,9 +30,9 @@ def register(subparsers) -> None:
         "are timed again together. Exit status 1 when a cleaned graph disagrees with its PyTorch model, 2 for a bad\n"
         "recipe (nothing is written then).", EXAMPLES)
     from edge.cli.options import Text
-    from edge.pipeline.recipe import Recipe, named_recipes, recipe_argument
+    from edge.pipeline.recipe import Recipe, named_recipes
 
-    parser.add_argument("--recipe", metavar="FILE", type=Text(recipe_argument, keep_text=True),
+    parser.add_argument("--recipe", metavar="FILE", type=Text(),  # a missing file: load_recipe names the shipped ones
                         help="recipe file (YAML), or a shipped recipe by name: "
                         f"{' or '.join(named_recipes())} (default: the built-in recipe)")
     add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)

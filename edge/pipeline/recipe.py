@@ -448,13 +448,6 @@ def named_recipe(name: str) -> Path:
     return found[name]
 
 
-def recipe_argument(text: str) -> str:
-    """``--recipe``'s check at parse time: an existing file, ``default`` or a shipped recipe's name."""
-    if text == "default" or text in named_recipes() or Path(text).expanduser().is_file():
-        return text
-    raise _no_recipe(Path(text).expanduser())
-
-
 def _no_recipe(path: Path) -> EdgeError:
     return EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file, or a shipped recipe ("
                      f"{', '.join(named_recipes())})",
