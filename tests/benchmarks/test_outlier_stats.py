@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from edge.data import ArrayPreprocess, InputSpec, load_dataset
@@ -30,6 +31,7 @@ def outlier_weights(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # both 12-block models on real images (~20 s)
 def test_benchmark_tells_the_reference_from_the_outlier_model(tmp_path):
     out = tmp_path / "stats.json"
     weights = outlier_weights(tmp_path / "outliers.safetensors")

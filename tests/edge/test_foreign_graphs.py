@@ -78,6 +78,7 @@ def recorded(path: Path) -> dict[str, str]:
     return metadata_of(onnx.load(str(path), load_external_data=False))
 
 
+@pytest.mark.slow  # the reference model through four CLI calls with calibration and gate (~70 s); the fast tests here cover each step
 def test_a_torch_onnx_vit_goes_through_clean_fp16_int8_and_bundle(tmp_path):
     cache = tmp_path / "cache"
     foreign = export_timm_vit(tmp_path / "deit.onnx", bundled="fmnist-deit-tiny")

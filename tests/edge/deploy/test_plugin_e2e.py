@@ -35,6 +35,10 @@ from jetson import plugin_build
 from jetson.accuracy_gate import judge, thresholds_for
 from tests.edge.deploy.conftest import PROTOCOL, config, only, statuses
 
+# the reference model compressed, exported, cleaned twice, bundled at two precisions and deployed (~60 s);
+# tests/jetson/test_plugin_build.py and tests/edge/deploy/test_deploy_plugins.py cover the steps by default
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime_extensions", reason="onnxruntime-extensions runs the plugin's reference in ORT "
                     "(pip install -e '.[test]')")
 

@@ -188,6 +188,7 @@ def test_a_plugin_node_the_creator_would_refuse_is_an_error_naming_the_field():
     assert finding in errors(check_model(model)) and "prefix_mode='attend'" in finding.what
 
 
+@pytest.mark.slow  # compresses and evaluates the reference model (~26 s); the prefix-mode tests run by default
 def test_reference_model_dwconv_auto3_gives_three_plugin_nodes_and_the_same_accuracy(tmp_path):
     """The issue's acceptance: `dwconv:auto=3` of fmnist-deit-tiny, exported with a dynamic batch."""
     from edge.check.accuracy import evaluate

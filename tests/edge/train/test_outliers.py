@@ -17,6 +17,7 @@ def made(tmp_path_factory):
     return out, make_outlier_model(OutlierConfig(**SMOKE), out)
 
 
+@pytest.mark.slow  # runs the outlier recipe (~19 s of fixture)
 def test_recipe_writes_float16_weights_and_a_card_that_says_how(made):
     out, card = made
     assert card["model"] == NAME and card["made_from"] == "fmnist-deit-tiny"
