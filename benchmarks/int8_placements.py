@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from _graph_logits import logits_of, test_split  # benchmarks/ is on sys.path: python benchmarks/NAME.py
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("fmnist-deit-tiny", "fmnist-deit-tiny-outliers")
 PLACEMENTS = ("linear", "linear-sq", "modelopt", "skip")
@@ -102,38 +104,11 @@ def make_graph(clean: Path, out: Path, spec: tuple, cache: Path) -> dict:
                             for s in report.get("smoothquant", {}).get("smoothed", [])]}
 
 
-def test_split(clean: Path):
-    import onnx
-
-    from edge.data import ArrayPreprocess, load_dataset
-    from edge.precision.calibration import input_spec_of
-
-    data = load_dataset("fmnist", "test")
-    spec = input_spec_of(onnx.load(str(clean), load_external_data=False), str(clean))
-    return ArrayPreprocess(spec)(data.images).numpy(), data.labels.numpy()
-
-
-def logits_of(path: Path, x, threads: int):
-    """The graph's logits on ``x``, BATCH images a call; kept beside the graph under its sha256 (resumable)."""
-    import numpy as np
-
-    from edge.check.compare import ort_session
-
-    saved = path.with_name(f"{path.stem}.{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.logits.npy")
-    if saved.is_file():
-        return np.load(saved)
-    session = ort_session(str(path), threads, spinning=False)  # busy cores: no spinning pool threads
-    name = session.get_inputs()[0].name
-    logits = np.concatenate([session.run(None, {name: x[i:i + BATCH]})[0] for i in range(0, len(x), BATCH)])
-    np.save(saved, logits.astype(np.float64))
-    return logits.astype(np.float64)
-
-
 def logits_worker(path: str, clean: str, threads: int) -> str:
     """In a child process: the logits of ``path`` on the test split, saved beside it (:func:`logits_of`)."""
     sys.path.insert(0, str(ROOT))
     x, _ = test_split(Path(clean))
-    logits_of(Path(path), x, threads)
+    logits_of(Path(path), x, threads, BATCH, spinning=False)
     return path
 
 
@@ -217,7 +192,7 @@ def measure_model(model: str, folder: Path, args: argparse.Namespace) -> dict:
     clean = cleaned_graph(model, folder, args.fresh)
     x, labels = test_split(clean)
     graphs: dict = {}
-    reference = logits_of(clean, x, args.threads)
+    reference = logits_of(clean, x, args.threads, BATCH, spinning=False)
     graphs["fp32"] = {"path": clean, "measured": True, "sha256": hashlib.sha256(clean.read_bytes()).hexdigest()}
     for i, (name, spec) in enumerate(variants(args.methods, args.method_placements).items()):
         log(f"{model}: {name}")
@@ -228,7 +203,7 @@ def measure_model(model: str, folder: Path, args: argparse.Namespace) -> dict:
         graph.update(census(graph["path"]))
         if graph["measured"]:
             log(f"{model}: accuracy of {name}")
-            logits = reference if name == "fp32" else logits_of(graph["path"], x, args.threads)
+            logits = reference if name == "fp32" else logits_of(graph["path"], x, args.threads, BATCH, spinning=False)
             graph["accuracy"] = float((logits.argmax(-1) == labels).mean())
             graph["top1_agreement_fp32"] = float((logits.argmax(-1) == reference.argmax(-1)).mean())
             graph["max_abs_vs_fp32"] = float(np.abs(logits - reference).max())

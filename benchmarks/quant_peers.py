@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _graph_logits import logits_of, test_split  # benchmarks/ is on sys.path: python benchmarks/NAME.py
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELOPT_VERSION = "0.47.0"
 DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "edge" / f"modelopt-{MODELOPT_VERSION}"
@@ -85,36 +87,6 @@ def edge_cli(*args: str) -> None:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode:
         raise RuntimeError(f"edge {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-
-
-def test_split(clean: Path):
-    """The whole Fashion-MNIST test split, preprocessed as the graph's metadata says, and its labels."""
-    import onnx
-
-    from edge.data import ArrayPreprocess, load_dataset
-    from edge.precision.calibration import input_spec_of
-
-    data = load_dataset("fmnist", "test")
-    spec = input_spec_of(onnx.load(str(clean), load_external_data=False), str(clean))
-    return ArrayPreprocess(spec)(data.images).numpy(), data.labels.numpy()
-
-
-def logits_of(path: Path, x, threads: int):
-    """The graph's logits on ``x``, BATCH images a call; kept beside the graph under its sha256."""
-    import hashlib
-
-    import numpy as np
-
-    from edge.check.compare import ort_session
-
-    saved = path.with_name(f"{path.stem}.{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.logits.npy")
-    if saved.is_file():
-        return np.load(saved)
-    session = ort_session(str(path), threads)
-    name = session.get_inputs()[0].name
-    logits = np.concatenate([session.run(None, {name: x[i:i + BATCH]})[0] for i in range(0, len(x), BATCH)])
-    np.save(saved, logits.astype(np.float64))
-    return logits.astype(np.float64)
 
 
 def census(path: Path) -> dict:
@@ -255,7 +227,7 @@ def main() -> None:
     reference = None
     for name, graph in graphs.items():
         log(f"accuracy: {name}")
-        logits = logits_of(graph["path"], x, args.threads)
+        logits = logits_of(graph["path"], x, args.threads, BATCH)
         reference = logits if reference is None else reference
         graph.update(census(graph["path"]))
         graph["accuracy"] = float((logits.argmax(-1) == labels).mean())

@@ -61,7 +61,7 @@ from pathlib import Path
 
 from jetson.accuracy_gate import GATE, GateSpec
 from jetson.errors import JetsonError
-from jetson.plugin_build import stamp_of
+from jetson.plugin_build import sha256_file, stamp_of
 
 FORMAT = "edge-jetson-bundle"
 FORMAT_VERSION = 1
@@ -240,14 +240,6 @@ class Bundle:
 
     def path(self, relative: str) -> Path:
         return self.root / relative
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _skipped(relative: Path) -> bool:
