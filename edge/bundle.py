@@ -109,6 +109,9 @@ class SourceGraph:
     name: str
     path: Path
     precisions: tuple[str, ...] | None = None   # None: every precision of the bundle's config
+    # precision -> a graph of this one that edge quantize already made at that precision (edge pipeline's, the
+    # graphs its report evaluated): shipped as it is, not made a second time; it must have passed its gate
+    made: dict[str, Path] = field(default_factory=dict)
 
 
 def _precisions(graph: SourceGraph, config: BundleConfig) -> tuple[str, ...]:
@@ -174,6 +177,8 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     if _check_convertible(source, precision) == GRAPH_PRECISION[precision]:
         shutil.copyfile(source.path, out)
         return None
+    if precision in source.made:
+        return _copy_made(source, precision, out)
     from edge.precision.quantize import quantize_file
 
     progress(f"{source.name}: making the {precision} graph")
@@ -186,6 +191,32 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
                            check_data=config.check_data, input_options=config.input_options, progress=progress)
     return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
+
+
+def _copy_made(source: SourceGraph, precision: str, out: Path) -> dict:
+    """The graph ``source.made`` names for ``precision``, checked (its precision, its accuracy gate) and copied."""
+    import onnx
+
+    from edge.onnx_metadata import CALIBRATION, metadata_of
+    from edge.precision.gate import read_gate_record
+
+    made = Path(source.made[precision])
+    _, have = _graph_io(made)
+    if have != GRAPH_PRECISION[precision]:
+        raise EdgeError(f"{made} is a {have} graph, given as the {precision} graph of {source.name}",
+                        expected=f"a {GRAPH_PRECISION[precision]} graph made by edge quantize",
+                        fix=f"pass the {precision} graph, or leave it out so that the bundle makes it")
+    metadata = metadata_of(onnx.load(str(made), load_external_data=False))
+    gate = read_gate_record(metadata)
+    if gate is None or gate.get("accepted_loss") or not gate.get("passed", True):
+        raise EdgeError(f"{made} ({source.name}.{precision}) did not pass edge quantize's accuracy gate",
+                        expected="a graph that passed the gate (edge bundle ships no other)",
+                        fix="leave that precision out of the bundle, or make the graph again without --accept-loss")
+    shutil.copyfile(made, out)
+    made_record = {"conversion": f"edge.quantize {precision} (made before the bundle: {made})", "check": gate}
+    if CALIBRATION in metadata:
+        made_record["calibration"] = json.loads(metadata[CALIBRATION])
+    return made_record
 
 
 def _check_convertible(source: SourceGraph, precision: str) -> str:
@@ -214,7 +245,7 @@ def _with_input_options(source: SourceGraph, config: BundleConfig, folder: Path)
     with_input_options(model, str(source.path), given)
     path = folder / source.path.name
     onnx.save(model, str(path))
-    return SourceGraph(source.name, path, source.precisions)
+    return SourceGraph(source.name, path, source.precisions, source.made)
 
 
 def _check_inputs(source: SourceGraph, config: BundleConfig) -> None:

@@ -509,15 +509,20 @@ def plan_summary(record: dict) -> dict:
 
 
 def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, StepRecord],
-               below_gate: frozenset[tuple[str, str]] = frozenset()) -> StepRecord | None:
-    """``edge bundle`` of the recipe's variants' cleaned static-batch graphs into ``OUT/bundle``, less each
-    (variant, precision) in ``below_gate`` (its conversion fell below the accuracy gate: edge bundle refuses it)."""
+               precisions: Sequence[tuple[PrecisionRun, StepRecord]] = ()) -> StepRecord | None:
+    """``edge bundle`` of the recipe's variants' cleaned static-batch graphs into ``OUT/bundle``. A precision the
+    run already made (``precisions``: the graphs the report evaluated) is shipped as it is, not made again; one
+    that fell below the accuracy gate is left out (edge bundle refuses it)."""
     settings = ctx.recipe.bundle
     if settings is None:
         return None
     graph = clean_name(DEPLOYED)
+    below_gate = {(p.base.variant.name, p.precision) for p, record in precisions if p.below_gate(record)}
+    made = {(p.base.variant.name, p.precision): (p.folder / DEPLOYED, record.outputs[DEPLOYED])
+            for p, record in precisions if not p.below_gate(record)}
     kept = {name: tuple(p for p in settings.precisions if (name, p) not in below_gate) for name in settings.variants}
     inputs = {"graphs": {name: cleaned[name].outputs[graph] for name in settings.variants},
+              "made": {f"{n}.{p}": digest for (n, p), (_, digest) in sorted(made.items())},
               "settings": dataclasses.asdict(settings), "data": ctx.train_hash, "precisions": kept}
 
     def work() -> dict:
@@ -525,13 +530,16 @@ def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, Ste
 
         config = BundleConfig(precisions=settings.precisions, data=ctx.data, samples=settings.samples,
                               gate_images=settings.gate_images)
-        graphs = [SourceGraph(name, runs[name].folder / graph, kept[name]) for name in settings.variants if kept[name]]
+        graphs = [SourceGraph(name, runs[name].folder / graph, kept[name],
+                              {p: path for (n, p), (path, _) in made.items() if n == name and p in kept[name]})
+                  for name in settings.variants if kept[name]]
         manifest = make_bundle(graphs, ctx.out / BUNDLE, config, force=True, progress=log,
                                source={"kind": "pipeline",
                                        "paths": [f"{VARIANTS}/{n}/{graph}" for n in settings.variants]})
         return {"folder": BUNDLE, "variants": [f"{v['name']}.{v['precision']}" for v in manifest["variants"]],
                 "files": len(manifest["files"]), "precisions": list(settings.precisions),
                 "left_out": sorted(f"{n}.{p}" for n, p in below_gate if n in kept and p in settings.precisions),
+                "reused": sorted(f"{n}.{p}" for n, p in made if n in kept and p in kept[n]),
                 "gate_images": settings.gate_images}
 
     return step(ctx, SHARED, "bundle", ctx.out, inputs, work, (BUNDLE,))
@@ -582,9 +590,8 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
                 precision_run = PrecisionRun(base, precision)
                 precisions.append((precision_run, precision_run.run(record)))
     latency = run_profile(ctx, runs, cleaned, precisions)
-    below_gate = frozenset((p.base.variant.name, p.precision) for p, record in precisions if p.below_gate(record))
     bundle = run_bundle(ctx, {n: r for n, (r, _) in by_name.items()}, {n: c for n, (_, c) in by_name.items()},
-                        below_gate)
+                        precisions)
     ort_log = write_ort_messages(out)
     report = build_report(ctx, runs, analysis, latency, ort_log, notice, time.perf_counter() - start,
                           planned=planned, precisions=[p for p, _ in precisions], bundle=bundle)

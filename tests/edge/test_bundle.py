@@ -163,6 +163,38 @@ def test_fp16_and_int8_graphs_are_made_by_edge_quantize_and_the_calibration_reco
     assert calibration["samples"] == 32 and calibration["data"] == "fmnist-mini"
 
 
+def test_a_graph_already_made_at_a_precision_is_shipped_as_it_is_and_one_below_its_gate_refused(reference_onnx,
+                                                                                                  tmp_path):
+    from edge.precision.gate import GateConfig
+    from edge.precision.int8 import Int8Config
+    from edge.precision.quantize import quantize_file
+
+    made = tmp_path / "int8.onnx"
+    quantize_file(reference_onnx, made, "int8", int8=Int8Config(data="fmnist-mini", samples=32),
+                  gate=GateConfig(images=64))
+    manifest = make_bundle([SourceGraph("ref", reference_onnx, ("fp32", "int8"), {"int8": made})],
+                           tmp_path / "bundle", BundleConfig(precisions=("fp32", "int8"), gate_images=0))
+    variant = next(v for v in manifest["variants"] if v["precision"] == "int8")
+    assert (tmp_path / "bundle" / variant["graph"]).read_bytes() == made.read_bytes()   # not made a second time
+    assert variant["calibration"]["samples"] == 32 and variant["calibration"]["data"] == "fmnist-mini"
+
+    # a graph the gate refused, written anyway (--accept-loss), is not shipped: the bundle names it and the fix
+    model = onnx.load(str(made))
+    for prop in model.metadata_props:
+        if prop.key == "edge.accuracy_gate":
+            gate = json.loads(prop.value)
+            prop.value = json.dumps({**gate, "passed": False, "accepted_loss": True})
+    onnx.save(model, str(tmp_path / "below.onnx"))
+    with pytest.raises(EdgeError, match="did not pass edge quantize's accuracy gate") as refused:
+        make_bundle([SourceGraph("ref", reference_onnx, ("int8",), {"int8": tmp_path / "below.onnx"})],
+                    tmp_path / "bundle2", BundleConfig(precisions=("int8",), gate_images=0))
+    assert "leave that precision out" in refused.value.fix
+    assert not (tmp_path / "bundle2").exists()
+    with pytest.raises(EdgeError, match="is a float32 graph, given as the int8 graph of ref"):
+        make_bundle([SourceGraph("ref", reference_onnx, ("int8",), {"int8": reference_onnx})],
+                    tmp_path / "bundle3", BundleConfig(precisions=("int8",), gate_images=0))
+
+
 def test_a_bundle_whose_tactic_memory_is_below_its_workspace_is_refused_naming_both_options():
     from edge.bundle import BundleConfig
     from edge.errors import EdgeError
