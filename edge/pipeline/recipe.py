@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.config import MAX_BATCH, MAX_SEED, MAX_THREADS, Bounds, bounds, option
+from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_THREADS, Bounds, bounds, option
 from edge.errors import EdgeError, InternalError
 
 DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
@@ -57,6 +57,11 @@ class PrecisionKeys:
 
     variants: tuple[str, ...] = ("planned", "original")
     precisions: tuple[str, ...] = ("fp16", "int8")
+    # the accuracy gate's test images (edge.precision.gate) for the dynamic-batch graph (one ONNX Runtime call: its
+    # figures are the report's) and for the static-batch graph, which runs one image per call: on this CPU an
+    # INT8 graph with a float16 rest takes ~15 ms a call at batch 1, so 500 images cost seconds per graph
+    gate_images: int = option(500, minimum=1, maximum=MAX_SAMPLES)
+    static_gate_images: int = option(100, minimum=1, maximum=MAX_SAMPLES)
 
 
 @dataclass(frozen=True)
@@ -118,8 +123,9 @@ SECTIONS = {
                      "shortlist", "refresh", "min_step"), own=PlanKeys, also=("edge.planner.job:TargetConfig",),
                     defaults={"budget": 0.5, "backend": "estimate", "precision": "fp16", "power_mode": "MAXN_SUPER",
                               "batch": 1, "samples": 128, "holdout": 128, "min_step": 0.02}),
-    "precision": Section("edge.precision.int8:Int8Config", ("variants", "precisions", "samples"), own=PrecisionKeys,
-                         defaults={"samples": 200}),
+    "precision": Section("edge.precision.int8:Int8Config",
+                         ("variants", "precisions", "samples", "gate_images", "static_gate_images"),
+                         own=PrecisionKeys, defaults={"samples": 200}),
     "estimate": Section("edge.pipeline.recipe:EstimateKeys", ("power_mode", "precision", "batch")),
     "bundle": Section("edge.bundle:BundleConfig", ("variants", "precisions", "samples", "gate_images"),
                       own=BundleKeys, defaults={"precisions": ("fp32", "fp16", "int8"), "samples": 200}),

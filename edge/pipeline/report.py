@@ -527,6 +527,9 @@ def bundle_section(report: dict) -> tuple[str, list[str], list] | None:
                      f"{bundle['gate_images']} images, the device runner)"
                      + (f"; left out, below the accuracy gate: {', '.join(bundle['left_out'])}"
                         if bundle.get("left_out") else "") + ".")
+        if bundle.get("reused"):
+            lines.append(f"The FP16/INT8 graphs shipped are the ones evaluated above ({', '.join(bundle['reused'])}), "
+                         "byte for byte.")
     lines.append("Next, on a Jetson (the device builds its engines from the bundle; results join this report):")
     lines += [f"`{c}`" for c in report["next_commands"]]
     return "The bundle, and what to run next", lines, []

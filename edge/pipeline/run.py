@@ -390,9 +390,10 @@ class PrecisionRun:
 
     def quantize(self, cleaned: StepRecord) -> StepRecord:
         recipe, settings = self.ctx.recipe, self.ctx.recipe.precision
+        images = {DEPLOYED: settings.static_gate_images, BATCHED: settings.gate_images}
         inputs = {"graphs": {g: cleaned.outputs[clean_name(g)] for g in (DEPLOYED, BATCHED)},
                   "precision": self.precision, "samples": settings.samples, "data": self.ctx.train_hash,
-                  "seed": recipe.seed}
+                  "seed": recipe.seed, "gate_images": images}
 
         def work() -> dict:
             from edge.precision.gate import GateConfig
@@ -405,7 +406,7 @@ class PrecisionRun:
             # and marked; the bundle leaves it out (edge bundle would refuse it)
             return {graph: quantize_summary(quantize_file(self.base.folder / clean_name(graph), self.folder / graph,
                                                           self.precision, int8=int8,
-                                                          gate=GateConfig(accept_loss=True)))
+                                                          gate=GateConfig(images=images[graph], accept_loss=True)))
                     for graph in (DEPLOYED, BATCHED)}
 
         return step(self.ctx, self.name, "quantize", self.folder, inputs, work, (DEPLOYED, BATCHED))

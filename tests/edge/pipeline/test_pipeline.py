@@ -8,6 +8,7 @@ import pytest
 
 from edge.cli import main
 from edge.errors import EdgeError
+from edge.fileio import sha256_file
 from edge.pipeline import STEPS, add_device_results, device_report, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.layout import VARIANT_STEPS
@@ -405,6 +406,11 @@ def test_story_report_holds_plan_methods_precision_estimate_bundle_and_next_comm
     manifest = json.loads((out / "bundle" / "manifest.json").read_text())
     assert sorted(f"{v['name']}.{v['precision']}" for v in manifest["variants"]) == sorted(report["bundle"]["variants"])
     assert report["bundle"]["path"] == str(out / "bundle") and len(report["bundle"]["variants"]) == 6
+    # the FP16/INT8 graphs the report evaluated are the ones shipped (not made a second time)
+    shipped = {f"{v['name']}.{v['precision']}": v["graph_sha256"] for v in manifest["variants"]}
+    assert report["bundle"]["reused"] == sorted(set(rows) & set(shipped)) != []
+    for name in report["bundle"]["reused"]:
+        assert shipped[name] == sha256_file(out / rows[name]["graphs"]["deployed"]), name
     assert report["next_commands"] == [
         "edge deploy --check --host user@jetson --power-mode MAXN_SUPER",
         f"edge deploy {out}/bundle --host user@jetson --power-mode MAXN_SUPER --report {out}"]
@@ -509,3 +515,35 @@ def test_a_report_of_an_earlier_edge_renders_again(first_run):
     text = markdown(earlier)
     assert "## Accuracy and speed" in text and "## Precision" not in text and "next, on" not in text.lower()
     assert "<h2>Accuracy and speed</h2>" in html_report(earlier, out)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless browser here (Debian: apt-get install chromium)")
+def test_the_html_report_renders_in_a_headless_browser(story_run, tmp_path):
+    """report.html as a browser shows it: every section and its chart laid out (not a blank page)."""
+    import subprocess
+
+    from PIL import Image
+
+    _, out, report = story_run
+    page = (out / "report.html").resolve().as_uri()
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*browser, "--dump-dom", page], capture_output=True, text=True, timeout=120, check=True).stdout
+    for title in ("What was asked", "What was chosen and why", "Accuracy and speed", "Precision",
+                  "On the Orin Nano (estimated)", "The bundle, and what to run next", "What was not measured"):
+        assert f">{title}</h2>" in dom, title
+    assert html_escape(report["next_commands"][1]) in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1280,4000", page], capture_output=True,
+                   timeout=120, check=True)
+    image = Image.open(shot).convert("L")
+    assert image.size == (1280, 4000)
+    # text and the chart drawn: far from one colour, ink in the top and the lower half of the page
+    top, lower = image.crop((0, 0, 1280, 1000)), image.crop((0, 1000, 1280, 4000))
+    for part in (top, lower):
+        low, high = part.getextrema()
+        assert high - low > 100
+        assert sum(part.histogram()[:128]) > 500   # dark pixels: text, axes, points
