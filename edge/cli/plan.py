@@ -139,7 +139,7 @@ def run(args) -> int:
         tuned = record["finetune"]
         human.append(f"distilled {tuned['steps']} steps: accuracy {tuned['after']['accuracy']:.4f} "
                      f"(original {tuned['original']['accuracy']:.4f}, drop {tuned['drop_pt']:.2f} pt)")
-    human.append(f"wrote {args.out} (model/, plan.json, plan.md, pareto.png)")
+    human.append(f"wrote {args.out} (model/, plan.json, plan.md, pareto.png{', timed/' if record['timed'] else ''})")
     from edge.planner.job import MODEL_DIR
 
     emit({**record, "out": args.out, "model_path": str(Path(args.out) / MODEL_DIR)}, args.json, "\n".join(human))
