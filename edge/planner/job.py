@@ -261,8 +261,9 @@ def time_plans(model: nn.Module, source: dict, plans: list[Point], result: Searc
                          "graphs": "edge export (verified against PyTorch), then edge clean (default passes)",
                          "retime": "python -m edge.latency.fresh --reference original "
                                    + " ".join(f"{n}=OUT/{p.relative_to(folder).as_posix()}" for n, p in paths.items())
-                                   + f" --threads {timing.threads} --iterations {timing.iterations} "
-                                     f"--rounds {timing.rounds} --seed {timing.seed}"}}
+                                   + f" --threads {timing.threads} --warmup {timing.warmup} --iterations "
+                                     f"{timing.iterations} --rounds {timing.rounds} --sessions {timing.sessions} "
+                                     f"--seed {timing.seed}" + (f" --batch {target.batch}" if target.batch else "")}}
 
 
 def time_mix(model: nn.Module, source: dict, plans: list[Point], result: SearchResult, config: PlanJobConfig,
