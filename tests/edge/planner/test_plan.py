@@ -281,3 +281,28 @@ def onnx_graph(path):
     import onnx
 
     return onnx.load(str(path))
+
+
+def test_with_several_batches_each_batch_is_timed_on_its_own_graphs(tiny, tmp_path):
+    """One folder of timed graphs per batch (static batch each); the row mixes the batches' measured ratios."""
+    from dataclasses import replace
+
+    import onnx
+
+    from edge.latency.table import here
+
+    paths = tuple(str(replace(estimate_table(grid_parts(tiny, GridConfig("full", batch, align=16, mlp_align=64)),
+                                             "MAXN_SUPER", "fp16", batch), target=here(batch, 1))
+                      .save(tmp_path / f"b{batch}.json")) for batch in (1, 2))
+    config = PlanJobConfig(SearchConfig(budget=0.8, **FAST), target=TargetConfig(table=paths, batches=(1, 2)),
+                           measure=1, correct=0, iterations=2, rounds=2)
+    record = plan_to_budget(tiny, SOURCE, tmp_path / "out", config)
+    timed = record["timed"]
+    for batch in (1, 2):
+        graphs = timed["batches"][str(batch)]["graphs"]
+        assert graphs == {"original": f"timed/b{batch}/original.onnx", "plan0": f"timed/b{batch}/plan0.onnx"}
+        shape = onnx.load(str(tmp_path / "out" / graphs["plan0"])).graph.input[0].type.tensor_type.shape
+        assert shape.dim[0].dim_value == batch
+    row = timed["plans"][0]
+    per_batch = [timed["batches"][str(b)]["plans"][0]["speedup"] for b in (1, 2)]
+    assert row["speedup"] == pytest.approx(1 / (0.5 / per_batch[0] + 0.5 / per_batch[1]))
