@@ -79,8 +79,13 @@ class TargetConfig:
 class PlanJobConfig:
     search: SearchConfig
     target: TargetConfig = field(default_factory=TargetConfig)
-    iterations: int = option(100, minimum=1, maximum=MAX_STEPS)   # timed calls per graph (table, whole models)
+    iterations: int = option(100, minimum=1, maximum=MAX_STEPS)   # timed calls per part graph of a table timed here
     rounds: int = option(5, minimum=1, maximum=MAX_STEPS)
+    # the whole-model check (edge.latency.fresh): timed calls per graph, spread over rounds split evenly between
+    # session sets created afresh; its speedup is the median of the per-round ratios, so it needs many rounds
+    whole_iterations: int = option(200, minimum=1, maximum=MAX_STEPS)
+    whole_rounds: int = option(20, minimum=2, maximum=MAX_STEPS)
+    whole_sessions: int = option(5, minimum=1, maximum=1000)
     measure: int = option(4, minimum=0, maximum=100)   # front plans timed whole (the chosen one first)
     # times the budget is tightened when the chosen plan, timed whole here, misses it (ONNX Runtime here only)
     correct: int = option(2, minimum=0, maximum=10)
@@ -237,8 +242,8 @@ def time_plans(model: nn.Module, source: dict, plans: list[Point], result: Searc
         stale.unlink()                           # a correction timed fewer plans than the attempt before
     progress(f"timing the original, its A/A copy and {len(plans)} plans whole, side by side in a fresh process "
              f"(batch {target.batch}, {target.threads} threads)")
-    timing = TimingConfig(threads=target.threads or 1, iterations=config.iterations, rounds=config.rounds,
-                          seed=config.search.seed)
+    timing = TimingConfig(threads=target.threads or 1, iterations=config.whole_iterations, rounds=config.whole_rounds,
+                          sessions=config.whole_sessions, seed=config.search.seed)
     fresh = time_fresh(paths, "original", timing, target.batch)
     stats = fresh["graphs"]
     base = stats["original"]["median_ms"]

@@ -251,7 +251,7 @@ def test_the_whole_model_check_times_what_edge_export_and_edge_clean_make_in_a_f
 
     path = replace(table, target=here(1, 1)).save(tmp_path / "here.json")   # the estimate's figures, "timed here"
     config = PlanJobConfig(SearchConfig(budget=0.75, **FAST), target=TargetConfig(table=str(path)), measure=2,
-                           correct=0, iterations=4, rounds=2)
+                           correct=0, whole_iterations=4, whole_rounds=2, whole_sessions=1)
     out = tmp_path / "out"
     record = plan_to_budget(tiny, SOURCE, out, config)
     timed = record["timed"]
@@ -295,7 +295,8 @@ def test_with_several_batches_each_batch_is_timed_on_its_own_graphs(tiny, tmp_pa
                                              "MAXN_SUPER", "fp16", batch), target=here(batch, 1))
                       .save(tmp_path / f"b{batch}.json")) for batch in (1, 2))
     config = PlanJobConfig(SearchConfig(budget=0.8, **FAST), target=TargetConfig(table=paths, batches=(1, 2)),
-                           measure=1, correct=0, iterations=2, rounds=2)
+                           measure=1, correct=0, whole_iterations=2, whole_rounds=2,
+                           whole_sessions=1)
     record = plan_to_budget(tiny, SOURCE, tmp_path / "out", config)
     timed = record["timed"]
     for batch in (1, 2):
