@@ -76,7 +76,11 @@ def register(subparsers) -> None:
                         "power mode (default: MAXN_SUPER)")
     add_field(parser, "--threads", TargetConfig, help="ONNX Runtime intra-op threads of the target "
               "(default: the table's, else 2)")
-    add_field(parser, "--iterations", PlanJobConfig, help="timed calls per graph (table measured here, whole models)")
+    add_field(parser, "--iterations", PlanJobConfig, help="timed calls per part graph of a latency table measured here")
+    add_field(parser, "--whole-iterations", PlanJobConfig, help="timed calls per graph of the whole-model check "
+              "(the original, its A/A copy and --measure plans, side by side in a fresh process)")
+    add_field(parser, "--whole-rounds", PlanJobConfig, help="interleaved rounds of the whole-model check (split "
+              "evenly between 5 session sets; its speedup is the median of the per-round ratios)")
     add_field(parser, "--measure", PlanJobConfig, help="Pareto-front plans exported and timed whole beside the "
               "original (the chosen one first; 0: none)")
     add_field(parser, "--correct", PlanJobConfig, help="times the budget is tightened when the chosen plan, timed "
@@ -120,6 +124,7 @@ def run(args) -> int:
                           precision=args.precision, batches=args.batch or (), batch_weights=args.batch_weights or (),
                           threads=args.threads, power_mode=args.power_mode)
     config = PlanJobConfig(search=search, target=target, iterations=args.iterations, measure=args.measure,
+                           whole_iterations=args.whole_iterations, whole_rounds=args.whole_rounds,
                            correct=args.correct,
                            finetune=args.finetune, finetune_max_steps=args.finetune_max_steps,
                            train_threads=args.train_threads)
@@ -139,7 +144,7 @@ def run(args) -> int:
         tuned = record["finetune"]
         human.append(f"distilled {tuned['steps']} steps: accuracy {tuned['after']['accuracy']:.4f} "
                      f"(original {tuned['original']['accuracy']:.4f}, drop {tuned['drop_pt']:.2f} pt)")
-    human.append(f"wrote {args.out} (model/, plan.json, plan.md, pareto.png)")
+    human.append(f"wrote {args.out} (model/, plan.json, plan.md, pareto.png{', timed/' if record['timed'] else ''})")
     from edge.planner.job import MODEL_DIR
 
     emit({**record, "out": args.out, "model_path": str(Path(args.out) / MODEL_DIR)}, args.json, "\n".join(human))

@@ -44,13 +44,22 @@ class TimingConfig:
         return max(1, -(-self.iterations // self.rounds))
 
 
+def side_by_side_config(timing: TimingConfig) -> SideBySideConfig:
+    """The interleaving :func:`time_graphs` and :mod:`edge.latency.fresh` run for ``timing``."""
+    return SideBySideConfig(warmup=timing.warmup, rounds=max(timing.rounds, timing.sessions, 2),
+                            sessions=timing.sessions, iterations=timing.per_round(), seed=timing.seed)
+
+
+def ort_factories(paths: dict[str, Path], timing: TimingConfig, batch: int | None = None) -> dict[str, Callable]:
+    """name -> a fresh ONNX Runtime session of its graph (``timing.threads`` intra-op threads, pool threads
+    sleeping between calls)."""
+    return {name: functools.partial(OrtBackend, path, batch=batch, threads=timing.threads, spinning=False)
+            for name, path in paths.items()}
+
+
 def time_graphs(paths: dict[str, Path], timing: TimingConfig, batch: int | None = None) -> dict[str, dict]:
     """name -> latency statistics (ms; median, percentiles, ``round_medians_ms``) of graphs timed side by side."""
-    factories: dict[str, Callable] = {name: functools.partial(OrtBackend, path, batch=batch, threads=timing.threads,
-                                                              spinning=False) for name, path in paths.items()}
-    config = SideBySideConfig(warmup=timing.warmup, rounds=max(timing.rounds, timing.sessions, 2),
-                              sessions=timing.sessions, iterations=timing.per_round(), seed=timing.seed)
-    timed = interleave(factories, config)
+    timed = interleave(ort_factories(paths, timing, batch), side_by_side_config(timing))
     return {name: {**latency_stats(latencies, timed["describe"][name]["batch"]),
                    "round_medians_ms": timed["round_medians"][name]}
             for name, latencies in timed["latencies"].items()}

@@ -18,9 +18,15 @@ Several batches (``TargetConfig.batches``, weights ``batch_weights``): one table
 the search's cost is their weighted mix (:mod:`edge.planner.objective`), and the whole-model timing
 here runs at each batch and reports the same mix of the measured ratios.
 
-Whole-model timing: the original, a byte-identical copy of it (A/A) and up to ``measure`` plans of
-the front (the chosen one first) are exported and timed side by side on ONNX Runtime, when the
-table's target is ONNX Runtime on this machine; another target's latency is predicted only.
+* ``timed/``: the graphs timed whole (``original.onnx``, ``plan0.onnx`` the chosen plan, ...; with several
+  batches one folder per batch, ``timed/bN/``), when they were.
+
+Whole-model timing, when the table's target is ONNX Runtime on this machine (another target's latency
+is predicted only): the original and up to ``measure`` plans of the front (the chosen one first) are
+made as a user makes them, ``edge export`` (verified against PyTorch) then ``edge clean``, into
+``timed/``, and timed side by side with an A/A copy of the original in a fresh process
+(:mod:`edge.latency.fresh`), not in this one: the figure ``plan.json`` reports is the one
+``python -m edge.latency.fresh`` on those files reproduces (``timed.protocol.retime``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from edge.errors import EdgeError
 from edge.fileio import atomic_folder, write_json_atomic, write_text_atomic
 from edge.latency import LatencyTable, Target, orin
 from edge.latency.grid import GridConfig, grid_parts
-from edge.latency.measure import TimingConfig, measure_table, time_graphs
+from edge.latency.measure import TimingConfig, measure_table
 from edge.latency.table import here
 from edge.models.zoo import data_config
 from edge.planner.objective import LatencyMix, check_budget, check_weights
@@ -49,6 +55,7 @@ from edge.planner.report import markdown, plot
 from edge.planner.search import Point, Search, SearchConfig, SearchResult
 
 TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json", "model", "finetuned"
+TIMED_DIR = "timed"   # the graphs timed whole, as edge export + edge clean make them
 ESTIMATE_MODE = "MAXN_SUPER"   # --backend estimate: the Orin Nano's power mode unless one is asked (JetPack 6.2's top)
 
 
@@ -72,8 +79,13 @@ class TargetConfig:
 class PlanJobConfig:
     search: SearchConfig
     target: TargetConfig = field(default_factory=TargetConfig)
-    iterations: int = option(100, minimum=1, maximum=MAX_STEPS)   # timed calls per graph (table, whole models)
+    iterations: int = option(100, minimum=1, maximum=MAX_STEPS)   # timed calls per part graph of a table timed here
     rounds: int = option(5, minimum=1, maximum=MAX_STEPS)
+    # the whole-model check (edge.latency.fresh): timed calls per graph, spread over rounds split evenly between
+    # session sets created afresh; its speedup is the median of the per-round ratios, so it needs many rounds
+    whole_iterations: int = option(200, minimum=1, maximum=MAX_STEPS)
+    whole_rounds: int = option(20, minimum=2, maximum=MAX_STEPS)
+    whole_sessions: int = option(5, minimum=1, maximum=1000)
     measure: int = option(4, minimum=0, maximum=100)   # front plans timed whole (the chosen one first)
     # times the budget is tightened when the chosen plan, timed whole here, misses it (ONNX Runtime here only)
     correct: int = option(2, minimum=0, maximum=10)
@@ -193,56 +205,88 @@ def _front_to_time(result: SearchResult, count: int) -> list[Point]:
     return picked
 
 
-def time_plans(model: nn.Module, plans: list[Point], result: SearchResult, config: PlanJobConfig, target: Target,
-               work: Path, progress: Callable[[str], None]) -> dict:
-    """Export the original, its A/A copy and ``plans``; time them side by side; medians and speedups."""
-    from edge.export import ExportConfig, export_bytes
+def export_timed(model: nn.Module, source: dict, plan: str | None, batch: int, out: Path, raw: Path) -> Path:
+    """``model`` as a user gets it: ``edge export`` (verified against PyTorch) then ``edge clean`` (its default
+    passes), written to ``out``; the raw export is kept in ``raw``."""
+    from edge.export import ExportConfig, export
+    from edge.graph.clean import clean_file
+    from edge.graph.passes import select_passes
 
-    size = tuple(data_config(model)["input_size"])
+    export(model, raw, source=str(source.get("model")), plan=plan, data_config=data_config(model),
+           config=ExportConfig(batch=batch))
+    clean_file(raw, out, select_passes())
+    return out
+
+
+def time_plans(model: nn.Module, source: dict, plans: list[Point], result: SearchResult, config: PlanJobConfig,
+               target: Target, folder: Path, timed: Path, progress: Callable[[str], None]) -> dict:
+    """Export and clean the original and ``plans`` into ``timed`` (under the run ``folder``) as ``edge export`` +
+    ``edge clean`` make them, and time them side by side with an A/A copy of the original in a fresh process
+    (:func:`edge.latency.fresh.time_fresh`): medians and speedups, the figures a user re-timing those files gets."""
+    from edge.latency.fresh import time_fresh
+
+    timed.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    original = export_bytes(model, size, ExportConfig(batch=target.batch))
-    for name in ("original", "original-copy"):
-        paths[name] = work / f"{name}.onnx"
-        paths[name].write_bytes(original)
-    for i, point in enumerate(plans):
-        candidate = copy.deepcopy(model)
-        apply_plan(candidate, parse_plan(point.plan).validate(len(model.blocks)),
-                   result.compress_config, result.calibration_set, cache=result.cache)
-        paths[f"plan{i}"] = work / f"plan{i}.onnx"
-        paths[f"plan{i}"].write_bytes(export_bytes(candidate, size, ExportConfig(batch=target.batch)))
-    progress(f"timing the original, its copy and {len(plans)} plans whole, side by side "
+    with tempfile.TemporaryDirectory(prefix="edge-plan-") as work:
+        raw = Path(work)
+        paths["original"] = timed / "original.onnx"
+        if not paths["original"].exists():      # the same model and batch on every correction
+            export_timed(model, source, None, target.batch, paths["original"], raw / "original.onnx")
+        for i, point in enumerate(plans):
+            candidate = copy.deepcopy(model)
+            apply_plan(candidate, parse_plan(point.plan).validate(len(model.blocks)),
+                       result.compress_config, result.calibration_set, cache=result.cache)
+            paths[f"plan{i}"] = export_timed(candidate, source, point.plan, target.batch, timed / f"plan{i}.onnx",
+                                             raw / f"plan{i}.onnx")
+    for stale in set(timed.glob("plan*.onnx")) - set(paths.values()):
+        stale.unlink()                           # a correction timed fewer plans than the attempt before
+    progress(f"timing the original, its A/A copy and {len(plans)} plans whole, side by side in a fresh process "
              f"(batch {target.batch}, {target.threads} threads)")
-    timing = TimingConfig(threads=target.threads or 1, iterations=config.iterations, rounds=config.rounds,
-                          seed=config.search.seed)
-    stats = time_graphs(paths, timing, target.batch)
+    timing = TimingConfig(threads=target.threads or 1, iterations=config.whole_iterations, rounds=config.whole_rounds,
+                          sessions=config.whole_sessions, seed=config.search.seed)
+    fresh = time_fresh(paths, "original", timing, target.batch)
+    stats = fresh["graphs"]
     base = stats["original"]["median_ms"]
     rows = [{"plan": p.plan, "predicted_ms": p.predicted_ms, "measured_ms": stats[f"plan{i}"]["median_ms"],
-             "p90_ms": stats[f"plan{i}"].get("p90_ms"), "speedup": base / stats[f"plan{i}"]["median_ms"],
+             "p90_ms": stats[f"plan{i}"]["p90_ms"], "speedup": stats[f"plan{i}"]["speedup"],
+             "speedup_interval": [stats[f"plan{i}"]["low"], stats[f"plan{i}"]["high"]],
              "predicted_speedup": result.original.predicted_ms / p.predicted_ms,
-             "prediction_error": p.predicted_ms / stats[f"plan{i}"]["median_ms"] - 1, "kl": p.kl,
-             "agreement": p.agreement} for i, p in enumerate(plans)]
+             "prediction_error": p.predicted_ms / (base / stats[f"plan{i}"]["speedup"]) - 1, "kl": p.kl,
+             "agreement": p.agreement, "graph": paths[f"plan{i}"].relative_to(folder).as_posix()}
+            for i, p in enumerate(plans)]
+    aa = fresh["aa_control"]
     return {"original_ms": base, "original_predicted_ms": result.original.predicted_ms,
-            "aa_ratio": stats["original-copy"]["median_ms"] / base, "plans": rows,
+            "aa_ratio": 1 / aa["speedup"], "aa_control": aa, "noisy": fresh["noisy"], "plans": rows,
+            "graphs": {name: path.relative_to(folder).as_posix() for name, path in paths.items()},
+            "contention": fresh["contention"],
             "protocol": {**asdict(timing), "batch": target.batch, "backend": "onnxruntime (CPU)",
-                         "order": "interleaved (edge.profile.sidebyside)"}}
+                         "order": "interleaved (edge.profile.sidebyside), A/A copy of the original",
+                         "speedup": fresh["method"], "iterations_per_round": fresh["iterations_per_round"],
+                         "process": "fresh: " + " ".join(fresh["process"]["command"]),
+                         "graphs": "edge export (verified against PyTorch), then edge clean (default passes)",
+                         "retime": "python -m edge.latency.fresh --reference original "
+                                   + " ".join(f"{n}=OUT/{p.relative_to(folder).as_posix()}" for n, p in paths.items())
+                                   + f" --threads {timing.threads} --warmup {timing.warmup} --iterations "
+                                     f"{timing.iterations} --rounds {timing.rounds} --sessions {timing.sessions} "
+                                     f"--seed {timing.seed}" + (f" --batch {target.batch}" if target.batch else "")}}
 
 
-def time_mix(model: nn.Module, plans: list[Point], result: SearchResult, config: PlanJobConfig, mix: LatencyMix,
-             work: Path, progress: Callable[[str], None]) -> dict:
-    """:func:`time_plans` at each batch of ``mix``; with several, the rows hold the mix of the measured ratios
-    (in ms: the original's measured weighted mean times the plan's share), each batch's timing under ``batches``."""
+def time_mix(model: nn.Module, source: dict, plans: list[Point], result: SearchResult, config: PlanJobConfig,
+             mix: LatencyMix, folder: Path, progress: Callable[[str], None]) -> dict:
+    """:func:`time_plans` at each batch of ``mix`` (graphs in ``folder/timed``, with several batches in
+    ``folder/timed/bN``); with several, the rows hold the mix of the measured ratios (in ms: the original's
+    measured weighted mean times the plan's share), each batch's timing under ``batches``."""
     if len(mix.tables) == 1:
-        return time_plans(model, plans, result, config, mix.target, work, progress)
+        return time_plans(model, source, plans, result, config, mix.target, folder, folder / TIMED_DIR, progress)
     per: dict[int, dict] = {}
     for table in mix.tables:
-        folder = work / f"batch{table.target.batch}"
-        folder.mkdir(parents=True, exist_ok=True)
-        per[table.target.batch] = time_plans(model, plans, result, config, table.target, folder, progress)
+        per[table.target.batch] = time_plans(model, source, plans, result, config, table.target, folder,
+                                             folder / TIMED_DIR / f"b{table.target.batch}", progress)
     shares = dict(zip(mix.batches, mix.shares))
     reference = sum(shares[b] * per[b]["original_ms"] for b in per)
     rows = []
     for i, point in enumerate(plans):
-        share = sum(shares[b] * per[b]["plans"][i]["measured_ms"] / per[b]["original_ms"] for b in per)
+        share = sum(shares[b] / per[b]["plans"][i]["speedup"] for b in per)
         predicted_share = point.predicted_ms / result.original.predicted_ms
         rows.append({"plan": point.plan, "predicted_ms": point.predicted_ms, "measured_ms": reference * share,
                      "p90_ms": None, "speedup": 1 / share, "predicted_speedup": 1 / predicted_share,
@@ -287,24 +331,23 @@ def plan_to_budget(model: nn.Module, source: dict, out: str | Path, config: Plan
         walk.run_to(budget_ms)
         result, timed, corrections = walk.result(budget_ms), None, []
         if all(_is_here(t.target) for t in mix.tables) and config.measure:
-            with tempfile.TemporaryDirectory(prefix="edge-plan-") as work:
-                for attempt in range(config.correct + 1):
-                    timed = time_mix(model, _front_to_time(result, config.measure), result, config, mix,
-                                     Path(work), say)
-                    row = timed["plans"][0]
-                    met, factor = _verdict(config.search, asked_ms, timed)
-                    corrections.append({"budget_ms": budget_ms, "plan": row["plan"],
-                                        "predicted_ms": row["predicted_ms"], "measured_ms": row["measured_ms"],
-                                        "measured_speedup": row["speedup"],
-                                        "predicted_speedup": row["predicted_speedup"], "aa_ratio": timed["aa_ratio"],
-                                        "met": met})
-                    if met or attempt == config.correct:
-                        break
-                    budget_ms = budget_ms / factor
-                    say(f"timed whole, the plan misses the budget ({row['speedup']:.3f}x measured, "
-                        f"{row['predicted_speedup']:.3f}x predicted): walking on to {budget_ms:.4g} ms predicted")
-                    walk.run_to(budget_ms)
-                    result = walk.result(budget_ms)
+            for attempt in range(config.correct + 1):
+                timed = time_mix(model, source, _front_to_time(result, config.measure), result, config, mix,
+                                 folder, say)
+                row = timed["plans"][0]
+                met, factor = _verdict(config.search, asked_ms, timed)
+                corrections.append({"budget_ms": budget_ms, "plan": row["plan"],
+                                    "predicted_ms": row["predicted_ms"], "measured_ms": row["measured_ms"],
+                                    "measured_speedup": row["speedup"],
+                                    "predicted_speedup": row["predicted_speedup"], "aa_ratio": timed["aa_ratio"],
+                                    "met": met})
+                if met or attempt == config.correct:
+                    break
+                budget_ms = budget_ms / factor
+                say(f"timed whole, the plan misses the budget ({row['speedup']:.3f}x measured, "
+                    f"{row['predicted_speedup']:.3f}x predicted): walking on to {budget_ms:.4g} ms predicted")
+                walk.run_to(budget_ms)
+                result = walk.result(budget_ms)
         elif config.measure:
             say(f"whole-model latency not measured: the target ({mix.describe()}) is not "
                 "ONNX Runtime on this machine")

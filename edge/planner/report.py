@@ -40,9 +40,12 @@ def markdown(record: dict) -> str:
     timed = record.get("timed")
     if timed:
         lines += [
-            "## Measured whole (ONNX Runtime here, side by side)",
+            "## Measured whole (ONNX Runtime here, side by side in a fresh process)",
             "",
-            f"Original {timed['original_ms']:.4g} ms (median); A/A copy / original {timed['aa_ratio']:.3f}.",
+            f"Original {timed['original_ms']:.4g} ms (median); A/A copy / original {timed['aa_ratio']:.3f}. "
+            "The graphs timed are in `timed/`, made by `edge export` then `edge clean`"
+            + (f"; to time them again: `{timed['protocol']['retime']}`." if "retime" in timed.get("protocol", {})
+               else "."),
             "",
             "| plan | predicted ms | measured ms | speedup measured | speedup predicted | prediction error | KL |",
             "|---|---|---|---|---|---|---|",

@@ -233,3 +233,77 @@ def test_a_minimum_step_takes_only_moves_that_save_it_until_none_does(tiny, tabl
 def test_a_minimum_step_out_of_range_is_refused():
     with pytest.raises(EdgeError, match="min_step"):
         SearchConfig(budget=0.5, min_step=0.9).check()
+
+
+def test_the_whole_model_check_times_what_edge_export_and_edge_clean_make_in_a_fresh_process(tiny, table, tmp_path):
+    """The timed graphs are in OUT/timed and are the graphs `edge export` + `edge clean` make of OUT/model."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from edge.check.compare import ort_session
+    from edge.compress.load import load_model
+    from edge.export import ExportConfig, export
+    from edge.graph.clean import clean_file
+    from edge.graph.passes import select_passes
+    from edge.latency.table import here
+    from edge.models import data_config
+
+    path = replace(table, target=here(1, 1)).save(tmp_path / "here.json")   # the estimate's figures, "timed here"
+    config = PlanJobConfig(SearchConfig(budget=0.75, **FAST), target=TargetConfig(table=str(path)), measure=2,
+                           correct=0, whole_iterations=4, whole_rounds=2, whole_sessions=1)
+    out = tmp_path / "out"
+    record = plan_to_budget(tiny, SOURCE, out, config)
+    timed = record["timed"]
+    assert timed["plans"][0]["plan"] == record["result"]["chosen"]["plan"]
+    assert timed["graphs"]["original"] == "timed/original.onnx" and timed["plans"][0]["graph"] == "timed/plan0.onnx"
+    assert sorted(p.name for p in (out / "timed").iterdir()) == sorted(
+        f"{name}.onnx" for name in timed["graphs"])
+    assert timed["protocol"]["process"].startswith("fresh: -m edge.latency.fresh --reference original")
+    assert "timed/plan0.onnx" in timed["protocol"]["retime"] and timed["aa_control"]["of"] == "original"
+    assert all(row["speedup"] > 0 and row["speedup_interval"][0] <= row["speedup_interval"][1]
+               for row in timed["plans"])
+    # a user's graph of the chosen plan: edge export OUT/model, then edge clean
+    model = load_model(str(out / "model"))
+    export(model, tmp_path / "user.onnx", source=str(out / "model"), plan=None, data_config=data_config(model),
+           config=ExportConfig(batch=1))
+    clean_file(tmp_path / "user.onnx", tmp_path / "user.clean.onnx", select_passes())
+    mine, users = onnx_graph(out / "timed/plan0.onnx"), onnx_graph(tmp_path / "user.clean.onnx")
+    assert [n.op_type for n in mine.graph.node] == [n.op_type for n in users.graph.node]
+    x = np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32)
+    np.testing.assert_allclose(ort_session(str(out / "timed/plan0.onnx")).run(None, {"input": x})[0],
+                               ort_session(str(tmp_path / "user.clean.onnx")).run(None, {"input": x})[0],
+                               rtol=0, atol=1e-6)
+    assert "fresh process" in (out / "plan.md").read_text()
+
+
+def onnx_graph(path):
+    import onnx
+
+    return onnx.load(str(path))
+
+
+def test_with_several_batches_each_batch_is_timed_on_its_own_graphs(tiny, tmp_path):
+    """One folder of timed graphs per batch (static batch each); the row mixes the batches' measured ratios."""
+    from dataclasses import replace
+
+    import onnx
+
+    from edge.latency.table import here
+
+    paths = tuple(str(replace(estimate_table(grid_parts(tiny, GridConfig("full", batch, align=16, mlp_align=64)),
+                                             "MAXN_SUPER", "fp16", batch), target=here(batch, 1))
+                      .save(tmp_path / f"b{batch}.json")) for batch in (1, 2))
+    config = PlanJobConfig(SearchConfig(budget=0.8, **FAST), target=TargetConfig(table=paths, batches=(1, 2)),
+                           measure=1, correct=0, whole_iterations=2, whole_rounds=2,
+                           whole_sessions=1)
+    record = plan_to_budget(tiny, SOURCE, tmp_path / "out", config)
+    timed = record["timed"]
+    for batch in (1, 2):
+        graphs = timed["batches"][str(batch)]["graphs"]
+        assert graphs == {"original": f"timed/b{batch}/original.onnx", "plan0": f"timed/b{batch}/plan0.onnx"}
+        shape = onnx.load(str(tmp_path / "out" / graphs["plan0"])).graph.input[0].type.tensor_type.shape
+        assert shape.dim[0].dim_value == batch
+    row = timed["plans"][0]
+    per_batch = [timed["batches"][str(b)]["plans"][0]["speedup"] for b in (1, 2)]
+    assert row["speedup"] == pytest.approx(1 / (0.5 / per_batch[0] + 0.5 / per_batch[1]))

@@ -1,0 +1,147 @@
+"""Graphs timed side by side with an A/A control in a fresh Python process: the figure a user reproduces.
+
+``edge plan`` used to time its front in its own process, after the search's PyTorch work: there the
+chosen plan measured 2.19x where the same plan, exported and cleaned by the CLI and timed in a new
+process, measured 1.87-1.91x. A process that has run a search differs from the one a user times in
+(PyTorch's OpenMP pool and allocator state, ONNX Runtime sessions of a whole latency table created and
+dropped before, a large and fragmented heap); none of it is the user's. :func:`time_fresh` starts a new
+interpreter on this module, which imports no model and runs no PyTorch, creates the ONNX Runtime sessions
+and times them interleaved (:func:`edge.profile.sidebyside.side_by_side`: session sets created afresh in
+rotated order, seeded random turn order per round, the reference created twice as its A/A control) and
+prints the summary as JSON::
+
+    python -m edge.latency.fresh --reference original original=timed/original.onnx plan0=timed/plan0.onnx
+
+A speedup is the median over rounds of the per-round ratio of medians (reference / graph), with its
+seeded bootstrap interval; the same protocol (:func:`edge.latency.measure.side_by_side_config`) as a
+latency table's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from edge.errors import EdgeError
+from edge.latency.measure import TimingConfig, ort_factories, side_by_side_config
+
+MODULE = "edge.latency.fresh"
+STDERR_TAIL = 2000   # characters of the child's stderr an error carries
+
+
+def command(graphs: dict[str, Path], reference: str, timing: TimingConfig, batch: int | None = None) -> list[str]:
+    """The command line :func:`time_fresh` runs (``sys.executable -m edge.latency.fresh ...``)."""
+    args = [sys.executable, "-m", MODULE, "--reference", reference, "--threads", str(timing.threads),
+            "--warmup", str(timing.warmup), "--iterations", str(timing.iterations), "--rounds", str(timing.rounds),
+            "--sessions", str(timing.sessions), "--seed", str(timing.seed)]
+    if batch is not None:
+        args += ["--batch", str(batch)]
+    return args + [f"{name}={path}" for name, path in graphs.items()]
+
+
+def time_fresh(graphs: dict[str, Path], reference: str, timing: TimingConfig, batch: int | None = None) -> dict:
+    """Time ``graphs`` (name -> ONNX file) side by side with an A/A control of ``reference``, in a new process.
+
+    Returns :func:`compact` of the summary, with the command that ran it (``process``).
+    """
+    if reference not in graphs:
+        raise EdgeError(f"the reference {reference!r} is not among the graphs {sorted(graphs)}",
+                        fix="name the reference graph as one of the graphs timed")
+    for name, path in graphs.items():
+        if not Path(path).is_file():
+            raise EdgeError(f"graph {name}: {path} does not exist", expected="an ONNX file",
+                            fix="export it first (edge export, then edge clean)")
+        if "=" in name or name.endswith(")"):
+            raise EdgeError(f"graph name {name!r}", expected="a name without '=' that does not end in ')'")
+    args = command({n: Path(p) for n, p in graphs.items()}, reference, timing, batch)
+    root = str(Path(__file__).resolve().parents[2])          # the folder holding edge/ and jetson/
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise EdgeError(f"timing {', '.join(map(str, graphs.values()))} in a fresh process failed "
+                        f"(exit {done.returncode})", found=done.stderr.strip()[-STDERR_TAIL:] or "no message",
+                        fix="run the command shown to see it whole: " + " ".join(args))
+    try:
+        summary = json.loads(done.stdout)
+    except json.JSONDecodeError as e:
+        raise EdgeError("the fresh-process timing printed no JSON summary", found=done.stdout[-STDERR_TAIL:],
+                        fix="report this as a bug") from e
+    return {**summary, "process": {"command": args[1:], "python": sys.executable, "fresh": True}}
+
+
+def compact(summary: dict) -> dict:
+    """What a record keeps of :func:`edge.profile.sidebyside.side_by_side`'s summary."""
+    graphs = {name: {"median_ms": v["latency"]["median_ms"], "p90_ms": v["latency"]["p90_ms"],
+                     "iterations": v["latency"]["iterations"], "round_medians_ms": v["latency"]["round_medians_ms"],
+                     "speedup": v["speedup"]["speedup"], "low": v["speedup"]["low"], "high": v["speedup"]["high"],
+                     "verdict": v["speedup"]["verdict"], "model": v["backend"]["model"],
+                     "onnxruntime": v["backend"].get("onnxruntime")}
+              for name, v in summary["variants"].items()}
+    return {"reference": summary["reference"], "graphs": graphs, "aa_control": summary["aa_control"],
+            "noisy": summary["noisy"], "method": summary["method"], "settings": summary["settings"],
+            "iterations_per_round": summary["iterations_per_round"], "creation_orders": summary["creation_orders"],
+            "contention": summary["contention"], "seconds": summary["seconds"], "hardware": summary["hardware"]}
+
+
+def _check_graph(name: str, path: Path) -> None:
+    """A readable ONNX file, or an EdgeError naming it."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        onnx.checker.check_model(onnx.load(str(path), load_external_data=False))
+    except (OSError, DecodeError, onnx.checker.ValidationError) as e:
+        raise EdgeError(f"graph {name}: {path} is not a valid ONNX model", found=str(e)[:300],
+                        fix="export it again (edge export, then edge clean)") from e
+
+
+def _graph(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=PATH")
+    return name, Path(path)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    parser.add_argument("graphs", nargs="+", type=_graph, metavar="NAME=PATH", help="the graphs timed")
+    parser.add_argument("--reference", required=True, help="the graph speedups are against (timed twice: A/A)")
+    parser.add_argument("--batch", type=int, help="the batch of a graph with a dynamic batch (default: its own)")
+    for name, value in asdict(TimingConfig()).items():
+        parser.add_argument(f"--{name}", type=int, default=value)
+    return parser
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Parse ``argv``, check the graphs, time them side by side: :func:`compact` of the summary."""
+    from edge.profile.sidebyside import side_by_side
+
+    args = _parser().parse_args(argv)
+    graphs = dict(args.graphs)
+    if args.reference not in graphs:
+        raise EdgeError(f"--reference {args.reference}", expected=f"one of the graphs' names ({', '.join(graphs)})")
+    for name, path in graphs.items():
+        _check_graph(name, path)
+    timing = TimingConfig(threads=args.threads, warmup=args.warmup, iterations=args.iterations,
+                          rounds=args.rounds, sessions=args.sessions, seed=args.seed)
+    return compact(side_by_side(ort_factories(graphs, timing, args.batch), args.reference,
+                                side_by_side_config(timing)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        summary = run(argv)
+    except EdgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

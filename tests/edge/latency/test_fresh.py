@@ -1,0 +1,75 @@
+"""edge.latency.fresh: graphs timed side by side with an A/A control in a new process (no timing asserted)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edge.errors import EdgeError
+from edge.latency.fresh import command, main, time_fresh
+from edge.latency.measure import TimingConfig
+
+TINY_TIMING = TimingConfig(threads=1, warmup=1, iterations=4, rounds=2, sessions=1)
+
+
+def matmul_graph(path: Path, width: int) -> Path:
+    """One MatMul of a (1, width) input by a seeded (width, width) weight."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((width, width)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["input", "w"], ["logits"])], "matmul",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, width])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, width])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_two_graphs_are_timed_in_another_process_with_an_aa_control(tmp_path):
+    graphs = {"original": matmul_graph(tmp_path / "big.onnx", 64), "plan0": matmul_graph(tmp_path / "small.onnx", 8)}
+    timed = time_fresh(graphs, "original", TINY_TIMING)
+    assert set(timed["graphs"]) == {"original", "plan0", "original (A/A)"}
+    assert timed["graphs"]["original"]["speedup"] == 1.0              # the reference against itself, per round
+    for name, path in graphs.items():
+        row = timed["graphs"][name]
+        assert row["model"] == str(path) and row["median_ms"] > 0 and row["speedup"] > 0
+        assert row["iterations"] == 4 and len(row["round_medians_ms"]) == 2   # 2 rounds of 2 calls
+    assert timed["aa_control"]["of"] == "original" and timed["reference"] == "original"
+    assert timed["settings"]["sessions"] == 1 and timed["settings"]["iterations"] == 2
+    process = timed["process"]
+    assert process["fresh"] and process["command"][:2] == ["-m", "edge.latency.fresh"]
+    assert "original=" + str(graphs["original"]) in process["command"]
+
+
+def test_the_command_line_carries_the_protocol(tmp_path):
+    args = command({"original": tmp_path / "a.onnx"}, "original", TINY_TIMING, batch=4)
+    for flag, value in (("--threads", "1"), ("--iterations", "4"), ("--rounds", "2"), ("--sessions", "1"),
+                        ("--warmup", "1"), ("--batch", "4"), ("--reference", "original")):
+        assert args[args.index(flag) + 1] == value
+    assert args[-1] == f"original={tmp_path / 'a.onnx'}"
+
+
+def test_a_missing_graph_is_named_before_any_process_starts(tmp_path):
+    good = matmul_graph(tmp_path / "a.onnx", 8)
+    with pytest.raises(EdgeError, match="plan0: .*missing.onnx does not exist"):
+        time_fresh({"original": good, "plan0": tmp_path / "missing.onnx"}, "original", TINY_TIMING)
+    with pytest.raises(EdgeError, match="reference 'other' is not among"):
+        time_fresh({"original": good}, "other", TINY_TIMING)
+
+
+def test_a_graph_that_is_not_onnx_fails_naming_it(tmp_path):
+    good = matmul_graph(tmp_path / "a.onnx", 8)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all \x00\xff")
+    with pytest.raises(EdgeError, match="fresh process failed") as caught:
+        time_fresh({"original": good, "plan0": bad}, "original", TINY_TIMING)
+    assert f"graph plan0: {bad} is not a valid ONNX model" in str(caught.value)
+
+
+def test_the_entry_point_refuses_a_reference_it_does_not_time(tmp_path, capsys):
+    good = matmul_graph(tmp_path / "a.onnx", 8)
+    assert main(["--reference", "other", f"original={good}"]) == EdgeError.exit_code
+    assert "--reference other" in capsys.readouterr().err
+    assert os.path.exists(good)
