@@ -353,8 +353,8 @@ class Search:
         else:
             assert fastest is not None
             what = (f"no plan reaches {budget_ms:.4g} ms ({self._share(budget_ms)}): the fastest there is, "
-                    f"{fastest.plan} ({self._speedup(fastest)}, {fastest.predicted_ms:.4g} ms predicted), does not, "
-                    f"and it agrees with the original on {fastest.agreement:.4f} of {holdout} held-out images, {below}")
+                    f"{fastest.plan}, is predicted at {fastest.predicted_ms:.4g} ms ({self._speedup(fastest)}) and "
+                    f"agrees with the original on {fastest.agreement:.4f} of {holdout} held-out images, {below}")
         share = math.ceil(1000 * now.predicted_ms / self.original.predicted_ms) / 1000
         option = f"--budget {share:g}x" if self.config.budget is not None else f"--budget-ms {now.predicted_ms:.4g}"
         return EdgeError(what, expected=f"a budget of at least {now.predicted_ms:.4g} ms ({self._share(now.predicted_ms)}"

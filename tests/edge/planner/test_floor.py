@@ -76,7 +76,7 @@ def test_a_budget_no_plan_reaches_names_the_fastest_above_the_floor_when_the_fas
     with pytest.raises(EdgeError) as caught:
         search(sharp, SOURCE, SearchConfig(budget=0.1, min_agreement=FLOOR, **FAST), table)
     text = str(caught.value)
-    assert "no plan reaches" in text and "the fastest there is, linear:-1-3 (" in text
+    assert "no plan reaches" in text and "the fastest there is, linear:-1-3, is predicted at " in text
     assert "below the floor of 0.8" in text and "the fastest plan the search reaches above the floor is " in text
 
 
