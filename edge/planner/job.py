@@ -292,7 +292,8 @@ def time_mix(model: nn.Module, source: dict, plans: list[Point], result: SearchR
         rows.append({"plan": point.plan, "predicted_ms": point.predicted_ms, "measured_ms": reference * share,
                      "p90_ms": None, "speedup": 1 / share, "predicted_speedup": 1 / predicted_share,
                      "prediction_error": predicted_share / share - 1, "kl": point.kl, "agreement": point.agreement,
-                     "floor_margin": point.floor_margin, "batch_speedup": {str(b): per[b]["plans"][i]["speedup"] for b in per}})
+                     "floor_margin": point.floor_margin,
+                     "batch_speedup": {str(b): per[b]["plans"][i]["speedup"] for b in per}})
     return {"original_ms": reference, "original_predicted_ms": result.original.predicted_ms,
             "aa_ratio": sum(shares[b] * per[b]["aa_ratio"] for b in per), "plans": rows,
             "batches": {str(b): per[b] for b in per},

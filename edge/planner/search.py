@@ -355,11 +355,13 @@ class Search:
             what = (f"no plan reaches {budget_ms:.4g} ms ({self._share(budget_ms)}): the fastest there is, "
                     f"{fastest.plan}, is predicted at {fastest.predicted_ms:.4g} ms ({self._speedup(fastest)}) and "
                     f"agrees with the original on {fastest.agreement:.4f} of {holdout} held-out images, {below}")
+        # the budget that gets it, rounded up (the walk is deterministic: it stops there or before)
         share = math.ceil(1000 * now.predicted_ms / self.original.predicted_ms) / 1000
-        option = f"--budget {share:g}x" if self.config.budget is not None else f"--budget-ms {now.predicted_ms:.4g}"
-        return EdgeError(what, expected=f"a budget of at least {now.predicted_ms:.4g} ms ({self._share(now.predicted_ms)}"
-                         f", {option}): the fastest plan the search reaches above the floor is "
-                         f"{now.plan or '(the original)'} ({self._speedup(now)} predicted, agreement "
+        ms = f"{math.ceil(1e4 * now.predicted_ms) / 1e4:.4f}".rstrip("0").rstrip(".")
+        option = f"--budget {share:g}x" if self.config.budget is not None else f"--budget-ms {ms}"
+        return EdgeError(what, expected=f"a budget of at least {now.predicted_ms:.4g} ms "
+                         f"({self._share(now.predicted_ms)}, {option}): the fastest plan the search reaches above the "
+                         f"floor is {now.plan or '(the original)'} ({self._speedup(now)} predicted, agreement "
                          f"{now.agreement:.4f}, {now.floor_margin:+.4f} above the floor)",
                          fix=f"raise the budget to {option}, or lower the floor with --min-agreement F (0: none; "
                              "a plan below it is destroyed, not compressed)")

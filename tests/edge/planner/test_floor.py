@@ -137,7 +137,8 @@ def test_the_cli_refuses_a_budget_only_destroyed_plans_meet(sharp, tmp_path, cap
     save_safetensors(sharp.state_dict(), weights)
     out = tmp_path / "plan"
     args = ["plan", TINY, "--weights", str(weights), "--budget", "0.2x", "--backend", "estimate", "--data",
-            "fmnist-mini", "--samples", "40", "--holdout", "40", "--shortlist", "3", "--refresh", "3", "--out", str(out)]
+            "fmnist-mini", "--samples", "40", "--holdout", "40", "--shortlist", "3", "--refresh", "3",
+            "--out", str(out)]
     assert main([*args, "--min-agreement", str(FLOOR)]) == 2
     err = capsys.readouterr().err
     assert "met only by plans below the agreement floor" in err and "the fastest plan the search reaches above " \
@@ -145,7 +146,7 @@ def test_the_cli_refuses_a_budget_only_destroyed_plans_meet(sharp, tmp_path, cap
     assert not out.exists()
 
 
-@pytest.mark.slow   # walks the reference model down to the floor: minutes on 2 cores
+@pytest.mark.slow   # walks the reference model down to the floor (13 rounds; half a minute or more on 2 cores)
 def test_the_reference_model_at_0_02x_is_refused_naming_the_fastest_plan_above_the_floor(tmp_path, capsys):
     out = tmp_path / "plan"
     assert main(["plan", "fmnist-deit-tiny", "--budget", "0.02x", "--backend", "estimate", "--data", "fmnist-mini",
