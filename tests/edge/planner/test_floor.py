@@ -152,6 +152,7 @@ def test_the_reference_model_at_0_02x_is_refused_naming_the_fastest_plan_above_t
     assert main(["plan", "fmnist-deit-tiny", "--budget", "0.02x", "--backend", "estimate", "--data", "fmnist-mini",
                  "--samples", "32", "--holdout", "32", "--min-step", "0.05", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "the fastest plan the search reaches above the floor is " in err
+    assert "no plan reaches" in err and "the fastest there is, linear:-1-11, is predicted at " in err
+    assert "the fastest plan the search reaches above the floor is " in err and "raise the budget to --budget 0." in err
     assert f"below the floor of {MIN_AGREEMENT:g} (chance: 0.1)" in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
