@@ -54,6 +54,9 @@ def register(subparsers) -> None:
               "predicted latency while such moves exist (default 0: any saving; e.g. 0.02 on a launch-bound target "
               "such as a small model on the Orin estimate, where width cuts save a fraction of a percent each)")
     add_field(parser, "--refresh", SearchConfig, help="every N rounds every move is measured again")
+    add_field(parser, "--min-agreement", SearchConfig, help="the fidelity floor: a plan whose held-out top-1 "
+              "agreement with the original falls below it is destroyed, not compressed; the search takes no move "
+              "below it and refuses a budget only such plans meet, naming the fastest plan above it (0: no floor)")
     parser.add_argument("--table", type=ExistingFile(), metavar="FILE", action="append",
                         help="a latency table measured on the target (default: measure one here, ONNX Runtime); "
                              "again for each batch of --batch")
@@ -117,7 +120,7 @@ def run(args) -> int:
     set_threads(args.train_threads)
     search = SearchConfig(budget=args.budget, budget_ms=args.budget_ms, data=args.data, samples=args.samples,
                           holdout=args.holdout, seed=args.seed, shortlist=args.shortlist, refresh=args.refresh,
-                          min_step=args.min_step,
+                          min_step=args.min_step, min_agreement=args.min_agreement,
                           shape_rules=args.shape_rules)
     search.check()
     target = TargetConfig(table=tuple(args.table or ()), backend=args.backend, device=args.device,
@@ -135,7 +138,8 @@ def run(args) -> int:
     chosen, base = result["chosen"], result["original"]["predicted_ms"]
     human = [f"plan {chosen['plan']}",
              f"predicted {chosen['predicted_ms']:.4g} ms ({base / chosen['predicted_ms']:.2f}x of {base:.4g} ms); "
-             f"held-out KL {chosen['kl']:.4g}, agreement {chosen['agreement']:.4f}"]
+             f"held-out KL {chosen['kl']:.4g}, agreement {chosen['agreement']:.4f} "
+             f"({chosen['floor_margin']:+.4f} above the floor {result['min_agreement']:g})"]
     if record["timed"]:
         row = record["timed"]["plans"][0]
         human.append(f"measured {row['measured_ms']:.4g} ms against the original's {record['timed']['original_ms']:.4g}"

@@ -252,7 +252,8 @@ def time_plans(model: nn.Module, source: dict, plans: list[Point], result: Searc
              "speedup_interval": [stats[f"plan{i}"]["low"], stats[f"plan{i}"]["high"]],
              "predicted_speedup": result.original.predicted_ms / p.predicted_ms,
              "prediction_error": p.predicted_ms / (base / stats[f"plan{i}"]["speedup"]) - 1, "kl": p.kl,
-             "agreement": p.agreement, "graph": paths[f"plan{i}"].relative_to(folder).as_posix()}
+             "agreement": p.agreement, "floor_margin": p.floor_margin,
+             "graph": paths[f"plan{i}"].relative_to(folder).as_posix()}
             for i, p in enumerate(plans)]
     aa = fresh["aa_control"]
     return {"original_ms": base, "original_predicted_ms": result.original.predicted_ms,
@@ -291,6 +292,7 @@ def time_mix(model: nn.Module, source: dict, plans: list[Point], result: SearchR
         rows.append({"plan": point.plan, "predicted_ms": point.predicted_ms, "measured_ms": reference * share,
                      "p90_ms": None, "speedup": 1 / share, "predicted_speedup": 1 / predicted_share,
                      "prediction_error": predicted_share / share - 1, "kl": point.kl, "agreement": point.agreement,
+                     "floor_margin": point.floor_margin,
                      "batch_speedup": {str(b): per[b]["plans"][i]["speedup"] for b in per}})
     return {"original_ms": reference, "original_predicted_ms": result.original.predicted_ms,
             "aa_ratio": sum(shares[b] * per[b]["aa_ratio"] for b in per), "plans": rows,

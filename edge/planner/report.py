@@ -31,7 +31,8 @@ def markdown(record: dict) -> str:
         f"- predicted {chosen['predicted_ms']:.4g} ms ({_speed(base, chosen['predicted_ms'])} of the original's "
         f"{base:.4g} ms)",
         f"- held-out fidelity to the original ({result['holdout']['samples']} training images not used for "
-        f"fitting): KL {chosen['kl']:.4g}, top-1 agreement {chosen['agreement']:.4f}",
+        f"fitting): KL {chosen['kl']:.4g}, top-1 agreement {chosen['agreement']:.4f}"
+        + _margin_text(chosen, result),
         f"- {len(result['rounds'])} rounds, {len(result['points'])} plans measured, {result['builds']} steps fitted, "
         f"{result['seconds']:.0f} s; methods: {', '.join(result['methods'])}",
         "",
@@ -75,19 +76,32 @@ def markdown(record: dict) -> str:
             f"(drop {tuned['drop_pt']:.2f} pt).",
             "",
         ]
-    lines += ["## Rounds", "", "| round | move | method | predicted ms | KL | agreement | why |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["## Rounds", "", "| round | move | method | predicted ms | KL | agreement | above floor | why |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["rounds"]:
         lines.append(f"| {r['round']} | {r['label']} | {r['method']} | {r['predicted_ms']:.4g} | {r['kl']:.4g} | "
-                     f"{r['agreement']:.4f} | {r['why']} |")
-    lines += ["", "## Pareto front of the measured plans", "", "| plan | predicted ms | speedup | KL | agreement |",
-              "|---|---|---|---|---|"]
+                     f"{r['agreement']:.4f} | {_margin(r)} | {r['why']} |")
+    lines += ["", "## Pareto front of the measured plans", "",
+              "| plan | predicted ms | speedup | KL | agreement | above floor |", "|---|---|---|---|---|---|"]
     for p in result["front"]:
         lines.append(f"| `{p['plan'] or '(original)'}` | {p['predicted_ms']:.4g} | {_speed(base, p['predicted_ms'])} | "
-                     f"{p['kl']:.4g} | {p['agreement']:.4f} |")
+                     f"{p['kl']:.4g} | {p['agreement']:.4f} | {_margin(p)} |")
     lines += ["", f"Hardware: {record['hardware'].get('cpu', '')}; versions: "
               + ", ".join(f"{k} {v}" for k, v in sorted(record["versions"].items())), ""]
     return "\n".join(lines)
+
+
+def _margin(point: dict) -> str:
+    """How far ``point``'s agreement is above the fidelity floor ('-' in a record from before the floor)."""
+    margin = point.get("floor_margin")
+    return "-" if margin is None else f"{margin:+.4f}"
+
+
+def _margin_text(chosen: dict, result: dict) -> str:
+    if chosen.get("floor_margin") is None:
+        return ""
+    return (f", {chosen['floor_margin']:+.4f} above the fidelity floor ({result['min_agreement']:g} agreement, "
+            "`--min-agreement`)")
 
 
 def _batch_text(record: dict) -> str:
