@@ -458,11 +458,18 @@ def chosen_section(report: dict) -> tuple[str, list[str], list] | None:
              f"{plan['files']['markdown']}, {plan['files']['plot']}."]
     rounds = [(str(r["round"]), r["method"], r["label"], f"{r['predicted_ms']:.4g}", f"{r['kl']:.4g}",
                f"{100 * r['agreement']:.2f} %", r["why"]) for r in plan["rounds"]]
-    front = [(p["plan"] or "(original)", f"{p['predicted_ms']:.4g}", f"{p['kl']:.4g}", f"{100 * p['agreement']:.2f} %")
-             for p in plan["front"]]
+    front = [(p["plan"] or "(original)", f"{p['predicted_ms']:.4g}", f"{p['kl']:.4g}", f"{100 * p['agreement']:.2f} %",
+              _floor_cell(p.get("floor_margin"))) for p in plan["front"]]
     return "What was chosen and why", lines, [
         (("round", "method", "move", "predicted ms", "KL", "agreement", "why"), rounds),
-        (("Pareto front: plan", "predicted ms", "KL", "agreement"), front)]
+        (("Pareto front: plan", "predicted ms", "KL", "agreement", "above the fidelity floor"), front)]
+
+
+def _floor_cell(margin: float | None) -> str:
+    """A plan's margin above edge plan's agreement floor (older reports record none)."""
+    if margin is None or margin != margin:
+        return "-"
+    return f"{100 * margin:+.2f} pt" if margin >= 0 else f"{100 * margin:+.2f} pt: below, destroyed"
 
 
 def precision_section(report: dict) -> tuple[str, list[str], list] | None:
