@@ -11,8 +11,10 @@ original). The independent figure, made only with the CLI, each step its own pro
    ``--weights`` / ``--img-size``) at the plan's batch, then ``python -m edge clean`` of each, into ``--work``;
 2. ``--runs`` times, a fresh process times the two cleaned graphs side by side with an A/A copy of the
    original (``python -m edge.latency.fresh``: :func:`edge.profile.sidebyside.side_by_side`, the library
-   function of side-by-side profiling) with the protocol ``plan.json`` records (threads, iterations, rounds,
-   session sets, seed).
+   function of side-by-side profiling): the plan's threads and warm-up, 40 rounds in 10 session sets of 20
+   calls per graph (``--rounds/--sessions/--calls``; ``--same-protocol``: the protocol ``plan.json`` records).
+   A first run with the planner's own protocol (200 calls in 20 rounds, 5 session sets: 5 s per graph at
+   batch 1) gave 3.17x and 2.90x in two fresh processes for one plan: too short to tell 5 % apart.
 
 Recorded: both figures, each run's ratio planner / independent and the ratio to the median of the runs
 (acceptance: within 5 %), whether the planner's timed graph and the CLI's have the same operators, the
@@ -108,9 +110,15 @@ def same_operators(a: Path, b: Path) -> bool:
     return ops[0] == ops[1]
 
 
-def independent_run(graphs: dict[str, Path], planner: dict) -> dict:
-    """One fresh process timing the CLI's graphs side by side with an A/A copy, the plan's protocol."""
-    protocol = planner["protocol"]
+def independent_run(graphs: dict[str, Path], planner: dict, protocol: dict | None, seed: int) -> dict:
+    """One fresh process timing the CLI's graphs side by side with an A/A copy: with ``protocol`` (rounds,
+    sessions, calls per round; the threads and warm-up are the plan's), else the plan's own protocol."""
+    if protocol is None:
+        protocol = planner["protocol"]
+    else:
+        protocol = {**{k: planner["protocol"][k] for k in ("threads", "warmup")}, "rounds": protocol["rounds"],
+                    "sessions": protocol["sessions"], "iterations": protocol["calls"] * protocol["rounds"],
+                    "seed": seed}
     flags = [f"--{key}={protocol[key]}" for key in ("threads", "warmup", "iterations", "rounds", "sessions", "seed")
              if key in protocol]
     done = run([sys.executable, "-m", "edge.latency.fresh", "--reference", "original", *flags,
@@ -142,6 +150,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="--model: the plan folder edge plan writes")
     parser.add_argument("--plan-args", default="", help="--model: more edge plan options, one string")
     parser.add_argument("--runs", type=int, default=2, help="independent fresh-process timings")
+    parser.add_argument("--rounds", type=int, default=40, help="independent timing: interleaved rounds")
+    parser.add_argument("--sessions", type=int, default=10, help="independent timing: session sets")
+    parser.add_argument("--calls", type=int, default=20, help="independent timing: calls per graph and round")
+    parser.add_argument("--same-protocol", action="store_true",
+                        help="time with the protocol plan.json records instead (rounds, sessions, calls)")
     parser.add_argument("--work", type=Path, help="where the CLI's graphs go (default: PLAN/agreement)")
     parser.add_argument("--json-out", type=Path, default=JSON_OUT)
     args = parser.parse_args()
@@ -158,7 +171,9 @@ def main() -> int:
         graphs = cli_graphs(plan, planner, args.work or plan / "agreement")
         runs = []
         for i in range(args.runs):
-            runs.append(independent_run(graphs, planner))
+            protocol = None if args.same_protocol else {"rounds": args.rounds, "sessions": args.sessions,
+                                                         "calls": args.calls}
+            runs.append(independent_run(graphs, planner, protocol, seed=i))
             log(f"run {i + 1}/{args.runs}: independent {runs[-1]['speedup']:.3f}x, planner {planner['speedup']:.3f}x")
     except EdgeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -170,6 +185,9 @@ def main() -> int:
                   "graphs": {name: str(path) for name, path in graphs.items()},
                   "made_by": "python -m edge export, then python -m edge clean (each its own process)",
                   "timed_by": "python -m edge.latency.fresh (a fresh process per run; side by side, A/A copy)",
+                  "protocol": "the plan's (plan.json)" if args.same_protocol else
+                  {"rounds": args.rounds, "sessions": args.sessions, "calls_per_round": args.calls,
+                   "seed": "the run's index"},
                   "same_operators_as_planner": same_operators(timed_graph, graphs["plan"])
                   if timed_graph and timed_graph.is_file() else None,
                   "runs": runs},
