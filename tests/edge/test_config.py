@@ -18,7 +18,7 @@ ONE_VARIANT = {"variants": [{"name": "original"}]}
 # Where the pipeline's default differs from the library's (and so from the CLI's): the recipe's own
 # default, stated in default.yaml. Anything else differing is a second source of a default.
 RECIPE_OWN_DEFAULTS = {
-    ("evaluate", "batch_size"): (500, 256),
+    ("evaluate", "batch_size"): (64, 256),
     # the main job fits 5 minutes on 2 cores: a smaller search and calibration; the Orin Nano as the target
     ("plan", "budget"): (0.5, None), ("plan", "backend"): ("estimate", None), ("plan", "precision"): ("fp16", None),
     ("plan", "power_mode"): ("MAXN_SUPER", None), ("plan", "batch"): (1, None), ("plan", "samples"): (128, 512),
@@ -66,7 +66,7 @@ def test_the_recipes_own_defaults_are_the_declared_ones_and_default_yaml_states_
         del record["variants"], record["source"], record["precision"]["variants"], record["bundle"]["variants"]
     assert implicit == stated
     assert parse_recipe(ONE_VARIANT).plan is None   # left out: not run
-    assert stated["profile"]["iterations"] is None and stated["evaluate"]["batch_size"] == 500
+    assert stated["profile"]["iterations"] is None and stated["evaluate"]["batch_size"] == 64
 
 
 def test_every_numeric_recipe_key_has_a_range():
@@ -82,7 +82,8 @@ def test_every_numeric_recipe_key_has_a_range():
                       "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance",
                       "plan.budget", "plan.batch", "plan.samples", "plan.holdout", "plan.shortlist", "plan.refresh",
                       "plan.min_step",
-                      "precision.samples", "estimate.batch", "bundle.samples", "bundle.gate_images"}
+                      "precision.samples", "precision.gate_images", "precision.static_gate_images", "estimate.batch",
+                      "bundle.samples", "bundle.gate_images"}
 
 
 REFUSED = {
