@@ -83,7 +83,9 @@ def register(subparsers) -> None:
     add_field(parser, "--whole-iterations", PlanJobConfig, help="timed calls per graph of the whole-model check "
               "(the original, its A/A copy and --measure plans, side by side in a fresh process)")
     add_field(parser, "--whole-rounds", PlanJobConfig, help="interleaved rounds of the whole-model check (split "
-              "evenly between 5 session sets; its speedup is the median of the per-round ratios)")
+              "evenly between --whole-sessions session sets; its speedup is the median of the per-round ratios)")
+    add_field(parser, "--whole-sessions", PlanJobConfig, help="session sets of the whole-model check, each created "
+              "afresh in rotated order")
     add_field(parser, "--measure", PlanJobConfig, help="Pareto-front plans exported and timed whole beside the "
               "original (the chosen one first; 0: none)")
     add_field(parser, "--correct", PlanJobConfig, help="times the budget is tightened when the chosen plan, timed "
@@ -128,6 +130,7 @@ def run(args) -> int:
                           threads=args.threads, power_mode=args.power_mode)
     config = PlanJobConfig(search=search, target=target, iterations=args.iterations, measure=args.measure,
                            whole_iterations=args.whole_iterations, whole_rounds=args.whole_rounds,
+                           whole_sessions=args.whole_sessions,
                            correct=args.correct,
                            finetune=args.finetune, finetune_max_steps=args.finetune_max_steps,
                            train_threads=args.train_threads)

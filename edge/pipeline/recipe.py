@@ -456,12 +456,6 @@ def named_recipe(name: str) -> Path:
     return found[name]
 
 
-def _no_recipe(path: Path) -> EdgeError:
-    return EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file, or a shipped recipe ("
-                     f"{', '.join(named_recipes())})",
-                     fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
-
-
 def load_recipe(path: str | Path | None = None) -> Recipe:
     """Read and check a recipe file; ``None`` reads the built-in default; a name without a file of that
     name, a shipped recipe (:func:`named_recipes`)."""
@@ -474,7 +468,9 @@ def load_recipe(path: str | Path | None = None) -> Recipe:
         return parse_recipe(_yaml_load(named.read_text()), f"<shipped recipe {named.stem}>", None)
     path = Path(path).expanduser()
     if not path.is_file():
-        raise _no_recipe(path)
+        raise EdgeError(f"recipe {path} does not exist", expected="a YAML recipe file, or a shipped recipe ("
+                        f"{', '.join(named_recipes())})",
+                        fix="check the path, or start from `edge pipeline --print-recipe > recipe.yaml`")
     try:
         document = _yaml_load(path.read_text())
     except yaml.YAMLError as e:

@@ -518,9 +518,13 @@ def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, Ste
     if settings is None:
         return None
     graph = clean_name(DEPLOYED)
-    below_gate = {(p.base.variant.name, p.precision) for p, record in precisions if p.below_gate(record)}
-    made = {(p.base.variant.name, p.precision): (p.folder / DEPLOYED, record.outputs[DEPLOYED])
-            for p, record in precisions if not p.below_gate(record)}
+    below_gate, made = set(), {}
+    for p, record in precisions:
+        key = (p.base.variant.name, p.precision)
+        if p.below_gate(record):
+            below_gate.add(key)
+        else:
+            made[key] = (p.folder / DEPLOYED, record.outputs[DEPLOYED])
     kept = {name: tuple(p for p in settings.precisions if (name, p) not in below_gate) for name in settings.variants}
     inputs = {"graphs": {name: cleaned[name].outputs[graph] for name in settings.variants},
               "made": {f"{n}.{p}": digest for (n, p), (_, digest) in sorted(made.items())},

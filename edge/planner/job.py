@@ -32,6 +32,7 @@ made as a user makes them, ``edge export`` (verified against PyTorch) then ``edg
 from __future__ import annotations
 
 import copy
+import shlex
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -82,9 +83,9 @@ class PlanJobConfig:
     iterations: int = option(100, minimum=1, maximum=MAX_STEPS)   # timed calls per part graph of a table timed here
     rounds: int = option(5, minimum=1, maximum=MAX_STEPS)
     # the whole-model check (edge.latency.fresh): timed calls per graph, spread over rounds split evenly between
-    # session sets created afresh; its speedup is the median of the per-round ratios, so it needs many rounds
-    # the whole-model check: 10 calls per graph and round, 40 rounds in 10 session sets (at 200 calls in 20 rounds
-    # and 5 sets, two fresh runs of one plan gave 3.17x and 2.90x: too short to resolve 5 %)
+    # session sets created afresh; its speedup is the median of the per-round ratios, so it needs many rounds:
+    # 10 calls per graph and round, 40 rounds in 10 sets (at 200 calls in 20 rounds of 5 sets, two fresh runs of
+    # one plan gave 3.17x and 2.90x: too short to resolve 5 %)
     whole_iterations: int = option(400, minimum=1, maximum=MAX_STEPS)
     whole_rounds: int = option(40, minimum=2, maximum=MAX_STEPS)
     whole_sessions: int = option(10, minimum=1, maximum=1000)
@@ -225,6 +226,7 @@ def time_plans(model: nn.Module, source: dict, plans: list[Point], result: Searc
     """Export and clean the original and ``plans`` into ``timed`` (under the run ``folder``) as ``edge export`` +
     ``edge clean`` make them, and time them side by side with an A/A copy of the original in a fresh process
     (:func:`edge.latency.fresh.time_fresh`): medians and speedups, the figures a user re-timing those files gets."""
+    from edge.latency.fresh import command as fresh_command
     from edge.latency.fresh import time_fresh
 
     timed.mkdir(parents=True, exist_ok=True)
@@ -267,11 +269,9 @@ def time_plans(model: nn.Module, source: dict, plans: list[Point], result: Searc
                          "speedup": fresh["method"], "iterations_per_round": fresh["iterations_per_round"],
                          "process": "fresh: " + " ".join(fresh["process"]["command"]),
                          "graphs": "edge export (verified against PyTorch), then edge clean (default passes)",
-                         "retime": "python -m edge.latency.fresh --reference original "
-                                   + " ".join(f"{n}=OUT/{p.relative_to(folder).as_posix()}" for n, p in paths.items())
-                                   + f" --threads {timing.threads} --warmup {timing.warmup} --iterations "
-                                     f"{timing.iterations} --rounds {timing.rounds} --sessions {timing.sessions} "
-                                     f"--seed {timing.seed}" + (f" --batch {target.batch}" if target.batch else "")}}
+                         "retime": "python " + shlex.join(fresh_command(
+                             {n: Path("OUT") / p.relative_to(folder) for n, p in paths.items()}, "original", timing,
+                             target.batch)[1:])}}
 
 
 def time_mix(model: nn.Module, source: dict, plans: list[Point], result: SearchResult, config: PlanJobConfig,
