@@ -15,6 +15,7 @@ extension loads normally (users' machines, Jetsons) it does nothing.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 _SCHEMAS = {
     "nms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -25,15 +26,37 @@ _done = False
 
 
 def _torchvision_ops_missing() -> bool:
+    """True when torchvision is installed and its operators can be neither found nor loaded.
+
+    Before ``import torchvision`` its operators are missing everywhere: the probe loads its extension
+    (``_C``) the way torchvision itself does, and only where that fails (a CUDA wheel beside a CPU
+    torch) are the operators missing. Defining the schemas where the extension does load would make
+    its own registration abort the process (a duplicate definition; seen with torch 2.11 + CUDA)."""
     import torch
 
-    if importlib.util.find_spec("torchvision") is None:
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None:
         return False
+    if _has_nms(torch):
+        return False
+    for folder in spec.submodule_search_locations or ():
+        for library in sorted(Path(folder).glob("_C.*")):
+            if library.suffix not in (".so", ".pyd"):
+                continue
+            try:
+                torch.ops.load_library(str(library))
+            except (OSError, RuntimeError):
+                return True
+            return not _has_nms(torch)
+    return True
+
+
+def _has_nms(torch) -> bool:
     try:
         torch.ops.torchvision.nms  # noqa: B018  (attribute access is the probe)
     except (AttributeError, RuntimeError):
-        return True
-    return False
+        return False
+    return True
 
 
 def ensure_torchvision_importable() -> bool:
