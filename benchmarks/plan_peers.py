@@ -3,6 +3,11 @@
     bash scripts/peers-venv.sh        # once: Torch-Pruning 1.6.1 into .venv-peers-site/ (not into .venv)
     python benchmarks/plan_peers.py --edge runs/plan/a runs/plan/b runs/plan/c --data fmnist
     python benchmarks/plan_peers.py --plans linear:6-9,dwconv:blocks=1+10+11 --data fmnist   # compressed here
+    # the distillation on a GPU machine, the timing on the CPU that matched (what issue 33's table ran):
+    python benchmarks/plan_peers.py --plans P1 P2 P3 P4 --samples 512 --stage match --reuse-matches OLD.json
+    python benchmarks/plan_peers.py --plans P1 P2 P3 P4 --samples 512 --stage distil --jobs 14 \
+        --train-device cuda --deadline 160 --distilled distilled.json     # there, with WORK/state.json carried
+    python benchmarks/plan_peers.py --plans P1 P2 P3 P4 --samples 512 --stage time --distilled distilled.json
     # smoke: one artifact, 2 distillation steps, few timing calls
     python benchmarks/plan_peers.py --edge /tmp/peers-edge-a --data fmnist-mini --steps 2 --rounds 2 \
         --iterations 3 --match-rounds 2 --match-iterations 3 --work /tmp/peers-work
@@ -33,13 +38,18 @@ from ``--plans`` by :func:`_artifacts.cached_artifact`) fixes one speed. Against
      kept.
 
    The match error (relative speed - 1) of the chosen candidate is recorded, with every point measured.
-2. **Distillation, same budget.** Every model (edge's through :func:`edge.compress.finetune.finetune`,
+2. **Distillation, same budgets** (``--epochs 1 3``: each budget a run of its own from the same start;
+   ``--jobs`` runs at once; ``--stage distil`` writes only their records, ``--distilled``, so it can run
+   on a GPU machine and the records travel back; a run not started before ``--deadline`` is recorded as
+   skipped and reported as not run). Every model (edge's through :func:`edge.compress.finetune.finetune`,
    what ``edge finetune ARTIFACT`` runs; the peers through :func:`edge.compress.finetune.distil`, its
    entry point for any module) is distilled from the same teacher (the original ``--model``) with
    the same recipe (edge finetune's defaults), batch order (``--seed``) and step budget (``--epochs``,
    or ``--steps`` for a smoke), and scored before and after on the full test split of ``--data``.
-3. **Final timing.** All final models, one side-by-side interleaved run per batch size with the A/A
-   control: the speedups in the tables come from this run, not from the matching.
+3. **Final timing.** All models, one side-by-side interleaved run per batch size with the A/A
+   control: the speedups in the tables come from this run, not from the matching. The graphs are the
+   models before distillation (distillation changes weights, not shapes; the shapes distilled elsewhere
+   are checked against the ones timed here: parameter counts, pruned widths).
 
 Torch-Pruning is not a dependency of edge: ``scripts/peers-venv.sh`` installs the pinned version
 (benchmarks/requirements-peers.txt) with ``pip install --target .venv-peers-site --no-deps`` (its
@@ -129,12 +139,15 @@ def edge_models(args) -> list[dict]:
         folder = Path(args.work) / "edge" / slug(plan)
         config = CompressConfig(plan=plan, data=args.data, samples=args.samples, seed=args.seed)
         manifest = cached_artifact(args.model, config, folder)
-        found.append({"path": str(folder), "plan": manifest.get("plan")})
+        # named by what made it, not where it lies: another machine (--stage distil) finds the same key
+        found.append({"path": str(folder), "plan": manifest.get("plan"),
+                      "made_by": json.dumps({"model": args.model, **asdict(config)}, sort_keys=True)})
     if not found:
         raise EdgeError("no edge model to compare", expected="--edge ARTIFACT ... or --plans PLAN ...",
                         fix="pass the folders `edge plan` wrote with --edge")
     for item in found:
-        item["key"] = f"edge-{slug(item['plan'] or 'none')}-{short_hash(str(Path(item['path']).resolve()))}"
+        origin = item.pop("made_by", None) or str(Path(item["path"]).resolve())
+        item["key"] = f"edge-{slug(item['plan'] or 'none')}-{short_hash(origin)}"
         item["label"] = f"edge `{item['plan']}`"
     return found
 
@@ -537,12 +550,51 @@ class Benchmark:
         self.save_state()
         return done
 
+    def reuse_matches(self, items: list[dict], path: str | Path) -> None:
+        """Seed ``state.json`` with the matches of an earlier record (``--reuse-matches``) for the same plans.
+
+        A match is an input (which ratio, which r): the final timing re-measures every model side by
+        side, so a reused match changes no reported speed, only which peer is compared. Each reused
+        group says where it came from."""
+        old = json.loads(Path(path).read_text())
+        by_plan = {g["edge"]["plan"]: g for g in old.get("groups", [])}
+        for item in items:
+            group = by_plan.get(item["plan"])
+            done = self.state["matches"].get(item["key"])
+            if group is None or (done and "edge" in done):
+                continue
+            speedups = group["edge"]["speedup"]
+            self.state["matches"][item["key"]] = {
+                "peers": group["peers"], "runs": [], "reused_from": {"file": str(path), "command": old.get("command"),
+                                                                     "edge_speedup": speedups},
+                "edge": {**item, "check": group["edge"].get("check"), "speedup": speedups}}
+            log(f"{item['label']}: matches reused from {path}")
+        self.save_state()
+
+    def matched(self, items: list[dict]) -> list[dict]:
+        """The matches of every item from ``state.json``, or an EdgeError naming the first one missing."""
+        missing = [item["label"] for item in items if "edge" not in self.state["matches"].get(item["key"], {})]
+        if missing:
+            raise EdgeError(f"no speed match for {missing[0]} in {self.state_path}",
+                            expected="the matches of `--stage match` (measured on the CPU that times the models)",
+                            fix="run the same command with --stage match first (or --stage all)")
+        return [self.state["matches"][item["key"]] for item in items]
+
     # ---- stage 2: distillation
-    def recipe(self, **extra):
+    def budgets(self) -> list[str]:
+        """The distillation budgets, as record keys: epochs (``"1"``, ``"3"``), or ``"N steps"`` for a smoke."""
+        return [f"{self.args.steps} steps"] if self.args.steps else [str(e) for e in self.args.epochs]
+
+    def recipe(self, budget: str, **extra):
         from edge.compress.finetune import FinetuneConfig
 
-        return FinetuneConfig(data=self.args.data, epochs=self.args.epochs, steps=self.args.steps,
-                              seed=self.args.seed, threads=self.args.train_threads, **extra)
+        steps = self.args.steps if budget.endswith(" steps") else None
+        epochs = 1 if steps else int(budget)
+        return FinetuneConfig(data=self.args.data, epochs=epochs, steps=steps, seed=self.args.seed,
+                              threads=self.args.train_threads, device=self.args.train_device, **extra)
+
+    def distilled_dir(self, budget: str, key: str) -> Path:
+        return self.work / "distilled" / slug(budget) / key
 
     def finished(self, out: Path, config) -> dict | None:
         """The fine-tune record of a finished run of this recipe at ``out``, if there is one."""
@@ -556,90 +608,215 @@ class Benchmark:
             return stages[-1]
         return None
 
-    def distil_edge(self, item: dict) -> dict:
+    def distil_edge(self, item: dict, budget: str) -> dict:
         from edge.compress.finetune import finetune
 
-        out = self.work / "distilled" / item["key"]
-        config = self.recipe()
+        out = self.distilled_dir(budget, item["key"])
+        config = self.recipe(budget)
         record = self.finished(out, config)
         if record is None:
-            log(f"distilling {item['label']}")
+            log(f"distilling {item['label']} ({budget_text(budget)})")
             record = finetune(item["path"], out, config)
-        return {"out": str(out), **summary_of(record)}
+        return {"out": str(out), **summary_of(record), "params": sum(p.numel() for p in
+                                                                      load_model(item["path"]).parameters())}
 
-    def distil_peer(self, candidate: Candidate) -> dict:
+    def distil_peer(self, candidate: Candidate, budget: str) -> dict:
         from edge.compress.finetune import distil
 
-        out = self.work / "distilled" / candidate.key
-        config = self.recipe(teacher=self.args.model)
+        out = self.distilled_dir(budget, candidate.key)
+        config = self.recipe(budget, teacher=self.args.model)
+        model, pruned = self.pruned_module(candidate)
         record = self.finished(out, config)
         if record is None:
-            log(f"distilling {candidate.label}")
-            model, _ = self.pruned_module(candidate)
-            recipe = {k: v for k, v in asdict(self.recipe()).items()
-                      if k in ("epochs", "steps", "seed", "threads")}
+            log(f"distilling {candidate.label} ({budget_text(budget)})")
+            recipe = {k: v for k, v in asdict(config).items() if k in ("epochs", "steps", "seed", "threads", "device")}
             record = distil(model, out=out, teacher=self.args.model, data=self.args.data, name=candidate.label,
                             **recipe)
-        return {"out": str(out), **summary_of(record)}
+        return {"out": str(out), **summary_of(record), "widths": pruned.get("widths"),
+                "params": sum(p.numel() for p in model.parameters())}
 
-    def final_model(self, family: str, key: str, parameter: float | None) -> nn.Module:
-        from edge.compress.finetune import load_distilled
+    def jobs(self, groups: list[dict], items: list[dict] | None = None) -> list[dict]:
+        """Every (budget, model) to distil once, the last group (the fastest edge model) and the longest budget
+        first: what a run stopped by ``--deadline`` leaves undone is the least needed. An edge model is
+        this machine's ``items`` entry of its key (the matches may have been made where it lay elsewhere)."""
+        here = {item["key"]: item for item in items or []}
+        jobs, seen = [], set()
+        for budget in sorted(self.budgets(), key=lambda b: -float(b.split()[0])):
+            for group in reversed(groups):
+                models = [("edge", group["edge"]["key"], None, here.get(group["edge"]["key"], group["edge"]))]
+                models += [(f, p["key"], p["parameter"], None) for f, p in group["peers"].items()]
+                for family, key, parameter, item in models:
+                    if (budget, key) not in seen:
+                        seen.add((budget, key))
+                        jobs.append({"budget": budget, "family": family, "key": key, "parameter": parameter,
+                                     "item": item})
+        return jobs
 
-        out = self.work / "distilled" / key
+    def distil_job(self, job: dict) -> dict:
+        if job["family"] == "edge":
+            return self.distil_edge(job["item"], job["budget"])
+        return self.distil_peer(self.candidate(job["family"], job["parameter"]), job["budget"])
+
+    def distil_all(self, groups: list[dict], items: list[dict]) -> dict:
+        """Every model at every budget (``--jobs`` processes at once), written to ``--distilled`` as each ends.
+
+        Models are distilled from what this machine builds (the plans compressed, Torch-Pruning run on
+        the CPU); each record keeps its parameter count and pruned widths, so the machine that times
+        them checks it times the same shapes."""
+        path = self.distilled_path
+        record = {"budgets": {b: {} for b in self.budgets()}, "skipped": [], "failed": [], "settings": self.settings,
+                  "command": " ".join(sys.argv), "jobs": self.args.jobs, "deadline_s": self.args.deadline}
+        jobs = self.jobs(groups, items)
+        for job in jobs:                        # built once here: parallel jobs must not race to write them
+            if job["family"] not in ("edge", "tome"):
+                self.pruned_module(self.candidate(job["family"], job["parameter"]))
+        started = time.monotonic()
+
+        def done(job: dict, summary: dict | BaseException | None) -> None:
+            if isinstance(summary, BaseException):    # one failed run does not lose the others' records
+                record["failed"].append({"budget": job["budget"], "key": job["key"], "error": str(summary)})
+                log(f"{job['key']} ({budget_text(job['budget'])}) failed: {summary}")
+            elif summary is None:
+                record["skipped"].append({k: job[k] for k in ("budget", "key")})
+                log(f"{job['key']} ({budget_text(job['budget'])}): not started before the deadline")
+            else:
+                record["budgets"][job["budget"]][job["key"]] = summary
+            record["seconds"] = round(time.monotonic() - started, 1)
+            write_atomic(json.dumps(record, indent=1).encode(), path)
+
+        deadline = None if self.args.deadline is None else time.time() + self.args.deadline
+        if self.args.jobs <= 1:
+            for job in jobs:
+                done(job, None if deadline and time.time() > deadline else self.distil_job(job))   # raises
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(self.args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(distil_worker, vars(self.args), job, deadline): job for job in jobs}
+                for future in as_completed(futures):
+                    error = future.exception()
+                    done(futures[future], error if error is not None else future.result())
+        log(f"distillation records: {path}")
+        if record["failed"]:
+            raise EdgeError(f"{len(record['failed'])} of {len(jobs)} distillations failed (recorded in {path})",
+                            found=record["failed"][0]["error"], fix="fix the first error and run again (it resumes)")
+        return record
+
+    @property
+    def distilled_path(self) -> Path:
+        return Path(self.args.distilled) if self.args.distilled else self.work / "distilled.json"
+
+    def read_distilled(self, groups: list[dict]) -> dict:
+        """``--distilled``'s records, checked: every model at every budget, one teacher, the shapes timed here."""
+        path = self.distilled_path
+        if not path.is_file():
+            raise EdgeError(f"no distillation records at {path}", expected="the file `--stage distil` writes",
+                            fix="run --stage distil (on the machine that trains), or pass --distilled FILE")
+        record = json.loads(path.read_text())
+        for job in self.jobs(groups, self.items):
+            summary = record["budgets"].get(job["budget"], {}).get(job["key"])
+            if summary is None and {"budget": job["budget"], "key": job["key"]} in record.get("skipped", []):
+                continue                        # not started before --deadline: the report says "not run"
+            if summary is None:
+                raise EdgeError(f"{path} holds no {budget_text(job['budget'])} distillation of {job['key']}",
+                                expected="every model at every budget of this command",
+                                fix="run --stage distil again with the same command (it resumes)")
+            if job["family"] == "edge":
+                params = sum(p.numel() for p in load_model(job["item"]["path"]).parameters())
+                theirs = summary.get("params")
+            elif job["family"] == "tome":
+                continue
+            else:
+                model, pruned = self.pruned_module(self.candidate(job["family"], job["parameter"]))
+                params, theirs = pruned.get("widths"), summary.get("widths")
+            if params != theirs:
+                raise EdgeError(f"{job['key']} was distilled with other shapes than the model timed here",
+                                expected=f"{params}", found=f"{theirs} in {path}",
+                                fix="distil and time models built by the same code and settings")
+        return record
+
+    def final_model(self, family: str, key: str, parameter: float | None, item: dict | None) -> nn.Module:
+        """The model whose graph is timed: the one that was distilled, before distillation. Distillation
+        changes weights, never shapes (``read_distilled`` checks the shapes), and an fp32 graph's speed on
+        ONNX Runtime does not depend on its weights' values, so the graphs timed here need no distilled
+        weights (which may stay on the machine that trained)."""
         if family == "edge":
-            return load_model(str(out))
-        model, _ = self.pruned_module(self.candidate(family, parameter))
-        return load_distilled(model, out)
+            return load_model(item["path"])
+        model, _ = self.pruned_module(self.candidate(family, parameter)) if family != "tome" else \
+            self.candidate(family, parameter).build()
+        return model
 
-    # ---- all stages
-    def run(self, items: list[dict]) -> dict:
+    # ---- the stages
+    def run(self, items: list[dict]) -> dict | None:
+        stage, self.items = self.args.stage, items
         torch.set_num_threads(self.args.train_threads or 1)
+        if self.args.reuse_matches:
+            self.reuse_matches(items, self.args.reuse_matches)
+        if stage in ("match", "all"):
+            original = load_model(self.args.model)
+            with tempfile.TemporaryDirectory(prefix="edge-plan-peers-") as tmp:
+                original_graphs, _ = export_graphs(original, ORIGINAL, Path(tmp), self.timing.batches,
+                                                   self.args.model, None)
+                for item in items:
+                    self.match(item, original_graphs, Path(tmp))
+            if stage == "match":
+                log(f"matches: {self.state_path}; next: the same command with --stage distil, then --stage time")
+                return None
+        groups = self.matched(items)
+        if stage in ("distil", "all"):
+            self.distil_all(groups, items)
+            if stage == "distil":
+                return None
+        distilled = self.read_distilled(groups)
         original = load_model(self.args.model)
-        groups = []
-        with tempfile.TemporaryDirectory(prefix="edge-plan-peers-") as tmp:
-            original_graphs, original_check = export_graphs(original, ORIGINAL, Path(tmp), self.timing.batches,
-                                                            self.args.model, None)
-            for item in items:
-                groups.append(self.match(item, original_graphs, Path(tmp)))
         teacher_accuracy = self.original_accuracy(original)
-        distilled: dict[str, dict] = {}
-        for group in groups:
-            item = group["edge"]
-            if item["key"] not in distilled:
-                distilled[item["key"]] = self.distil_edge(item)
-            for family, peer in group["peers"].items():
-                if peer["key"] not in distilled:
-                    distilled[peer["key"]] = self.distil_peer(self.candidate(family, peer["parameter"]))
-        final = self.final_timing(groups, original, distilled)
+        final, original_check = self.final_timing(groups, original)
         return {"original": {"accuracy": teacher_accuracy, "check": original_check}, "groups": groups,
-                "distilled": distilled, "final_timing": final}
+                "distilled": distilled["budgets"],
+                "distillation": {k: distilled.get(k) for k in ("command", "jobs", "seconds", "skipped")},
+                "final_timing": final}
 
     def original_accuracy(self, original: nn.Module) -> dict:
         from edge.compress.finetune import held_out_set
         from edge.data.preprocess import InputSpec
         from edge.train import held_out_accuracy
 
-        result = held_out_accuracy(original, held_out_set(self.recipe()), InputSpec.from_data_config(
+        result = held_out_accuracy(original, held_out_set(self.recipe(self.budgets()[0])), InputSpec.from_data_config(
             data_config(original)), torch.device("cpu"))
         return {k: result[k] for k in ("data", "samples", "accuracy", "loss")}
 
-    def final_timing(self, groups: list[dict], original: nn.Module, distilled: dict) -> dict:
-        """Every distilled model and the original, one interleaved side-by-side run per batch."""
+    def final_timing(self, groups: list[dict], original: nn.Module) -> tuple[dict, dict]:
+        """Every model and the original, one interleaved side-by-side run per batch."""
         with tempfile.TemporaryDirectory(prefix="edge-plan-peers-final-") as tmp:
             folder = Path(tmp)
-            graphs = {ORIGINAL: export_graphs(original, ORIGINAL, folder, self.timing.batches, self.args.model,
-                                              None)[0]}
+            graphs, check = {}, {}
+            graphs[ORIGINAL], check = export_graphs(original, ORIGINAL, folder, self.timing.batches, self.args.model,
+                                                    None)
             for group in groups:
-                models = [("edge", group["edge"]["key"], None, group["edge"]["plan"])]
+                models = [("edge", group["edge"]["key"], None, group["edge"])]
                 models += [(f, p["key"], p["parameter"], None) for f, p in group["peers"].items()]
-                for family, key, parameter, plan in models:
+                for family, key, parameter, item in models:
                     if key not in graphs:
-                        graphs[key] = export_graphs(self.final_model(family, key, parameter), key, folder,
+                        plan = item["plan"] if item else None
+                        graphs[key] = export_graphs(self.final_model(family, key, parameter, item), key, folder,
                                                     self.timing.batches, self.args.model, plan, data=self.args.data,
                                                     ranks_tokens=family == "tome")[0]
             log(f"final timing: {len(graphs)} models side by side at batch " +
                 " and ".join(map(str, self.timing.batches)))
-            return {str(b): t for b, t in time_models(graphs, self.timing).items()}
+            return {str(b): t for b, t in time_models(graphs, self.timing).items()}, check
+
+
+def distil_worker(args: dict, job: dict, deadline: float | None) -> dict | None:
+    """One distillation in a worker process (``--jobs``); None when the deadline passed before it started."""
+    if deadline is not None and time.time() > deadline:
+        return None
+    import_torch_pruning()              # a spawned process: the peers' folder on sys.path, timm's shim first
+    return Benchmark(argparse.Namespace(**args)).distil_job(job)
+
+
+def budget_text(budget: str) -> str:
+    return budget if budget.endswith(" steps") else f"{budget} epoch{'s' * (budget != '1')}"
 
 
 def summary_of(record: dict) -> dict:
@@ -648,15 +825,26 @@ def summary_of(record: dict) -> dict:
             "epochs": record["epochs"], "teacher_sha256": record["teacher"]["sha256"],
             "recipe": {k: record["recipe"].get(k) for k in ("data", "epochs", "steps", "seed", "batch_size", "lr",
                                                             "temperature", "alpha", "augment")},
-            "wall_time_s": record["wall_time_s"]}
+            "wall_time_s": record["wall_time_s"], "hardware": record.get("hardware")}
 
 
 # ---------------------------------------------------------------- the result
 
+def budgets_of(record: dict) -> dict[str, dict]:
+    """``{budget: {key: distillation}}`` (records written before several budgets held one: its epochs)."""
+    distilled = record["distilled"]
+    if distilled and all("before" in v for v in distilled.values()):
+        s = record["settings"]
+        return {f"{s['steps']} steps" if s.get("steps") else str(s["epochs"]): distilled}
+    return distilled
+
+
 def rows_of(record: dict) -> list[dict]:
-    """One row per model and matched speed, with its final speedups and accuracies (the tables and the plot)."""
+    """One row per model and matched speed, with its final speedups and its accuracy before distillation and
+    after each budget (the tables and the plot)."""
     base = record["original"]["accuracy"]["accuracy"]
     final = record["final_timing"]
+    budgets = budgets_of(record)
     batches = list(final)
     rows = []
     for g, group in enumerate(record["groups"]):
@@ -664,7 +852,7 @@ def rows_of(record: dict) -> list[dict]:
         entries = [("edge", edge["key"], edge["label"], None)] + \
                   [(f, p["key"], p["label"], p) for f, p in group["peers"].items()]
         for family, key, label, peer in entries:
-            d = record["distilled"][key]
+            after = {b: d[key]["after"]["accuracy"] if key in d else None for b, d in budgets.items()}  # None: not run
             rows.append({"group": g, "family": family, "key": key, "label": label,
                          "speedup": {b: final[b]["variants"][key]["speedup"] for b in batches},
                          "interval": {b: [final[b]["variants"][key]["low"], final[b]["variants"][key]["high"]]
@@ -672,8 +860,8 @@ def rows_of(record: dict) -> list[dict]:
                          "vs_edge": relative_speed(final, key, edge["key"]),
                          "match_error": None if peer is None else peer["error"],
                          "reachable": True if peer is None else peer["reachable"],
-                         "before": d["before"]["accuracy"], "after": d["after"]["accuracy"],
-                         "drop": base - d["after"]["accuracy"],
+                         "before": next(d[key] for d in budgets.values() if key in d)["before"]["accuracy"],
+                         "after": after, "drop": {b: None if a is None else base - a for b, a in after.items()},
                          "widths": None if peer is None else peer["check"]["record"].get("widths")})
     return rows
 
@@ -686,53 +874,75 @@ def speed_slack(record: dict) -> float:
     return max([SPEED_SLACK] + [t["aa_control"]["deviation"] for t in record["final_timing"].values()])
 
 
-def verdict(rows: list[dict], slack: float = SPEED_SLACK) -> str:
-    """Plain sentences: who keeps the most accuracy at this speed (peers at least as fast as the edge model,
-    within ``slack``), by how much edge wins or loses, and any slower peer that keeps more."""
+def verdict(rows: list[dict], slack: float = SPEED_SLACK, budget: str | None = None) -> str:
+    """Plain sentences: who keeps the most accuracy after ``budget`` (default: the longest) at this speed (peers
+    at least as fast as the edge model, within ``slack``), by how much edge wins or loses, and any slower peer
+    that keeps more."""
     edge = next(r for r in rows if r["family"] == "edge")
-    peers = [r for r in rows if r["family"] != "edge"]
+    budget = budget or longest(edge["after"])
+    after = lambda r: r["after"][budget]  # noqa: E731
+    when = f" ({budget_text(budget)})" if len(edge["after"]) > 1 else ""
+    if after(edge) is None:
+        return f"Not distilled at this speed{when}: the edge model's run was not made."
+    peers = [r for r in rows if r["family"] != "edge" and after(r) is not None]
     fast = [r for r in peers if r["vs_edge"] >= 1.0 - slack]
-    slower = sorted((r for r in peers if r["vs_edge"] < 1.0 - slack and r["after"] > edge["after"]),
-                    key=lambda r: -r["after"])
-    note = "".join(f" {r['label']} keeps {100 * r['after']:.2f} % but runs at {r['vs_edge']:.2f} of the edge "
+    slower = sorted((r for r in peers if r["vs_edge"] < 1.0 - slack and after(r) > after(edge)), key=lambda r: -after(r))
+    note = "".join(f" {r['label']} keeps {100 * after(r):.2f} % but runs at {r['vs_edge']:.2f} of the edge "
                    "model's speed (not matched)." for r in slower)
     if not fast:
         return f"No peer reached the edge model's speed (within {100 * slack:.0f} %).{note}"
-    best = max(fast, key=lambda r: r["after"])
-    gap = 100 * (edge["after"] - best["after"])
+    best = max(fast, key=after)
+    gap = 100 * (after(edge) - after(best))
     if gap > 0:
-        text = (f"Edge wins at this speed: {edge['label']} keeps {100 * edge['after']:.2f} %, {gap:.2f} pt more "
-                f"than the best peer as fast ({best['label']}, {100 * best['after']:.2f} %).")
+        text = (f"Edge wins at this speed{when}: {edge['label']} keeps {100 * after(edge):.2f} %, {gap:.2f} pt more "
+                f"than the best peer as fast ({best['label']}, {100 * after(best):.2f} %).")
     elif gap == 0:
-        text = f"A tie at this speed: {edge['label']} and {best['label']} both keep {100 * edge['after']:.2f} %."
+        text = f"A tie at this speed{when}: {edge['label']} and {best['label']} both keep {100 * after(edge):.2f} %."
     else:
-        text = (f"Edge loses at this speed: {best['label']} keeps {100 * best['after']:.2f} %, "
-                f"{-gap:.2f} pt more than {edge['label']} ({100 * edge['after']:.2f} %).")
+        text = (f"Edge loses at this speed{when}: {best['label']} keeps {100 * after(best):.2f} %, "
+                f"{-gap:.2f} pt more than {edge['label']} ({100 * after(edge):.2f} %).")
     return text + note
 
 
+def longest(after: dict[str, float]) -> str:
+    return max(after, key=lambda b: float(b.split()[0]))
+
+
 def summary(rows: list[dict], batches: list[str], slack: float) -> list[str]:
-    """One line per matched speed: edge's accuracy against the best peer of each family as fast (within ``slack``)."""
+    """One line per matched speed and budget: edge's accuracy against the best peer of each family as fast
+    (within ``slack``)."""
     families = [f for f in dict.fromkeys(row["family"] for row in rows) if f != "edge"]
+    budgets = sorted(rows[0]["after"], key=lambda b: float(b.split()[0]))
     lines = ["", "## Summary", "",
              f"Per matched speed, the best model of each family at least as fast as edge's (within {100 * slack:.0f} "
              "%, final run), or where none was its fastest, with its speed relative to edge's (slower: not a match). "
              "Accuracy after distillation; the difference is edge's minus the peer's.", "",
-             "| edge speedup " + " / ".join(f"b{b}" for b in batches) + " | edge | "
+             "| edge speedup " + " / ".join(f"b{b}" for b in batches) + " | distillation | edge | "
              + " | ".join(families) + " |",
-             "|---|---|" + "---|" * len(families)]
+             "|---|---|---|" + "---|" * len(families)]
     for g in sorted({row["group"] for row in rows}):
         mine = [row for row in rows if row["group"] == g]
         edge = next(row for row in mine if row["family"] == "edge")
-        cells = []
-        for family in families:
-            theirs = [row for row in mine if row["family"] == family]
-            fast = [row for row in theirs if row["vs_edge"] >= 1.0 - slack]
-            best = max(fast, key=lambda row: row["after"]) if fast else max(theirs, key=lambda row: row["vs_edge"])
-            slower = "" if fast else f" at {best['vs_edge']:.3f} of edge's speed"
-            cells.append(f"{100 * best['after']:.2f} %{slower} ({100 * (edge['after'] - best['after']):+.2f} pt)")
         speeds = " / ".join(f"{edge['speedup'][b]:.2f}x" for b in batches)
-        lines.append(f"| {speeds} | {100 * edge['after']:.2f} % | " + " | ".join(cells) + " |")
+        for budget in budgets:
+            if edge["after"][budget] is None:
+                lines.append(f"| {speeds} | "
+                             f"{budget_text(budget)} | not run |" + " not run |" * len(families))
+                continue
+            cells = []
+            for family in families:
+                theirs = [row for row in mine if row["family"] == family and row["after"][budget] is not None]
+                if not theirs:
+                    cells.append("not run")
+                    continue
+                fast = [row for row in theirs if row["vs_edge"] >= 1.0 - slack]
+                best = max(fast, key=lambda row: row["after"][budget]) if fast else \
+                    max(theirs, key=lambda row: row["vs_edge"])
+                slower = "" if fast else f" at {best['vs_edge']:.3f} of edge's speed"
+                cells.append(f"{100 * best['after'][budget]:.2f} %{slower} "
+                             f"({100 * (edge['after'][budget] - best['after'][budget]):+.2f} pt)")
+            lines.append(f"| {speeds} | {budget_text(budget)} | {100 * edge['after'][budget]:.2f} % | "
+                         + " | ".join(cells) + " |")
     return lines
 
 
@@ -741,13 +951,19 @@ def markdown(r: dict) -> str:
     rows = rows_of(r)
     batches = list(r["final_timing"])
     base = r["original"]["accuracy"]
-    budget = f"{s['steps']} steps" if s["steps"] else f"{s['epochs']} epoch{'s' * (s['epochs'] != 1)}"
+    budgets = sorted(budgets_of(r), key=lambda b: float(b.split()[0]))
+    budget = " and ".join(budget_text(b) for b in budgets)
+    trained = sorted({(d.get("hardware") or {}).get("gpu") or (d.get("hardware") or {}).get("cpu") or "unrecorded"
+                      for per in budgets_of(r).values() for d in per.values()})
     lines = [
         "# Edge's planned models against Torch-Pruning and token merging, at matched measured speed", "",
         f"Generated by `{r['command']}` ({r['seconds'] / 60:.1f} min). Model `{r['model']}`, original accuracy "
         f"**{100 * base['accuracy']:.2f} %** on {base['samples']:,} test images of `{base['data']}`. Every model "
         f"distilled from the original with edge's recipe (`edge finetune` defaults), the same batch order (seed "
-        f"{s['seed']}) and budget ({budget}) on `{s['data']}`; accuracy before and after on the same test images.",
+        f"{s['seed']}) and budget ({budget}, each budget a run of its own from the same start) on `{s['data']}`; "
+        f"accuracy before and after on the same test images. Distilled on {', '.join(trained)}"
+        + (f" (`{r['distillation']['command']}`, {r['distillation']['jobs']} at once)"
+           if r.get("distillation") and r["distillation"].get("command") else "") + ".",
         "",
         f"Peers: Torch-Pruning {v.get('torch_pruning', TORCH_PRUNING)} with its timm ViT example's settings "
         f"(GroupTaylorImportance on {s['taylor_batches']} seeded batches of {TAYLOR_BATCH}, head dims pruned, the "
@@ -755,14 +971,26 @@ def markdown(r: dict) -> str:
         "block, training-free before distillation). Each peer's ratio or r was searched by measuring its speed "
         "against the edge model's, side by side (match error = relative speed - 1, geometric mean over the "
         "batches); the speedups below come from one final interleaved run of all models per batch, and `speed vs "
-        "edge` is the same ratio in that run (1.000 = as fast as the edge model). Every graph is `edge export`'s, "
+        "edge` is the same ratio in that run (1.000 = as fast as the edge model). The graphs timed are the models "
+        "before distillation, which changes weights and not shapes (the shapes distilled and timed are checked "
+        "equal). Every graph is `edge export`'s, "
         "verified against PyTorch; ToMe's on real test images (its merge ranks token similarities, and near-ties "
         "in random-noise inputs flip between PyTorch and ONNX Runtime).", "",
-        f"Hardware: {hw['cpu']} ({hw['cpu_count']} logical CPUs), load average before/after "
+        f"Hardware (timing): {hw['cpu']} ({hw['cpu_count']} logical CPUs), load average before/after "
         f"{load['before'][0]:.2f} / {load['after'][0]:.2f}. ONNX Runtime {v.get('onnxruntime')} (CPU, "
         f"{s['threads']} intra-op threads, fp32, static batch); final timing: {s['rounds']} rounds in "
         f"{s['sessions']} session sets, {s['iterations']} calls per model and round, {s['warmup']} warm-up calls.",
         ""]
+    reused = [g for g in r["groups"] if g.get("reused_from")]
+    if reused:
+        lines += [f"Matches reused (`--reuse-matches`) for {len(reused)} of {len(r['groups'])} speeds, from "
+                  f"`{reused[0]['reused_from']['command']}`: which ratio and r were compared came from that run; "
+                  "every speed below was measured again in this one.", ""]
+    skipped = (r.get("distillation") or {}).get("skipped") or []
+    if skipped:
+        lines += [f"Not run: {len(skipped)} distillations ({', '.join(sorted({budget_text(x['budget']) for x in skipped}))}"
+                  ") did not start before the distillation run's deadline (`--deadline`); their cells say `not "
+                  "run`.", ""]
     for b in batches:
         t = r["final_timing"][b]
         aa = t["aa_control"]
@@ -773,23 +1001,22 @@ def markdown(r: dict) -> str:
                         if t["noisy"] else "") + ".")
     lines += summary(rows, batches, speed_slack(r))
     lines += ["", "What this does not show:", "",
-              f"- One seed and one distillation budget ({budget}); Torch-Pruning's models lose most before "
-              "distillation and recover most of it, so a longer budget may narrow the gaps (not measured).",
+              f"- One seed; distillation budgets of {budget}. Torch-Pruning's models lose most before distillation "
+              "and recover most of it in training, so longer budgets may narrow the gaps further.",
               "- One small model on small inputs, timed with ONNX Runtime on this CPU. Token merging gains with the "
               "token count (its paper reports up to 2x throughput on ImageNet ViTs of 197 tokens and more); with "
               "this model's 50 tokens its largest merge never reaches the edge models' speed at batch 1. Under "
               "TensorRT on a Jetson the ranking is not measured.",
-              "- The edge models were planned on a latency table of this CPU at batch 1; batch 32 was not planned "
-              "for."]
+              "- The edge models were planned on a latency table of this CPU at batch 1."]
     for g in range(len(r["groups"])):
         mine = [row for row in rows if row["group"] == g]
         edge = mine[0]
         speeds = " / ".join(f"{edge['speedup'][b]:.2f}x" for b in batches)
         lines += ["", f"## {edge['label']}: {speeds} (batch {' / '.join(batches)})", "",
                   "| model | method | speedup " + " | speedup ".join(f"b{b}" for b in batches)
-                  + " | speed vs edge (final run) | match error (search) | accuracy before | after distillation "
-                  "| drop vs original |",
-                  "|---|---|" + "---|" * len(batches) + "---|---|---|---|---|"]
+                  + " | speed vs edge (final run) | match error (search) | accuracy before | "
+                  + " | ".join(f"after {budget_text(b)}" for b in budgets) + f" | drop vs original ({budget_text(budgets[-1])}) |",
+                  "|---|---|" + "---|" * len(batches) + "---|---|---|" + "---|" * len(budgets) + "---|"]
         for row in mine:
             what = widths_text(row["widths"]) if row["widths"] else ("token merging" if row["family"] == "tome"
                                                                      else "planned")
@@ -797,10 +1024,12 @@ def markdown(r: dict) -> str:
                                for b in batches)
             error = "" if row["match_error"] is None else f"{100 * row['match_error']:+.1f} %" + \
                 ("" if row["reachable"] else " (never as fast)")
+            after = " | ".join("not run" if row["after"][b] is None else f"**{100 * row['after'][b]:.2f} %**"
+                               for b in budgets)
             lines.append(f"| {row['label']} | {row['family']}: {what} | {speed} | {row['vs_edge']:.3f} | {error} | "
-                         f"{100 * row['before']:.2f} % | **{100 * row['after']:.2f} %** | "
-                         f"{100 * row['drop']:.2f} pt |")
-        lines += ["", verdict(mine, speed_slack(r))]
+                         f"{100 * row['before']:.2f} % | {after} | "
+                         + ("not run |" if row["drop"][budgets[-1]] is None else f"{100 * row['drop'][budgets[-1]]:.2f} pt |"))
+        lines += [""] + [verdict(mine, speed_slack(r), b) for b in budgets]
         for row in (row for row in mine if not row["reachable"]):
             lines.append(f"{row['label']} is the fastest of its family that was measured and is still slower than "
                          "the edge model in the search.")
@@ -819,31 +1048,39 @@ def plot(r: dict, png: str | Path) -> None:
     batches = list(r["final_timing"])
     style = {"edge": ("tab:red", "o"), "torch-pruning uniform": ("tab:blue", "s"),
              "torch-pruning global": ("tab:cyan", "D"), "tome": ("tab:green", "^")}
+    budgets = sorted(rows[0]["after"], key=lambda b: float(b.split()[0]))
     # the axis spans the distilled accuracies (the comparison); training-free points below it are left off
-    low = math.floor(min(100 * row["after"] for row in rows) - 1.0)
-    high = math.ceil(max([100 * row["after"] for row in rows] + [100 * r["original"]["accuracy"]["accuracy"]]) + 0.5)
+    low = math.floor(min(100 * a for row in rows for a in row["after"].values() if a is not None) - 1.0)
+    high = math.ceil(max([100 * a for row in rows for a in row["after"].values() if a is not None]
+                         + [100 * r["original"]["accuracy"]["accuracy"]]) + 0.5)
     off = len({row["key"] for row in rows if 100 * row["before"] < low})
     fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4.8), squeeze=False)
     for ax, b in zip(axes[0], batches, strict=True):
         for family, (color, marker) in style.items():
             mine = [row for row in rows if row["family"] == family]
-            if mine:
-                ax.scatter([row["speedup"][b] for row in mine], [100 * row["after"] for row in mine], c=color,
-                           marker=marker, label=f"{family}, distilled")
-                ax.scatter([row["speedup"][b] for row in mine], [100 * row["before"] for row in mine],
-                           facecolors="none", edgecolors=color, marker=marker, alpha=0.6, label=f"{family}, before")
+            if not mine:
+                continue
+            x = [row["speedup"][b] for row in mine]
+            for i, budget in enumerate(budgets):       # the longest budget solid, shorter ones fainter and smaller
+                last = i == len(budgets) - 1
+                ran = [(xi, row) for xi, row in zip(x, mine, strict=True) if row["after"][budget] is not None]
+                ax.scatter([xi for xi, _ in ran], [100 * row["after"][budget] for _, row in ran], c=color, marker=marker,
+                           alpha=1.0 if last else 0.45, s=36 if last else 22,
+                           label=f"{family}, {budget_text(budget)}")
+            ax.scatter(x, [100 * row["before"] for row in mine], facecolors="none", edgecolors=color, marker=marker,
+                       alpha=0.6, label=f"{family}, before")
         ax.axhline(100 * r["original"]["accuracy"]["accuracy"], color="gray", ls="--", lw=1, label="original")
         ax.set_xlabel(f"measured speedup over the original, batch {b} (ONNX Runtime CPU)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_ylim(low, high)
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=5, frameon=False)
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
     title = f"{r['model']}: accuracy against measured speedup"
     if off:
         title += f"\n({off} model{'s' * (off != 1)} below {low} % before distillation, off the axis: see the table)"
     fig.suptitle(title, fontsize=10 if off else 12)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
     plt.close(fig)
@@ -858,10 +1095,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=MODEL)
     p.add_argument("--data", default="fmnist", help="distillation, Taylor batches and the test split")
     p.add_argument("--samples", type=int, default=500, help="calibration images of --plans")
-    p.add_argument("--epochs", type=int, default=1, help="distillation budget")
+    p.add_argument("--epochs", nargs="+", type=int, default=[1, 3],
+                   help="distillation budgets in epochs, each a run of its own from the same start")
     p.add_argument("--steps", type=int, default=None, help="distillation budget in steps (a smoke)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-threads", type=int, default=None, help="torch threads of the distillation (recorded)")
+    p.add_argument("--train-device", default="auto", help="device of the distillation: auto | cpu | cuda[:N]")
+    p.add_argument("--stage", choices=("all", "match", "distil", "time"), default="all",
+                   help="match: speed matching (CPU timing); distil: every model at every budget, written to "
+                        "--distilled (on a GPU machine, say); time: the final side-by-side run and the report; "
+                        "all: the three")
+    p.add_argument("--jobs", type=int, default=1, help="distillations at once (processes; a GPU takes several)")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds after which no further distillation starts (those left are recorded as skipped)")
+    p.add_argument("--distilled", default=None, help="the distillation records (default: WORK/distilled.json)")
+    p.add_argument("--reuse-matches", default=None,
+                   help="an earlier results file whose matches (ratio, r) are taken for the same plans")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
                    help="Torch-Pruning ratios scanned before bisection")
     p.add_argument("--refine", type=int, default=2, help="bisection steps after the scan")
@@ -889,6 +1138,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.render:
         publish(read_results(p, args.json_out), args)
         return
+    if args.steps and len(args.epochs) > 1:
+        p.error("--steps is one budget: pass a single --epochs with it")
     try:
         run(args, p)
     except EdgeError as e:
@@ -902,16 +1153,18 @@ def run(args, p: argparse.ArgumentParser) -> dict:
     import_torch_pruning()
     benchmark = Benchmark(args)
     result = benchmark.run(items)
-    keys = {d["teacher_sha256"] for d in result["distilled"].values()}
+    if result is None:                  # --stage match / distil: their files are written, no report yet
+        return {}
+    keys = {d["teacher_sha256"] for per in result["distilled"].values() for d in per.values()}
     if len(keys) != 1:
         raise RuntimeError(f"the models were distilled from {len(keys)} different teachers")
     record = {"model": args.model, **result,
               "settings": {k: getattr(args, k) for k in ("data", "epochs", "steps", "seed", "threads", "batches",
                                                          "warmup", "rounds", "sessions", "iterations", "match_rounds",
                                                          "match_sessions", "match_iterations", "ratios", "refine",
-                                                         "taylor_batches", "train_threads")},
+                                                         "taylor_batches", "train_threads", "stage", "jobs")},
               **provenance("plan_peers.py", args, p, started=started, load_before=load_before,
-                           skip=("json_out", "md_out", "png_out", "work"))}
+                           skip=("json_out", "md_out", "png_out", "work", "distilled", "deadline"))}
     record["versions"]["torch_pruning"] = TORCH_PRUNING
     publish(record, args)
     return record

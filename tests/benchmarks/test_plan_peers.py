@@ -183,7 +183,7 @@ def test_the_writer_tables_every_model_and_says_plainly_who_wins(tmp_path):
 def test_the_summary_compares_edge_with_each_family_and_names_a_slower_peer_as_slower():
     record = canned_record()
     lines = pp.summary(pp.rows_of(record), list(record["final_timing"]), pp.speed_slack(record))
-    assert lines[-1] == ("| 1.42x / 1.42x | 88.67 % | 89.36 % (-0.69 pt) | 88.00 % (+0.67 pt) | "
+    assert lines[-1] == ("| 1.42x / 1.42x | 1 epoch | 88.67 % | 89.36 % (-0.69 pt) | 88.00 % (+0.67 pt) | "
                          "87.00 % at 0.845 of edge's speed (+1.67 pt) |")     # edge loses to uniform: a minus
 
 
@@ -205,6 +205,51 @@ def test_a_slower_peer_that_keeps_more_is_named_but_does_not_win():
         for b in record["final_timing"].values():
             b["variants"][key]["speedup"] = 1.0
     assert pp.verdict(pp.rows_of(record), 0.03).startswith("No peer reached the edge model's speed (within 3 %).")
+
+
+def two_budgets() -> dict:
+    """The canned record with a 3-epoch budget beside the 1-epoch one: uniform pruning catches up and passes."""
+    record = canned_record()
+    one = record["distilled"]
+    three = json.loads(json.dumps(one))
+    for key, after in {"edge-a": 0.8950, "tp-u": 0.8990, "tp-g": 0.8900, "tome-3": 0.8800}.items():
+        three[key]["after"]["accuracy"] = after
+    one["edge-a"]["after"]["accuracy"] = 0.8990                      # after 1 epoch edge wins, after 3 it loses
+    record["distilled"] = {"1": one, "3": three}
+    record["settings"]["epochs"] = [1, 3]
+    return record
+
+
+def test_each_budget_has_its_summary_line_table_column_and_verdict(tmp_path):
+    record = two_budgets()
+    lines = pp.summary(pp.rows_of(record), list(record["final_timing"]), pp.speed_slack(record))
+    assert lines[-2].startswith("| 1.42x / 1.42x | 1 epoch | 89.90 % | 89.36 % (+0.54 pt) |")
+    assert lines[-1].startswith("| 1.42x / 1.42x | 3 epochs | 89.50 % | 89.90 % (-0.40 pt) |")
+    text = pp.markdown(record)
+    assert "| accuracy before | after 1 epoch | after 3 epochs | drop vs original (3 epochs) |" in text
+    assert "| 50.00 % | **89.36 %** | **89.90 %** | 0.10 pt |" in text           # uniform: before, 1 and 3 epochs
+    assert "Edge wins at this speed (1 epoch): edge `linear:6-9` keeps 89.90 %, 0.54 pt more" in text
+    assert ("Edge loses at this speed (3 epochs): Torch-Pruning uniform 25.0 % keeps 89.90 %, 0.40 pt more than "
+            "edge `linear:6-9` (89.50 %).") in text
+    assert "budget (1 epoch and 3 epochs, each budget a run of its own from the same start)" in text
+    pp.plot(record, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_not_made_before_the_deadline_says_not_run_everywhere(tmp_path):
+    record = two_budgets()
+    del record["distilled"]["1"]["tp-g"], record["distilled"]["1"]["edge-a"]
+    record["distillation"] = {"skipped": [{"budget": "1", "key": "tp-g"}, {"budget": "1", "key": "edge-a"}]}
+    rows = pp.rows_of(record)
+    assert next(r for r in rows if r["key"] == "tp-g")["after"] == {"1": None, "3": 0.89}
+    lines = pp.summary(rows, list(record["final_timing"]), pp.speed_slack(record))
+    assert lines[-2] == "| 1.42x / 1.42x | 1 epoch | not run | not run | not run | not run |"
+    text = pp.markdown(record)
+    assert "Not run: 2 distillations (1 epoch) did not start before the distillation run's deadline" in text
+    assert "| 40.00 % | not run | **89.00 %** | 1.00 pt |" in text
+    assert "Not distilled at this speed (1 epoch): the edge model's run was not made." in text
+    pp.plot(record, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_plot_is_written(tmp_path):
