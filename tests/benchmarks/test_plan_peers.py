@@ -299,3 +299,52 @@ def test_an_already_fine_tuned_artifact_is_refused(tmp_path):
         pp.edge_artifact(folder, "fmnist-deit-tiny")
     with pytest.raises(EdgeError, match="compressed from fmnist-deit-tiny, not from other"):
         pp.edge_artifact(folder, "other")
+
+
+# ---------------------------------------------------------------- the stages across machines
+
+def bench(tmp_path, *extra) -> "pp.Benchmark":
+    args = pp.parser().parse_args(["--plans", "linear:6-9", "--work", str(tmp_path / "work"), *extra])
+    return pp.Benchmark(args)
+
+
+def matched_group(path: str) -> dict:
+    return {"edge": {"key": "edge-a", "label": "edge `linear:6-9`", "plan": "linear:6-9", "path": path},
+            "peers": {"tome": {"key": "tome-3", "parameter": 3, "label": "ToMe r=3"}}}
+
+
+def test_a_stage_without_matches_names_the_stage_to_run_first(tmp_path):
+    b = bench(tmp_path, "--stage", "distil")
+    with pytest.raises(EdgeError, match="no speed match for edge `linear:6-9`") as e:
+        b.matched([{"key": "edge-a", "label": "edge `linear:6-9`"}])
+    assert "--stage match" in e.value.fix
+
+
+def test_an_edge_job_distils_this_machines_copy_not_the_path_the_matches_recorded(tmp_path):
+    b = bench(tmp_path)
+    here = {"key": "edge-a", "plan": "linear:6-9", "path": str(tmp_path / "here")}
+    jobs = b.jobs([matched_group("/elsewhere/edge/linear-6-9")], [here])
+    edge = [j for j in jobs if j["family"] == "edge"]
+    assert [j["budget"] for j in edge] == ["3", "1"]                   # the longest budget first
+    assert all(j["item"]["path"] == str(tmp_path / "here") for j in edge)
+
+
+def test_the_time_stage_refuses_missing_or_other_shaped_distillations(tmp_path):
+    b = bench(tmp_path, "--stage", "time", "--distilled", str(tmp_path / "d.json"))
+    b.items = [{"key": "edge-a", "plan": "linear:6-9", "path": "fmnist-deit-tiny"}]   # a model spec loads too
+    groups = [matched_group("fmnist-deit-tiny")]
+    with pytest.raises(EdgeError, match="no distillation records at"):
+        b.read_distilled(groups)
+    summary = {"before": {"accuracy": 0.9}, "after": {"accuracy": 0.9}, "teacher_sha256": "t"}
+    record = {"budgets": {"3": {"edge-a": {**summary, "params": 5_353_738}, "tome-3": summary}, "1": {}},
+              "skipped": [{"budget": "1", "key": "edge-a"}]}
+    (tmp_path / "d.json").write_text(json.dumps(record))
+    with pytest.raises(EdgeError, match="holds no 1 epoch distillation of tome-3"):  # not skipped: missing
+        b.read_distilled(groups)
+    record["skipped"].append({"budget": "1", "key": "tome-3"})
+    (tmp_path / "d.json").write_text(json.dumps(record))
+    assert b.read_distilled(groups)["budgets"]["3"]["edge-a"]["params"] == 5_353_738
+    record["budgets"]["3"]["edge-a"]["params"] = 1_000
+    (tmp_path / "d.json").write_text(json.dumps(record))
+    with pytest.raises(EdgeError, match="edge-a was distilled with other shapes than the model timed here"):
+        b.read_distilled(groups)
