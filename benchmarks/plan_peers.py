@@ -704,27 +704,39 @@ class Benchmark:
         return record
 
     @property
+    def distilled_paths(self) -> list[Path]:
+        return [Path(p) for p in self.args.distilled] if self.args.distilled else [self.work / "distilled.json"]
+
+    @property
     def distilled_path(self) -> Path:
-        return Path(self.args.distilled) if self.args.distilled else self.work / "distilled.json"
+        """Where ``--stage distil`` writes: the first ``--distilled``."""
+        return self.distilled_paths[0]
 
     def read_distilled(self, groups: list[dict]) -> dict:
-        """``--distilled``'s records, checked: every model at every budget, one teacher, the shapes timed here."""
-        path = self.distilled_path
-        if not path.is_file():
-            raise EdgeError(f"no distillation records at {path}", expected="the file `--stage distil` writes",
-                            fix="run --stage distil (on the machine that trains), or pass --distilled FILE")
-        record = json.loads(path.read_text())
+        """``--distilled``'s records merged and checked: every model at every budget (or skipped at a
+        deadline), one teacher, the shapes timed here. A later file fills only what the earlier ones lack,
+        and may be an earlier results file of this benchmark (its distillations of the same plans and
+        peers, each entry saying where it came from)."""
+        sources = [self.read_source(Path(path)) for path in self.distilled_paths]
+        record = {"budgets": {b: {} for b in self.budgets()}, "skipped": [],
+                  "sources": [{k: src.get(k) for k in ("file", "command", "jobs", "seconds")} for src in sources]}
         for job in self.jobs(groups, self.items):
-            summary = record["budgets"].get(job["budget"], {}).get(job["key"])
-            if summary is None and {"budget": job["budget"], "key": job["key"]} in record.get("skipped", []):
+            found = next(((src, src["budgets"][job["budget"]][job["key"]]) for src in sources
+                          if job["key"] in src["budgets"].get(job["budget"], {})), None)
+            if found is None and {"budget": job["budget"], "key": job["key"]} in sources[0].get("skipped", []):
+                record["skipped"].append({"budget": job["budget"], "key": job["key"]})
                 continue                        # not started before --deadline: the report says "not run"
-            if summary is None:
-                raise EdgeError(f"{path} holds no {budget_text(job['budget'])} distillation of {job['key']}",
-                                expected="every model at every budget of this command",
+            if found is None:
+                raise EdgeError(f"{', '.join(map(str, self.distilled_paths))} hold no {budget_text(job['budget'])} "
+                                f"distillation of {job['key']}", expected="every model at every budget of this command",
                                 fix="run --stage distil again with the same command (it resumes)")
+            src, summary = found
+            record["budgets"][job["budget"]][job["key"]] = summary
             if job["family"] == "edge":
                 params = sum(p.numel() for p in load_model(job["item"]["path"]).parameters())
                 theirs = summary.get("params")
+                if theirs is None and summary.get("plan"):          # an earlier results file: the same plan
+                    params, theirs = job["item"]["plan"], summary["plan"]
             elif job["family"] == "tome":
                 continue
             else:
@@ -732,9 +744,40 @@ class Benchmark:
                 params, theirs = pruned.get("widths"), summary.get("widths")
             if params != theirs:
                 raise EdgeError(f"{job['key']} was distilled with other shapes than the model timed here",
-                                expected=f"{params}", found=f"{theirs} in {path}",
+                                expected=f"{params}", found=f"{theirs} in {src['file']}",
                                 fix="distil and time models built by the same code and settings")
         return record
+
+    def read_source(self, path: Path) -> dict:
+        """A distillation record (``--stage distil``), or an earlier results file turned into one."""
+        if not path.is_file():
+            raise EdgeError(f"no distillation records at {path}", expected="the file `--stage distil` writes",
+                            fix="run --stage distil (on the machine that trains), or pass --distilled FILE")
+        record = json.loads(path.read_text())
+        if "budgets" in record:
+            return {**record, "file": str(path)}
+        if "final_timing" not in record:
+            raise EdgeError(f"{path} is neither a distillation record nor a results file of plan_peers.py",
+                            expected="the --distilled file of --stage distil, or a --json-out of this benchmark")
+        here = {item["plan"]: item["key"] for item in self.items}
+        keys, widths, plans = {}, {}, {}
+        for group in record["groups"]:              # an edge model's key names where it lay: map it by its plan
+            edge = group["edge"]
+            if edge["plan"] in here:
+                keys[edge["key"]], plans[edge["key"]] = here[edge["plan"]], edge["plan"]
+            for peer in group["peers"].values():
+                widths[peer["key"]] = peer["check"]["record"].get("widths")
+        origin = {"file": str(path), "command": record.get("command")}
+        budgets = {}
+        for budget, entries in budgets_of(record).items():
+            budgets[budget] = {}
+            for key, summary in entries.items():
+                if key.startswith("edge-") and key not in keys:
+                    continue                        # a plan this command does not compare
+                budgets[budget][keys.get(key, key)] = {
+                    **summary, "from": origin, "hardware": summary.get("hardware") or record.get("hardware"),
+                    "plan": plans.get(key), "widths": summary.get("widths", widths.get(key))}
+        return {"budgets": budgets, "skipped": [], "file": str(path), "command": record.get("command")}
 
     def final_model(self, family: str, key: str, parameter: float | None, item: dict | None) -> nn.Module:
         """The model whose graph is timed: the one that was distilled, before distillation. Distillation
@@ -774,7 +817,8 @@ class Benchmark:
         final, original_check = self.final_timing(groups, original)
         return {"original": {"accuracy": teacher_accuracy, "check": original_check}, "groups": groups,
                 "distilled": distilled["budgets"],
-                "distillation": {k: distilled.get(k) for k in ("command", "jobs", "seconds", "skipped")},
+                "distillation": {"sources": distilled["sources"], "skipped": distilled["skipped"],
+                                 **{k: distilled["sources"][0].get(k) for k in ("command", "jobs", "seconds")}},
                 "final_timing": final}
 
     def original_accuracy(self, original: nn.Module) -> dict:
@@ -862,6 +906,7 @@ def rows_of(record: dict) -> list[dict]:
                          "reachable": True if peer is None else peer["reachable"],
                          "before": next(d[key] for d in budgets.values() if key in d)["before"]["accuracy"],
                          "after": after, "drop": {b: None if a is None else base - a for b, a in after.items()},
+                         "earlier": {b: bool(d.get(key, {}).get("from")) for b, d in budgets.items()},
                          "widths": None if peer is None else peer["check"]["record"].get("widths")})
     return rows
 
@@ -953,8 +998,20 @@ def markdown(r: dict) -> str:
     base = r["original"]["accuracy"]
     budgets = sorted(budgets_of(r), key=lambda b: float(b.split()[0]))
     budget = " and ".join(budget_text(b) for b in budgets)
-    trained = sorted({(d.get("hardware") or {}).get("gpu") or (d.get("hardware") or {}).get("cpu") or "unrecorded"
-                      for per in budgets_of(r).values() for d in per.values()})
+    def machine(d: dict) -> str:
+        hw = d.get("hardware") or {}
+        return hw.get("gpu") or (f"{hw['cpu']} CPU" if hw.get("cpu") else "unrecorded")
+
+    trained = sorted({machine(d) for per in budgets_of(r).values() for d in per.values() if not d.get("from")})
+    earlier: dict[str, dict] = {}
+    for each, per in budgets_of(r).items():
+        for d in per.values():
+            if d.get("from"):
+                e = earlier.setdefault(d["from"]["file"], {"command": d["from"]["command"], "n": 0, "budgets": set(),
+                                                           "machines": set()})
+                e["n"] += 1
+                e["budgets"].add(budget_text(each))
+                e["machines"].add(machine(d))
     lines = [
         "# Edge's planned models against Torch-Pruning and token merging, at matched measured speed", "",
         f"Generated by `{r['command']}` ({r['seconds'] / 60:.1f} min). Model `{r['model']}`, original accuracy "
@@ -963,7 +1020,11 @@ def markdown(r: dict) -> str:
         f"{s['seed']}) and budget ({budget}, each budget a run of its own from the same start) on `{s['data']}`; "
         f"accuracy before and after on the same test images. Distilled on {', '.join(trained)}"
         + (f" (`{r['distillation']['command']}`, {r['distillation']['jobs']} at once)"
-           if r.get("distillation") and r["distillation"].get("command") else "") + ".",
+           if r.get("distillation") and r["distillation"].get("command") else "") + "."
+        + "".join(f" {e['n']} distillations ({', '.join(sorted(e['budgets']))}) come from an earlier run, `{e['command']}`"
+                  f" ({file}), on {', '.join(sorted(e['machines']))}: the same teacher, recipe, batch order and models "
+                  "(plans, ratios, r), another machine; marked † in the tables."
+                  for file, e in earlier.items()),
         "",
         f"Peers: Torch-Pruning {v.get('torch_pruning', TORCH_PRUNING)} with its timm ViT example's settings "
         f"(GroupTaylorImportance on {s['taylor_batches']} seeded batches of {TAYLOR_BATCH}, head dims pruned, the "
@@ -1024,7 +1085,8 @@ def markdown(r: dict) -> str:
                                for b in batches)
             error = "" if row["match_error"] is None else f"{100 * row['match_error']:+.1f} %" + \
                 ("" if row["reachable"] else " (never as fast)")
-            after = " | ".join("not run" if row["after"][b] is None else f"**{100 * row['after'][b]:.2f} %**"
+            after = " | ".join("not run" if row["after"][b] is None else
+                               f"**{100 * row['after'][b]:.2f} %**" + (" †" if row["earlier"][b] else "")
                                for b in budgets)
             lines.append(f"| {row['label']} | {row['family']}: {what} | {speed} | {row['vs_edge']:.3f} | {error} | "
                          f"{100 * row['before']:.2f} % | {after} | "
@@ -1108,7 +1170,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="distillations at once (processes; a GPU takes several)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds after which no further distillation starts (those left are recorded as skipped)")
-    p.add_argument("--distilled", default=None, help="the distillation records (default: WORK/distilled.json)")
+    p.add_argument("--distilled", nargs="+", default=None,
+                   help="the distillation records (default: WORK/distilled.json); --stage distil writes the "
+                        "first; --stage time merges them in order, each filling what the earlier lack (an "
+                        "earlier --json-out of this benchmark counts: its distillations of the same plans)")
     p.add_argument("--reuse-matches", default=None,
                    help="an earlier results file whose matches (ratio, r) are taken for the same plans")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
@@ -1164,7 +1229,7 @@ def run(args, p: argparse.ArgumentParser) -> dict:
                                                          "match_sessions", "match_iterations", "ratios", "refine",
                                                          "taylor_batches", "train_threads", "stage", "jobs")},
               **provenance("plan_peers.py", args, p, started=started, load_before=load_before,
-                           skip=("json_out", "md_out", "png_out", "work", "distilled", "deadline"))}
+                           skip=("json_out", "md_out", "png_out", "work", "deadline"))}
     record["versions"]["torch_pruning"] = TORCH_PRUNING
     publish(record, args)
     return record

@@ -339,7 +339,7 @@ def test_the_time_stage_refuses_missing_or_other_shaped_distillations(tmp_path):
     record = {"budgets": {"3": {"edge-a": {**summary, "params": 5_353_738}, "tome-3": summary}, "1": {}},
               "skipped": [{"budget": "1", "key": "edge-a"}]}
     (tmp_path / "d.json").write_text(json.dumps(record))
-    with pytest.raises(EdgeError, match="holds no 1 epoch distillation of tome-3"):  # not skipped: missing
+    with pytest.raises(EdgeError, match="hold no 1 epoch distillation of tome-3"):  # not skipped: missing
         b.read_distilled(groups)
     record["skipped"].append({"budget": "1", "key": "tome-3"})
     (tmp_path / "d.json").write_text(json.dumps(record))
@@ -348,3 +348,27 @@ def test_the_time_stage_refuses_missing_or_other_shaped_distillations(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps(record))
     with pytest.raises(EdgeError, match="edge-a was distilled with other shapes than the model timed here"):
         b.read_distilled(groups)
+
+
+def test_an_earlier_results_file_fills_the_budgets_a_record_lacks_and_says_where_they_came_from(tmp_path):
+    b = bench(tmp_path, "--stage", "time", "--distilled", str(tmp_path / "d.json"), str(tmp_path / "old.json"))
+    b.items = [{"key": "edge-a", "plan": "linear:6-9", "path": "fmnist-deit-tiny"}]
+    groups = [matched_group("fmnist-deit-tiny")]
+    summary = {"before": {"accuracy": 0.9}, "after": {"accuracy": 0.9}, "teacher_sha256": "t"}
+    (tmp_path / "d.json").write_text(json.dumps({
+        "budgets": {"3": {"edge-a": {**summary, "params": 5_353_738}, "tome-3": summary}, "1": {}},
+        "skipped": [{"budget": "1", "key": "edge-a"}, {"budget": "1", "key": "tome-3"}], "command": "gpu run"}))
+    old = canned_record()                          # its edge model lay elsewhere (another key): found by its plan
+    old["groups"][0]["edge"]["key"] = "edge-elsewhere"
+    old["distilled"]["edge-elsewhere"] = old["distilled"].pop("edge-a")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    record = b.read_distilled(groups)
+    one = record["budgets"]["1"]
+    assert one["edge-a"]["after"]["accuracy"] == 0.8867 and one["edge-a"]["from"]["command"] == old["command"]
+    assert one["edge-a"]["hardware"] == {"cpu": "test CPU", "cpu_count": 2}
+    assert "from" not in record["budgets"]["3"]["edge-a"] and record["skipped"] == []
+    old["groups"][0]["edge"]["plan"] = "linear:5-9"                    # another plan: not this command's model
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    again = bench(tmp_path, "--stage", "time", "--distilled", str(tmp_path / "d.json"), str(tmp_path / "old.json"))
+    again.items = b.items
+    assert again.read_distilled(groups)["skipped"] == [{"budget": "1", "key": "edge-a"}]   # not run, as recorded
