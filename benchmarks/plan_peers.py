@@ -635,17 +635,22 @@ class Benchmark:
         return {"out": str(out), **summary_of(record), "widths": pruned.get("widths"),
                 "params": sum(p.numel() for p in model.parameters())}
 
-    def jobs(self, groups: list[dict], items: list[dict] | None = None) -> list[dict]:
+    def models_of(self, group: dict) -> list[tuple[str, str, float | None, dict | None]]:
+        """``(family, key, parameter, edge item)`` of a matched group's models, the edge model first. Its item
+        is this machine's entry of its key (``self.items``): the matches may have been made where it lay
+        elsewhere."""
+        here = {item["key"]: item for item in self.items}
+        edge = group["edge"]
+        return [("edge", edge["key"], None, here.get(edge["key"], edge))] + \
+            [(f, p["key"], p["parameter"], None) for f, p in group["peers"].items()]
+
+    def jobs(self, groups: list[dict]) -> list[dict]:
         """Every (budget, model) to distil once, the last group (the fastest edge model) and the longest budget
-        first: what a run stopped by ``--deadline`` leaves undone is the least needed. An edge model is
-        this machine's ``items`` entry of its key (the matches may have been made where it lay elsewhere)."""
-        here = {item["key"]: item for item in items or []}
+        first: what a run stopped by ``--deadline`` leaves undone is the least needed."""
         jobs, seen = [], set()
-        for budget in sorted(self.budgets(), key=lambda b: -float(b.split()[0])):
+        for budget in reversed(ordered(self.budgets())):
             for group in reversed(groups):
-                models = [("edge", group["edge"]["key"], None, here.get(group["edge"]["key"], group["edge"]))]
-                models += [(f, p["key"], p["parameter"], None) for f, p in group["peers"].items()]
-                for family, key, parameter, item in models:
+                for family, key, parameter, item in self.models_of(group):
                     if (budget, key) not in seen:
                         seen.add((budget, key))
                         jobs.append({"budget": budget, "family": family, "key": key, "parameter": parameter,
@@ -657,7 +662,7 @@ class Benchmark:
             return self.distil_edge(job["item"], job["budget"])
         return self.distil_peer(self.candidate(job["family"], job["parameter"]), job["budget"])
 
-    def distil_all(self, groups: list[dict], items: list[dict]) -> dict:
+    def distil_all(self, groups: list[dict]) -> dict:
         """Every model at every budget (``--jobs`` processes at once), written to ``--distilled`` as each ends.
 
         Models are distilled from what this machine builds (the plans compressed, Torch-Pruning run on
@@ -666,7 +671,7 @@ class Benchmark:
         path = self.distilled_path
         record = {"budgets": {b: {} for b in self.budgets()}, "skipped": [], "failed": [], "settings": self.settings,
                   "command": " ".join(sys.argv), "jobs": self.args.jobs, "deadline_s": self.args.deadline}
-        jobs = self.jobs(groups, items)
+        jobs = self.jobs(groups)
         for job in jobs:                        # built once here: parallel jobs must not race to write them
             if job["family"] not in ("edge", "tome"):
                 self.pruned_module(self.candidate(job["family"], job["parameter"]))
@@ -720,7 +725,7 @@ class Benchmark:
         sources = [self.read_source(Path(path)) for path in self.distilled_paths]
         record = {"budgets": {b: {} for b in self.budgets()}, "skipped": [],
                   "sources": [{k: src.get(k) for k in ("file", "command", "jobs", "seconds")} for src in sources]}
-        for job in self.jobs(groups, self.items):
+        for job in self.jobs(groups):
             found = next(((src, src["budgets"][job["budget"]][job["key"]]) for src in sources
                           if job["key"] in src["budgets"].get(job["budget"], {})), None)
             if found is None and {"budget": job["budget"], "key": job["key"]} in sources[0].get("skipped", []):
@@ -786,9 +791,9 @@ class Benchmark:
         weights (which may stay on the machine that trained)."""
         if family == "edge":
             return load_model(item["path"])
-        model, _ = self.pruned_module(self.candidate(family, parameter)) if family != "tome" else \
-            self.candidate(family, parameter).build()
-        return model
+        if family == "tome":
+            return self.candidate(family, parameter).build()[0]
+        return self.pruned_module(self.candidate(family, parameter))[0]
 
     # ---- the stages
     def run(self, items: list[dict]) -> dict | None:
@@ -808,7 +813,7 @@ class Benchmark:
                 return None
         groups = self.matched(items)
         if stage in ("distil", "all"):
-            self.distil_all(groups, items)
+            self.distil_all(groups)
             if stage == "distil":
                 return None
         distilled = self.read_distilled(groups)
@@ -834,13 +839,11 @@ class Benchmark:
         """Every model and the original, one interleaved side-by-side run per batch."""
         with tempfile.TemporaryDirectory(prefix="edge-plan-peers-final-") as tmp:
             folder = Path(tmp)
-            graphs, check = {}, {}
-            graphs[ORIGINAL], check = export_graphs(original, ORIGINAL, folder, self.timing.batches, self.args.model,
-                                                    None)
+            original_graphs, check = export_graphs(original, ORIGINAL, folder, self.timing.batches,
+                                                   self.args.model, None)
+            graphs = {ORIGINAL: original_graphs}
             for group in groups:
-                models = [("edge", group["edge"]["key"], None, group["edge"])]
-                models += [(f, p["key"], p["parameter"], None) for f, p in group["peers"].items()]
-                for family, key, parameter, item in models:
+                for family, key, parameter, item in self.models_of(group):
                     if key not in graphs:
                         plan = item["plan"] if item else None
                         graphs[key] = export_graphs(self.final_model(family, key, parameter, item), key, folder,
@@ -950,14 +953,19 @@ def verdict(rows: list[dict], slack: float = SPEED_SLACK, budget: str | None = N
 
 
 def longest(after: dict[str, float]) -> str:
-    return max(after, key=lambda b: float(b.split()[0]))
+    return ordered(after)[-1]
+
+
+def ordered(budgets) -> list[str]:
+    """Budget keys from the shortest to the longest (``"1"``, ``"3"``; ``"2 steps"``)."""
+    return sorted(budgets, key=lambda b: float(b.split()[0]))
 
 
 def summary(rows: list[dict], batches: list[str], slack: float) -> list[str]:
     """One line per matched speed and budget: edge's accuracy against the best peer of each family as fast
     (within ``slack``)."""
     families = [f for f in dict.fromkeys(row["family"] for row in rows) if f != "edge"]
-    budgets = sorted(rows[0]["after"], key=lambda b: float(b.split()[0]))
+    budgets = ordered(rows[0]["after"])
     lines = ["", "## Summary", "",
              f"Per matched speed, the best model of each family at least as fast as edge's (within {100 * slack:.0f} "
              "%, final run), or where none was its fastest, with its speed relative to edge's (slower: not a match). "
@@ -996,7 +1004,7 @@ def markdown(r: dict) -> str:
     rows = rows_of(r)
     batches = list(r["final_timing"])
     base = r["original"]["accuracy"]
-    budgets = sorted(budgets_of(r), key=lambda b: float(b.split()[0]))
+    budgets = ordered(budgets_of(r))
     budget = " and ".join(budget_text(b) for b in budgets)
     def machine(d: dict) -> str:
         hw = d.get("hardware") or {}
@@ -1110,7 +1118,7 @@ def plot(r: dict, png: str | Path) -> None:
     batches = list(r["final_timing"])
     style = {"edge": ("tab:red", "o"), "torch-pruning uniform": ("tab:blue", "s"),
              "torch-pruning global": ("tab:cyan", "D"), "tome": ("tab:green", "^")}
-    budgets = sorted(rows[0]["after"], key=lambda b: float(b.split()[0]))
+    budgets = ordered(rows[0]["after"])
     # the axis spans the distilled accuracies (the comparison); training-free points below it are left off
     low = math.floor(min(100 * a for row in rows for a in row["after"].values() if a is not None) - 1.0)
     high = math.ceil(max([100 * a for row in rows for a in row["after"].values() if a is not None]

@@ -322,8 +322,8 @@ def test_a_stage_without_matches_names_the_stage_to_run_first(tmp_path):
 
 def test_an_edge_job_distils_this_machines_copy_not_the_path_the_matches_recorded(tmp_path):
     b = bench(tmp_path)
-    here = {"key": "edge-a", "plan": "linear:6-9", "path": str(tmp_path / "here")}
-    jobs = b.jobs([matched_group("/elsewhere/edge/linear-6-9")], [here])
+    b.items = [{"key": "edge-a", "plan": "linear:6-9", "path": str(tmp_path / "here")}]
+    jobs = b.jobs([matched_group("/elsewhere/edge/linear-6-9")])
     edge = [j for j in jobs if j["family"] == "edge"]
     assert [j["budget"] for j in edge] == ["3", "1"]                   # the longest budget first
     assert all(j["item"]["path"] == str(tmp_path / "here") for j in edge)
