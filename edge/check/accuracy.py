@@ -36,8 +36,9 @@ def head_mismatch(shape: tuple[int, ...], num_classes: int, data: str) -> str | 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = EvaluateConfig.batch_size,
-             device: torch.device | str = "cpu", show_progress: bool = True) -> dict:
-    """Top-1 accuracy, mean cross-entropy and per-class accuracy, in float32."""
+             device: torch.device | str = "cpu", show_progress: bool = True, predictions: bool = False) -> dict:
+    """Top-1 accuracy, mean cross-entropy and per-class accuracy, in float32; ``predictions``: also every
+    image's predicted class, in the data set's order (to compare another graph on the same images)."""
     device = torch.device(device)
     if isinstance(model, nn.Module):
         model = model.to(device).eval()
@@ -46,6 +47,7 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = Ev
     correct = torch.zeros(num_classes, dtype=torch.int64)
     total = torch.zeros(num_classes, dtype=torch.int64)
     loss_sum = 0.0
+    predicted: list[torch.Tensor] = []
     start = time.perf_counter()
     with bar(total=len(dataset), desc=f"eval {dataset.name}", unit="img", disable=not show_progress) as progress:
         for x, y in dataset.batches(batch_size, preprocess):
@@ -56,7 +58,10 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = Ev
                                 fix="evaluate its features with --probe (a linear classifier on the frozen "
                                     "backbone), or fine-tune a head for this data first")
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-            hit = logits.argmax(-1) == y
+            top1 = logits.argmax(-1)
+            if predictions:
+                predicted.append(top1)
+            hit = top1 == y
             total += torch.bincount(y, minlength=num_classes)
             correct += torch.bincount(y[hit], minlength=num_classes)
             progress.update(len(y))
@@ -70,4 +75,4 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = Ev
                                for name, c, t in zip(dataset.classes, correct, total)},
         "data": dataset.name,
         "seconds": round(time.perf_counter() - start, 3),
-    }
+    } | ({"predictions": torch.cat(predicted).tolist()} if predictions else {})

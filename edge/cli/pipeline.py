@@ -89,7 +89,9 @@ def summary_lines(report: dict) -> list[str]:
         verdict = "reference" if v["name"] == latency["reference"] else v["speedup"]["verdict"]
         estimate = estimates.get(v["name"])
         orin_cell = f"{estimate['speedup']:.2f}x" if estimate else "-"
-        lines.append(f"{v['name']:<{width}}  {100 * v['accuracy']:>7.2f}%  {v['latency']['median_ms']:>9.3f}  "
+        accuracy = f"{100 * v['accuracy']:.2f}%" + ("\N{DAGGER}" if v["samples"] != report["variants"][0]["samples"]
+                                                     else "")
+        lines.append(f"{v['name']:<{width}}  {accuracy:>8}  {v['latency']['median_ms']:>9.3f}  "
                      f"{speedup_cell(v['speedup']):<26}  {orin_cell:>9}  {v['plan'] or '(original)'}  "
                      f"{verdict}" + ("  *" if v.get("pareto") else ""))
     aa = latency["aa_control"]
@@ -98,6 +100,11 @@ def summary_lines(report: dict) -> list[str]:
                  f"deviation {100 * aa['deviation']:.1f} % "
                  + (f"> {100 * bound:.0f} %: too noisy to rank variants that close; rerun with --redo profile on a "
                     "quieter machine" if latency["noisy"] else f"<= {100 * bound:.0f} %"))
+    subsets = [p for p in report["precision"] if p["samples"] != report["variants"][0]["samples"]]
+    if subsets:
+        lines.append(f"\N{DAGGER} accuracy on {subsets[0]['samples']:,} of the float32 rows' "
+                     f"{report['variants'][0]['samples']:,} test images (balanced); against float32 on the same "
+                     "images: " + ", ".join(f"{p['name']} {p['accuracy_delta_pt_vs_fp32']:+.2f} pt" for p in subsets))
     if orin:
         lines.append(f"Orin est.: speedup on a {orin['device']} ({orin['power_mode']}), estimated, not measured: "
                      f"{orin['note']}")

@@ -138,13 +138,15 @@ def precision_entry(run, latency: dict, variants: dict[str, dict], estimate) -> 
     records = run.ctx.records[run.name]
     quantized, evaluation, timed = records["quantize"].result, records["evaluate"].result, latency["variants"][run.name]
     base = variants[run.base.variant.name]
+    same = evaluation["same_images"]   # float32 graphs on the images this one was evaluated on: paired figures
     orin = base["orin_estimate"]
     folder = f"{VARIANTS}/{run.base.variant.name}/{run.precision}"
     return {
         "name": run.name, "variant": run.base.variant.name, "precision": run.precision, "plan": base["plan"],
         "accuracy": evaluation["accuracy"], "correct": evaluation["correct"], "samples": evaluation["samples"],
-        "accuracy_data": evaluation["data"], "accuracy_delta_pt_vs_fp32": round(100 * (evaluation["accuracy"]
-                                                                                       - base["accuracy"]), 4),
+        "accuracy_data": evaluation["data"], "same_images": same,
+        "accuracy_delta_pt_vs_fp32": round(100 * (evaluation["accuracy"] - same[run.base.variant.name]["accuracy"]), 4),
+        "top1_agreement_with_fp32": same[run.base.variant.name]["top1_agreement"],
         "gate": {graph: gate_figures(q) for graph, q in quantized.items()},
         "calibration": quantized[BATCHED]["calibration"], "placement": quantized[BATCHED]["placement"],
         "graphs": {"deployed": f"{folder}/{DEPLOYED}", "batched": f"{folder}/{BATCHED}"},
@@ -246,8 +248,8 @@ def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None
         v["pareto"] = v["name"] in front
     by_name = {v["name"]: v for v in variants}
     precision_rows = [precision_entry(run, latency.result, by_name, ctx.recipe.estimate) for run in precisions]
-    for row in precision_rows:
-        row["accuracy_delta_pt"] = round(100 * (row["accuracy"] - baseline), 4)
+    for row in precision_rows:   # against the reference on the same images (a subset: precision.test_images)
+        row["accuracy_delta_pt"] = round(100 * (row["accuracy"] - row["same_images"][reference]["accuracy"]), 4)
     records = [r for per in ctx.records.values() for r in per.values()]
     records += [r for r in (planned, bundle) if r is not None]
     plan = None if planned is None else {**planned.result, "variant": ctx.recipe.planned,
@@ -479,19 +481,26 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
     table = []
     for p in rows:
         gate = p["gate"][BATCHED]
-        table.append((p["name"], f"{100 * p['accuracy']:.2f}", f"{p['accuracy_delta_pt_vs_fp32']:+.2f}",
-                      _pct(gate.get("top1_agreement")), _fmt(gate.get("max_abs"), ".2e"),
-                      _fmt(gate.get("rel_l2"), ".2e"),
+        fp32 = p.get("same_images", {}).get(p["variant"])   # None in a report written before the paired figures
+        table.append((p["name"], f"{100 * p['accuracy']:.2f}", _fmt(fp32 and 100 * fp32["accuracy"], ".2f"),
+                      f"{p['accuracy_delta_pt_vs_fp32']:+.2f}", _pct(p.get("top1_agreement_with_fp32")),
+                      _pct(gate.get("top1_agreement")), _fmt(gate.get("rel_l2"), ".2e"),
                       {True: "passed", False: "below: not bundled"}.get(gate.get("passed"), "-"),
                       speedup_cell(p["speedup"]), _fmt(p["orin_estimate_ms"], ".4f")))
     first = rows[0]
     gate = first["gate"][BATCHED]
     calibrated = next((p["calibration"] for p in rows if p["calibration"]), None)
+    whole = first["samples"] == report["variants"][0]["samples"]
+    images = (f"the same {first['samples']:,} test images as the float32 rows" if whole else
+              f"{first['samples']:,} of the float32 rows' {report['variants'][0]['samples']:,} test images (a "
+              "seeded, class-balanced subset: on a CPU these graphs run slower than float32; recipe key "
+              "`precision.test_images`, null for all)")
     lines = [f"Each graph made by `edge quantize` (the library's defaults"
              + (f"; INT8 calibrated on {calibrated['samples']} training images of `{calibrated['data']}`" if calibrated
-                else "") + f") from the variant's cleaned float32 graphs; accuracy with ONNX Runtime on "
-             f"{first['samples']:,} images of `{first['accuracy_data']}`; the accuracy gate against float32 on "
-             f"{gate.get('images', '-')} test images" + (f" of `{gate['data']}`" if gate.get("data") else "")
+                else "") + f") from the variant's cleaned float32 graphs. Accuracy with ONNX Runtime on {images}, "
+             "beside its float32 graph's accuracy on those same images (paired: `vs float32` and the top-1 agreement "
+             f"are on one set of images); the accuracy gate against float32 on {gate.get('images', '-')} test images"
+             + (f" of `{gate['data']}`" if gate.get("data") else "")
              + " (of the dynamic-batch graph; the static one's in report.json). Speedup: against the float32 original "
                "here (ONNX Runtime on this CPU)."]
     if report.get("below_gate"):
@@ -500,8 +509,9 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
                      "accepted so that its accuracy shows what the gate saw, and leaves it out of the bundle. A "
                      "training-free plan has closer logits than the original, so rounding flips more of its answers: "
                      "fine-tune it first (`edge finetune`), or ship its FP16.")
-    return "Precision", lines, [(("graph", "accuracy %", "vs float32 pt", "gate top-1 agreement", "gate max abs",
-                                  "gate rel L2", "gate", "speedup here [95 %]", "Orin est. ms"), table)]
+    return "Precision", lines, [(("graph", "accuracy %", "float32 on the same images %", "vs float32 pt",
+                                  "top-1 agreement with float32", "gate top-1 agreement", "gate rel L2", "gate",
+                                  "speedup here [95 %]", "Orin est. ms"), table)]
 
 
 def orin_rows(report: dict) -> list[tuple[str, ...]]:
@@ -600,12 +610,18 @@ def speed_chart_png(report: dict) -> bytes:
     import matplotlib.pyplot as plt
 
     rows = [*report["variants"], *report["precision"]]
+    first = report["variants"][0]
     fig, ax = plt.subplots(figsize=(7.6, 4.8), dpi=110, layout="constrained")
-    for i, v in enumerate(rows):
+    labelled = set()
+    for v in rows:
         s, y = v["speedup"], 100 * v["accuracy"]
-        ax.errorbar([s["speedup"]], [y], xerr=[[s["speedup"] - s["low"]], [s["high"] - s["speedup"]]], fmt="o",
-                    color="#4c72b0", capsize=3, markersize=6,
-                    label="measured here (ONNX Runtime, CPU)" if not i else None)
+        subset = v["samples"] != first["samples"]   # FP16/INT8 on precision.test_images of the test images
+        label = (f"measured here, FP16/INT8 (accuracy on {v['samples']:,} of those images)" if subset
+                 else "measured here (ONNX Runtime, CPU)")
+        ax.errorbar([s["speedup"]], [y], xerr=[[s["speedup"] - s["low"]], [s["high"] - s["speedup"]]],
+                    fmt="s" if subset else "o", color="#55a868" if subset else "#4c72b0", capsize=3, markersize=6,
+                    label=None if label in labelled else label)
+        labelled.add(label)
         ax.annotate(v["name"], (s["speedup"], y), textcoords="offset points", xytext=(6, 5), fontsize=7)
     orin = report["orin_estimate"]
     if orin:
@@ -617,7 +633,6 @@ def speed_chart_png(report: dict) -> bytes:
                         xytext=(6, -9), fontsize=7, color="#a0522d")
     ax.axvline(1.0, color="#999", lw=0.8)
     ax.legend(loc="lower left", fontsize=8)
-    first = report["variants"][0]
     ax.set_xlabel(f"speedup over `{report['latency']['reference']}` (here: measured, batch "
                   f"{first['profile']['batch']}, "
                   f"whiskers: 95 % interval; Orin: estimated)")

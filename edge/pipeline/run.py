@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from edge.errors import EdgeError, plural
@@ -339,27 +340,67 @@ class VariantRun:
         return cleaned
 
 
-def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: str) -> StepRecord:
-    """Top-1 accuracy of ``folder/graph`` (a dynamic-batch graph) with ONNX Runtime on the test split."""
+def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: str,
+                   against: dict[str, StepRecord] | None = None) -> StepRecord:
+    """Top-1 accuracy of ``folder/graph`` (a dynamic-batch graph) with ONNX Runtime on the test split (the
+    recipe's ``evaluate.samples``), keeping every image's prediction. ``against``: for a converted graph, float32
+    variants' evaluations by name (its own and the reference): evaluated on ``precision.test_images`` of their
+    images, with each one's accuracy on those images and the share of them it answers alike (paired figures)."""
     recipe = ctx.recipe
+    picked = test_indices(ctx, against is not None)
     inputs = {"graph": digest, "data": ctx.test_hash, "batch_size": recipe.evaluate.batch_size,
-              "samples": recipe.evaluate.samples, "seed": recipe.seed}
+              "samples": recipe.evaluate.samples, "seed": recipe.seed, "predictions": True,
+              "against": None if against is None else {"evaluations": {n: r.key for n, r in against.items()},
+                                                         "test_images": recipe.precision.test_images}}
 
     def work() -> dict:
         from edge.check.accuracy import evaluate
         from edge.check.onnx_classifier import OnnxClassifier
-        from edge.data import InputSpec, balanced_indices
+        from edge.data import InputSpec
 
         dataset = ctx.test_set
-        if recipe.evaluate.samples is not None:
-            picked = balanced_indices(dataset.labels, recipe.evaluate.samples, recipe.seed, dataset.num_classes)
-            dataset = dataset.subset(picked.sort().values, f"{dataset.name}[{len(picked)}]")
+        if picked is not None:
+            dataset = dataset.subset(picked, f"{dataset.name}[{len(picked)}]")
         classifier = OnnxClassifier(folder / graph, threads=recipe.threads)
         result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
-                          batch_size=recipe.evaluate.batch_size)
+                          batch_size=recipe.evaluate.batch_size, predictions=True)
+        if against is not None:
+            result["same_images"] = {name: same_images(ctx, record, picked, dataset.labels, result["predictions"])
+                                     for name, record in against.items()}
         return {**result, "graph": graph, "backend": "onnxruntime"}
 
     return step(ctx, label, "evaluate", folder, inputs, work)
+
+
+def test_indices(ctx: Context, converted: bool = False):
+    """The test images a graph is evaluated on (sorted indices into the test split; None: all of them): for a
+    float32 graph ``evaluate.samples`` of them (seeded, balanced); for a converted one (``converted``)
+    ``precision.test_images`` of those, balanced again (FP16/INT8 on a CPU run several times slower)."""
+    from edge.data import balanced_indices
+
+    recipe, labels = ctx.recipe, ctx.test_set.labels
+    picked = None
+    if recipe.evaluate.samples is not None:
+        picked = balanced_indices(labels, recipe.evaluate.samples, recipe.seed, ctx.test_set.num_classes).sort().values
+    wanted = recipe.precision.test_images if converted else None
+    pool = picked if picked is not None else torch.arange(len(labels))
+    if wanted is None or wanted >= len(pool):
+        return picked
+    chosen = balanced_indices(labels[pool], wanted, recipe.seed, ctx.test_set.num_classes).sort().values
+    return pool[chosen]
+
+
+def same_images(ctx: Context, record: StepRecord, picked, labels, predicted: list[int]) -> dict:
+    """A float32 graph's figures on the images a converted graph was evaluated on (``picked``: indices into the
+    test split, None: all), from its evaluation's predictions: its accuracy there and the top-1 agreement."""
+    reference = torch.tensor(record.result["predictions"])
+    if picked is not None:
+        evaluated = test_indices(ctx)   # the float32 graph's images: its predictions are in their order
+        reference = reference[picked if evaluated is None else torch.searchsorted(evaluated, picked)]
+    ours = torch.tensor(predicted)
+    correct = int((reference == labels).sum())
+    return {"accuracy": correct / len(ours), "correct": correct,
+            "top1_agreement": float((reference == ours).double().mean())}
 
 
 class PlannedRun(VariantRun):
@@ -418,7 +459,9 @@ class PrecisionRun:
 
     def run(self, cleaned: StepRecord) -> StepRecord:
         quantized = self.quantize(cleaned)
-        evaluate_graph(self.ctx, self.name, self.folder, BATCHED, quantized.outputs[BATCHED])
+        names = (self.base.variant.name, reference_variant(self.ctx.recipe))
+        evaluate_graph(self.ctx, self.name, self.folder, BATCHED, quantized.outputs[BATCHED],
+                       against={name: self.ctx.records[name]["evaluate"] for name in names})
         return quantized
 
 

@@ -82,7 +82,8 @@ def test_every_numeric_recipe_key_has_a_range():
                       "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance",
                       "plan.budget", "plan.batch", "plan.samples", "plan.holdout", "plan.shortlist", "plan.refresh",
                       "plan.min_step",
-                      "precision.samples", "precision.gate_images", "precision.static_gate_images", "estimate.batch",
+                      "precision.samples", "precision.gate_images", "precision.static_gate_images", "precision.test_images",
+                      "estimate.batch",
                       "bundle.samples", "bundle.gate_images"}
 
 

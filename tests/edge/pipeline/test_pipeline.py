@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from edge.cli import main
 from edge.errors import EdgeError
@@ -346,7 +347,7 @@ def test_bad_story_sections_exit_2_naming_the_key(case, weights, tmp_path, capsy
 
 
 STORY = """plan: {budget: 0.7, samples: 32, holdout: 32}
-precision: {variants: [planned, original], precisions: [fp16, int8], samples: 32}
+precision: {variants: [planned, original], precisions: [fp16, int8], samples: 32, test_images: 100}
 estimate: {}
 bundle: {variants: [planned, original], precisions: [fp32, fp16, int8], samples: 32, gate_images: 8}
 """
@@ -386,7 +387,14 @@ def test_story_report_holds_plan_methods_precision_estimate_bundle_and_next_comm
     rows = {p["name"]: p for p in report["precision"]}
     assert sorted(rows) == ["original.fp16", "original.int8", "planned.fp16", "planned.int8"]
     for row in rows.values():
-        assert row["samples"] == 200 and 0 <= row["accuracy"] <= 1
+        assert row["samples"] == 100 and 0 <= row["accuracy"] <= 1   # precision.test_images of the 200
+        same = row["same_images"]   # the float32 graph and the reference on those images: paired figures
+        assert set(same) == {row["variant"], "original"}
+        assert row["accuracy_delta_pt_vs_fp32"] == pytest.approx(
+            100 * (row["accuracy"] - same[row["variant"]]["accuracy"]), abs=1e-9)
+        assert row["accuracy_delta_pt"] == pytest.approx(100 * (row["accuracy"] - same["original"]["accuracy"]),
+                                                         abs=1e-9)
+        assert row["top1_agreement_with_fp32"] >= 0.9
         for graph in ("model.onnx", "model.batched.onnx"):
             gate = row["gate"][graph]
             assert 0 <= gate["top1_agreement"] <= 1 and gate["max_abs"] >= 0 and gate["images"] > 0
@@ -547,3 +555,25 @@ def test_the_html_report_renders_in_a_headless_browser(story_run, tmp_path):
         low, high = part.getextrema()
         assert high - low > 100
         assert sum(part.histogram()[:128]) > 500   # dark pixels: text, axes, points
+
+
+def test_converted_graphs_are_compared_with_float32_on_the_same_images(story_run):
+    """The paired figures are float32's answers on exactly the images the FP16/INT8 graph saw: checked against
+    the float32 graph evaluated again, here, on the images the converted graph's evaluation names."""
+    from edge.check.onnx_classifier import OnnxClassifier
+    from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
+
+    _, out, report = story_run
+    test = load_dataset("fmnist-mini", "test")
+    pool = balanced_indices(test.labels, 200, 0, test.num_classes).sort().values
+    for row in report["precision"]:
+        converted = json.loads((out / "variants" / row["variant"] / row["precision"] / "evaluate.done.json").read_text())
+        picked = pool[balanced_indices(test.labels[pool], 100, 0, test.num_classes).sort().values]
+        assert converted["result"]["data"] == "fmnist-mini:test[100]"
+        float32 = OnnxClassifier(out / "variants" / row["variant"] / "model.batched.clean.onnx", threads=1)
+        spec = InputSpec.from_data_config(float32.data_config())
+        answers = float32(ArrayPreprocess(spec)(test.images[picked])).argmax(-1)
+        ours = torch.tensor(converted["result"]["predictions"])
+        assert row["same_images"][row["variant"]]["correct"] == int((answers == test.labels[picked]).sum())
+        assert row["top1_agreement_with_fp32"] == pytest.approx(float((answers == ours).double().mean()), abs=1e-12)
+        assert row["correct"] == int((ours == test.labels[picked]).sum())
