@@ -57,7 +57,7 @@ from torch import nn
 
 from edge.compress import CompressConfig
 from edge.compress.compressor import apply_plan
-from edge.compress.fidelity import Reference, fidelity, outputs
+from edge.compress.fidelity import fidelity, reference
 from edge.compress.method import BuildCache
 from edge.compress.plan import parse_plan
 from edge.compress.registry import methods
@@ -205,11 +205,10 @@ class Planner:
         self.holdout = holdout_set(config.data, config.holdout, config.seed, calibration=config.samples)
         inputs = real_inputs(self.holdout, data_config(model), len(self.holdout))
         model.eval()
-        logits, features = outputs(model, inputs, config.batch_size)
-        if logits is None:
+        self.reference = reference(model, inputs, config.batch_size)
+        if self.reference.logits is None:
             raise EdgeError(f"{source.get('model')} has no classifier head", expected="a classifier: plans are scored "
                             "by the KL divergence of its class probabilities from the original's")
-        self.reference = Reference(logits, features, inputs)
         self.cache = BuildCache()
         self.points: dict[str, Point] = {}
         self.refused: dict[str, str] = {}
