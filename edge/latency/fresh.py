@@ -20,6 +20,7 @@ latency table's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -29,6 +30,8 @@ from pathlib import Path
 
 from edge.errors import EdgeError
 from edge.latency.measure import TimingConfig, ort_factories, side_by_side_config
+from edge.profile.backends import OrtBackend
+from edge.profile.sidebyside import SideBySideConfig
 
 MODULE = "edge.latency.fresh"
 STDERR_TAIL = 2000   # characters of the child's stderr an error carries
@@ -49,6 +52,21 @@ def time_fresh(graphs: dict[str, Path], reference: str, timing: TimingConfig, ba
 
     Returns :func:`compact` of the summary, with the command that ran it (``process``).
     """
+    return _in_child(graphs, reference, command({n: Path(p) for n, p in graphs.items()}, reference, timing, batch))
+
+
+def time_fresh_settings(graphs: dict[str, Path], reference: str, settings: SideBySideConfig, threads: int,
+                        seed: int = 0) -> dict:
+    """:func:`time_fresh` with every setting of the interleaving given (``edge pipeline``'s profile step): the
+    whole summary of :func:`edge.profile.sidebyside.side_by_side` (every graph's timed calls' statistics), with
+    ``process``. ``seed``: the random input's (the interleaving's own is ``settings.seed``)."""
+    args = [sys.executable, "-m", MODULE, "--reference", reference, "--threads", str(threads), "--seed", str(seed),
+            "--settings", json.dumps(asdict(settings), sort_keys=True)]
+    return _in_child(graphs, reference, args + [f"{name}={path}" for name, path in graphs.items()])
+
+
+def _in_child(graphs: dict[str, Path], reference: str, args: list[str]) -> dict:
+    """Run ``args`` (this module in a new interpreter) after checking ``graphs``; its JSON summary."""
     if reference not in graphs:
         raise EdgeError(f"the reference {reference!r} is not among the graphs {sorted(graphs)}",
                         fix="name the reference graph as one of the graphs timed")
@@ -58,7 +76,6 @@ def time_fresh(graphs: dict[str, Path], reference: str, timing: TimingConfig, ba
                             fix="export it first (edge export, then edge clean)")
         if "=" in name or name.endswith(")"):
             raise EdgeError(f"graph name {name!r}", expected="a name without '=' that does not end in ')'")
-    args = command({n: Path(p) for n, p in graphs.items()}, reference, timing, batch)
     root = str(Path(__file__).resolve().parents[2])          # the folder holding edge/ and jetson/
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
@@ -114,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, help="the batch of a graph with a dynamic batch (default: its own)")
     for name, value in asdict(TimingConfig()).items():
         parser.add_argument(f"--{name}", type=int, default=value)
+    parser.add_argument("--settings", type=json.loads, help="every setting of the interleaving as JSON (the fields "
+                        "of edge.profile.sidebyside.SideBySideConfig; --warmup, --iterations, --rounds and --sessions "
+                        "are then unused, --seed seeds the random input): prints the whole summary")
     return parser
 
 
@@ -127,6 +147,11 @@ def run(argv: list[str] | None = None) -> dict:
         raise EdgeError(f"--reference {args.reference}", expected=f"one of the graphs' names ({', '.join(graphs)})")
     for name, path in graphs.items():
         _check_graph(name, path)
+    if args.settings is not None:
+        settings = SideBySideConfig(**args.settings)
+        factories = {name: functools.partial(OrtBackend, path, batch=args.batch, threads=args.threads, seed=args.seed,
+                                             spinning=settings.spinning) for name, path in graphs.items()}
+        return side_by_side(factories, args.reference, settings)
     timing = TimingConfig(threads=args.threads, warmup=args.warmup, iterations=args.iterations,
                           rounds=args.rounds, sessions=args.sessions, seed=args.seed)
     return compact(side_by_side(ort_factories(graphs, timing, args.batch), args.reference,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import hashlib
 import os
 import time
@@ -498,13 +497,15 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
               "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
 
     def work() -> dict:
-        from edge.profile import OrtBackend
-        from edge.profile.sidebyside import SideBySideConfig, side_by_side
+        from edge.latency.fresh import time_fresh_settings
+        from edge.profile.sidebyside import SideBySideConfig
 
+        # in a new interpreter, as edge plan times its front (edge.latency.fresh: a process after a plan search
+        # timed its plan 2.19x, a new one 1.87-1.91x): this one's heap and thread pools are not a user's
         config = SideBySideConfig(**dataclasses.asdict(recipe.profile), seed=recipe.seed)
-        factories = {name: functools.partial(OrtBackend, path, threads=recipe.threads, seed=recipe.seed,
-                                             spinning=config.spinning) for name, (path, _) in graphs.items()}
-        return {**side_by_side(factories, reference, config), "graph": graph}
+        summary = time_fresh_settings({name: path for name, (path, _) in graphs.items()}, reference, config,
+                                      recipe.threads, seed=recipe.seed)
+        return {**summary, "graph": graph}
 
     return step(ctx, SHARED, "profile", ctx.out, inputs, work)
 

@@ -11,8 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
-from edge.latency.fresh import command, main, time_fresh
+from edge.latency.fresh import command, main, time_fresh, time_fresh_settings
 from edge.latency.measure import TimingConfig
+from edge.profile.sidebyside import SideBySideConfig
 
 TINY_TIMING = TimingConfig(threads=1, warmup=1, iterations=4, rounds=2, sessions=1)
 
@@ -41,6 +42,24 @@ def test_two_graphs_are_timed_in_another_process_with_an_aa_control(tmp_path):
     process = timed["process"]
     assert process["fresh"] and process["command"][:2] == ["-m", "edge.latency.fresh"]
     assert "original=" + str(graphs["original"]) in process["command"]
+
+
+def test_every_interleaving_setting_reaches_the_new_process_and_the_whole_summary_comes_back(tmp_path):
+    """edge pipeline's profile step: its recipe's settings (turn-based iterations, spinning, tolerance) as given,
+    and every graph's full statistics (percentiles, CV, verdicts), not the compact record."""
+    graphs = {"original": matmul_graph(tmp_path / "big.onnx", 64), "w": matmul_graph(tmp_path / "small.onnx", 8)}
+    settings = SideBySideConfig(warmup=1, rounds=4, sessions=2, turn_ms=2.0, aa_tolerance=0.5, resamples=100, seed=3)
+    timed = time_fresh_settings(graphs, "original", settings, threads=1, seed=5)
+    assert timed["settings"] == {**settings.__dict__}
+    assert set(timed["variants"]) == {"original", "w", "original (A/A)"} and timed["reference"] == "original"
+    for name in graphs:
+        latency = timed["variants"][name]["latency"]
+        assert len(latency["round_medians_ms"]) == 4 and latency["p10_ms"] <= latency["median_ms"] <= latency["p90_ms"]
+        assert timed["variants"][name]["speedup"]["verdict"]
+    assert 3 <= timed["iterations_per_round"] <= 200     # from turn_ms, not the compact protocol's fixed count
+    command_line = timed["process"]["command"]
+    assert command_line[command_line.index("--seed") + 1] == "5"
+    assert command_line[command_line.index("--threads") + 1] == "1"
 
 
 def test_the_command_line_carries_the_protocol(tmp_path):
