@@ -83,12 +83,16 @@ def reference(model: nn.Module, inputs: torch.Tensor, batch_size: int = BATCH) -
     if batch_size != BATCH or not plain_vit(model):
         return Reference(*outputs(model, inputs, batch_size), inputs)
     heads, tokens = [], []
-    for batch in inputs.split(batch_size):   # timm's forward_features, stage by stage
+    for i, batch in enumerate(inputs.split(batch_size)):   # timm's forward_features, stage by stage
         x = [model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(batch))))]
         for block in model.blocks:
             x.append(block(x[-1]))
+        features = model.norm(x[-1])
+        if i == 0 and not torch.equal(features, model.forward_features(batch)):
+            # a timm whose forward_features does more than these stages: no cache, candidates run whole
+            return Reference(*outputs(model, inputs, batch_size), inputs)
         tokens.append(tuple(x))
-        heads.append(_head(model, model.norm(x[-1])))
+        heads.append(_head(model, features))
     return Reference(*_joined(model, heads), inputs, BlockInputs(copy.deepcopy(model), tuple(tokens)))
 
 

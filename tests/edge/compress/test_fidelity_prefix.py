@@ -116,3 +116,19 @@ def test_a_model_whose_forward_features_is_not_timms_vits_is_run_whole():
     assert reference(plain, inputs).blocks is None
     plain.set_grad_checkpointing(False)
     assert reference(plain, inputs, batch_size=32).blocks is None
+
+
+def test_a_timm_whose_forward_features_does_more_than_the_stages_keeps_no_cache(monkeypatch):
+    """Should a timm release add a stage to VisionTransformer.forward_features, the stage-by-stage reference
+    would no longer be its forward: the first batch is checked against it, and candidates then run whole."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, depth=2, embed_dim=32,
+                              num_heads=2).eval()
+    inputs = torch.randn(70, 1, 28, 28)
+    assert reference(model, inputs).blocks is not None
+    timms_own = VisionTransformer.forward_features
+    monkeypatch.setattr(VisionTransformer, "forward_features", lambda self, x: timms_own(self, x) + 1.0)
+    assert plain_vit(model)   # it is still timm's own forward_features, as far as the type can tell
+    ref = reference(model, inputs)
+    assert ref.blocks is None
+    assert torch.equal(ref.features, outputs(model, inputs)[1])
