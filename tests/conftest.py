@@ -12,6 +12,16 @@ needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason="full Fashion-MNIST no
                                   "(apt-get install dataset-fashion-mnist)")
 
 
+@pytest.fixture(autouse=True)
+def no_onnxruntime_notes_from_an_earlier_test():
+    """ONNX Runtime's notes are one process-wide log (edge.check.compare.ORT_MESSAGES) that the CLI writes out and
+    counts on stderr at exit. A test that cleans a graph without the CLI leaves its notes there, and a later test
+    in the same worker would see them in its stderr: each test starts with none."""
+    from edge.check.compare import ORT_MESSAGES
+
+    ORT_MESSAGES.take()
+
+
 @pytest.fixture(scope="session")
 def reference_model():
     from edge.models import create_model
