@@ -364,8 +364,9 @@ def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: s
         result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
                           batch_size=recipe.evaluate.batch_size, predictions=True)
         if against is not None:
-            result["same_images"] = {name: same_images(ctx, record, picked, dataset.labels, result["predictions"])
-                                     for name, record in against.items()}
+            evaluated = test_indices(ctx)   # the float32 graphs' images: their predictions are in this order
+            result["same_images"] = {name: same_images(record, evaluated, picked, dataset.labels,
+                                                       result["predictions"]) for name, record in against.items()}
         return {**result, "graph": graph, "backend": "onnxruntime"}
 
     return step(ctx, label, "evaluate", folder, inputs, work)
@@ -385,16 +386,21 @@ def test_indices(ctx: Context, converted: bool = False):
     pool = picked if picked is not None else torch.arange(len(labels))
     if wanted is None or wanted >= len(pool):
         return picked
-    chosen = balanced_indices(labels[pool], wanted, recipe.seed, ctx.test_set.num_classes).sort().values
+    try:
+        chosen = balanced_indices(labels[pool], wanted, recipe.seed, ctx.test_set.num_classes).sort().values
+    except EdgeError as e:
+        raise EdgeError(f"precision.test_images {wanted}: no class-balanced set of {wanted} among the "
+                        f"{len(pool)} test images the float32 graphs are evaluated on", found=str(e),
+                        fix="lower precision.test_images in the recipe, or set it to null (all of them)") from e
     return pool[chosen]
 
 
-def same_images(ctx: Context, record: StepRecord, picked, labels, predicted: list[int]) -> dict:
+def same_images(record: StepRecord, evaluated, picked, labels, predicted: list[int]) -> dict:
     """A float32 graph's figures on the images a converted graph was evaluated on (``picked``: indices into the
-    test split, None: all), from its evaluation's predictions: its accuracy there and the top-1 agreement."""
+    test split, None: all), from its evaluation's predictions (made on ``evaluated``, None: all, in that order):
+    its accuracy there and the top-1 agreement."""
     reference = torch.tensor(record.result["predictions"])
     if picked is not None:
-        evaluated = test_indices(ctx)   # the float32 graph's images: its predictions are in their order
         reference = reference[picked if evaluated is None else torch.searchsorted(evaluated, picked)]
     ours = torch.tensor(predicted)
     correct = int((reference == labels).sum())

@@ -577,3 +577,22 @@ def test_converted_graphs_are_compared_with_float32_on_the_same_images(story_run
         assert row["same_images"][row["variant"]]["correct"] == int((answers == test.labels[picked]).sum())
         assert row["top1_agreement_with_fp32"] == pytest.approx(float((answers == ours).double().mean()), abs=1e-12)
         assert row["correct"] == int((ours == test.labels[picked]).sum())
+
+
+def test_precision_test_images_without_a_balanced_subset_names_the_recipe_key():
+    """A test split too uneven for a class-balanced subset of precision.test_images (a user's image folder):
+    the error names the key and the fix, not the sampler's own --samples."""
+    from types import SimpleNamespace
+
+    from edge.pipeline.run import test_indices
+
+    labels = torch.tensor([0] + [1] * 50 + [2] * 50)   # one image of class 0: 30 balanced images need 10 of it
+    recipe = SimpleNamespace(evaluate=SimpleNamespace(samples=None), precision=SimpleNamespace(test_images=30),
+                             seed=0)
+    ctx = SimpleNamespace(recipe=recipe, test_set=SimpleNamespace(labels=labels, num_classes=3))
+    assert test_indices(ctx) is None                      # float32 graphs: every image
+    with pytest.raises(EdgeError, match=r"precision.test_images 30: no class-balanced set of 30 among the 101") as e:
+        test_indices(ctx, converted=True)
+    assert "set it to null" in str(e.value) and "class 0 has 1 samples" in str(e.value)
+    recipe.precision.test_images = 3                      # one per class: there is one of class 0
+    assert sorted(labels[test_indices(ctx, converted=True)].tolist()) == [0, 1, 2]
