@@ -566,11 +566,12 @@ def test_converted_graphs_are_compared_with_float32_on_the_same_images(story_run
     _, out, report = story_run
     test = load_dataset("fmnist-mini", "test")
     pool = balanced_indices(test.labels, 200, 0, test.num_classes).sort().values
+    picked = pool[balanced_indices(test.labels[pool], 100, 0, test.num_classes).sort().values]
     for row in report["precision"]:
-        converted = json.loads((out / "variants" / row["variant"] / row["precision"] / "evaluate.done.json").read_text())
-        picked = pool[balanced_indices(test.labels[pool], 100, 0, test.num_classes).sort().values]
+        folder = out / "variants" / row["variant"]
+        converted = json.loads((folder / row["precision"] / "evaluate.done.json").read_text())
         assert converted["result"]["data"] == "fmnist-mini:test[100]"
-        float32 = OnnxClassifier(out / "variants" / row["variant"] / "model.batched.clean.onnx", threads=1)
+        float32 = OnnxClassifier(folder / "model.batched.clean.onnx", threads=1)
         spec = InputSpec.from_data_config(float32.data_config())
         answers = float32(ArrayPreprocess(spec)(test.images[picked])).argmax(-1)
         ours = torch.tensor(converted["result"]["predictions"])
