@@ -307,3 +307,28 @@ def test_with_several_batches_each_batch_is_timed_on_its_own_graphs(tiny, tmp_pa
     row = timed["plans"][0]
     per_batch = [timed["batches"][str(b)]["plans"][0]["speedup"] for b in (1, 2)]
     assert row["speedup"] == pytest.approx(1 / (0.5 / per_batch[0] + 0.5 / per_batch[1]))
+
+
+def test_a_shared_cache_fits_attention_steps_of_every_block_in_one_pass_with_the_same_weights(tiny):
+    """edge plan builds dwconv and attnrm steps block by block: with a shared cache one pass over the calibration
+    images serves every block, and each block's weights are those of compressing it alone, bit for bit."""
+    cache, passes = BuildCache(), {"alone": 0, "shared": 0}
+
+    def counted(kind: str):
+        model = copy.deepcopy(tiny)
+        model.patch_embed.register_forward_pre_hook(lambda *_: passes.__setitem__(kind, passes[kind] + 1))
+        return model
+
+    for block in range(4):
+        for plan in (f"dwconv:blocks={block}", f"attnrm:blocks={block}:init=affine"):
+            config = CompressConfig(plan=plan, data="fmnist-mini", samples=40, batch_size=64)
+            alone, _ = compress(counted("alone"), SOURCE, config)
+            shared, _ = compress(counted("shared"), SOURCE, config, cache=cache)
+            a, b = alone.state_dict(), shared.state_dict()
+            assert a.keys() == b.keys()
+            for key in a:
+                assert torch.equal(a[key], b[key]), (plan, key)
+    # the fits' passes (one batch each): alone, per dwconv plan the attention statistics and the kernel fit, per
+    # attnrm plan the moments; shared, each of those once, whatever the block (compress's own forwards, counting
+    # FLOPs, are the same in both)
+    assert passes["alone"] - passes["shared"] == 4 * (2 + 1) - (2 + 1)

@@ -105,10 +105,25 @@ def collect_attention_moments(model: nn.Module, blocks: list[int], images, spec:
     return {b: m.all_reduce() for b, m in moments.items()}
 
 
+def removable_blocks(model: nn.Module) -> list[int]:
+    """The original blocks whose attention an attnrm step can take (timm's pre-norm Block)."""
+    place, out = positions(model), []
+    for block, i in sorted(place.items()):
+        try:
+            check_block(model.blocks[i], block)
+        except EdgeError:
+            continue
+        out.append(block)
+    return out
+
+
 def fit_affine_attention(model: nn.Module, ridges: dict[int, float], images, spec: InputSpec, *,
-                         batch_size: int = 64) -> tuple[dict[int, AffineAttention], dict]:
-    """One pass over ``images``: the closed-form affine map in place of each listed block's attention."""
-    moments = collect_attention_moments(model, sorted(ridges), images, spec, batch_size=batch_size)
+                         batch_size: int = 64, moments: dict[int, PairMoments] | None = None,
+                         ) -> tuple[dict[int, AffineAttention], dict]:
+    """One pass over ``images``: the closed-form affine map in place of each listed block's attention.
+    ``moments``: :func:`collect_attention_moments` of these blocks (or more) already collected (read only)."""
+    if moments is None:
+        moments = collect_attention_moments(model, sorted(ridges), images, spec, batch_size=batch_size)
     modules, stats = {}, {}
     for block, ridge in ridges.items():
         fitted = fit_map(moments[block], 0, 1, "affine", ridge)

@@ -23,9 +23,11 @@ from edge.compress.method import BuildContext, Built, Method, PlanCheck, check_b
 from edge.compress.methods.attnrm.build import (
     attnrm_records,
     check_block,
+    collect_attention_moments,
     fit_affine_attention,
     place_modules,
     positions,
+    removable_blocks,
     restore_attnrm,
     select_blocks,
 )
@@ -154,8 +156,13 @@ class AttentionRemoval(Method):
                                 fix="leave it out of the attnrm step")
             check_block(model.blocks[place[block]], block)
         ridges = {b: float(s.option("ridge")) for b, s in targets.items() if s.option("init") == "affine"}
+        moments = None
+        if ridges and context.cache is not None:   # edge plan: every block's moments in one pass, for every plan
+            blocks = removable_blocks(model)
+            moments = context.memo(f"{self.name}:moments", lambda: collect_attention_moments(
+                model, blocks, context.calibration, context.spec, batch_size=context.batch_size))
         affine, fits = fit_affine_attention(model, ridges, context.calibration, context.spec,
-                                            batch_size=context.batch_size) if ridges else ({}, {})
+                                            batch_size=context.batch_size, moments=moments) if ridges else ({}, {})
         modules = {b: affine.get(b) for b in targets}
         report = {k: v for k, v in (("selection", selection), ("affine", fits)) if v}
         # every block whose attention goes is "removed" for the methods built later (dwconv:auto skips it)

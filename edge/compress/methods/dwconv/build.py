@@ -8,6 +8,9 @@ the K blocks of lowest ``Sigma_b`` (Eq. 16), scattered selection the K heads of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -175,11 +178,23 @@ def prefix_pool_weights(mean_map: torch.Tensor, heads: tuple[int, ...], head_dim
     return rows.permute(1, 2, 0).repeat_interleave(head_dim, 2)
 
 
+def _replaceable(attn: nn.Module, block: int) -> bool:
+    try:
+        check_attention(attn, block)
+    except EdgeError:
+        return False
+    return True
+
+
 def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: InputSpec, *,
-                 excluded: set[int] = frozenset(), batch_size: int = 32) -> tuple[tuple[DWConvStep, ...],
-                                                                                  dict[int, DepthwiseAttention], dict]:
+                 excluded: set[int] = frozenset(), batch_size: int = 32,
+                 memo: Callable[[str, Callable[[], Any]], Any] | None = None,
+                 ) -> tuple[tuple[DWConvStep, ...], dict[int, DepthwiseAttention], dict]:
     """Resolve, fit and build the replacement modules of ``steps`` on ``model`` (not modified).
 
+    ``memo`` (``BuildContext.memo`` of a shared cache: ``edge plan``): the attention statistics, and the
+    kernel fits of every replaceable block's whole attention in one pass, kept for every later build (each
+    block's normal equations are its own: the same sums as a pass over that block alone).
     Returns the resolved steps, the modules by original block index, and statistics for the manifest.
     """
     info = model_info(model)
@@ -191,7 +206,9 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
     resolved, report, stats = [], {}, None
     needs_stats = any(not s.is_resolved or s.option("init") == "mean" or s.option("prefix") == "pool" for s in steps)
     if needs_stats:
-        stats = collect_attention_stats(model, images, spec, batch_size=batch_size)
+        def collect() -> AttentionStats:
+            return collect_attention_stats(model, images, spec, batch_size=batch_size)
+        stats = memo("dwconv:attention", collect) if memo is not None else collect()
         report["sigma"] = stats.scores()
     fixed = {b for s in steps if s.is_resolved for b in s.touched_blocks}
     for step in steps:
@@ -204,9 +221,17 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
                 raise EdgeError(f"plan step {step}: block {block} has no attention to replace")
             check_attention(attns[block], block)
         k, variant, init, prefix = step.option("k"), step.option("variant"), step.option("init"), step.option("prefix")
-        fits = fit_kernels(model, {b: (h, variant) for b, h in chosen.items()}, images, spec, k=k,
-                           num_prefix_tokens=info.num_prefix_tokens, grid=grid, batch_size=batch_size) \
-            if init == "lsq" else {}
+        def fit(plans: dict[int, tuple[tuple[int, ...], str]]) -> dict[int, KernelFit]:
+            return fit_kernels(model, plans, images, spec, k=k, num_prefix_tokens=info.num_prefix_tokens,
+                               grid=grid, batch_size=batch_size)
+        whole = {b: tuple(range(info.num_heads[b])) for b in attns}
+        fits = {}
+        if init == "lsq" and memo is not None and all(whole.get(b) == h for b, h in chosen.items()):
+            every = {b: (whole[b], variant) for b, attn in attns.items() if _replaceable(attn, b)}
+            shared = memo(f"dwconv:fit:k={k}:{variant}", lambda: fit(every))
+            fits = {b: shared[b] for b in chosen}
+        elif init == "lsq":
+            fits = fit({b: (h, variant) for b, h in chosen.items()})
         step_report = {}
         for block, heads in chosen.items():
             attn = attns[block]

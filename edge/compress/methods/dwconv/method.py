@@ -123,7 +123,8 @@ class DepthwiseConvolution(Method):
 
     def build(self, steps: tuple, context: BuildContext) -> Built:
         resolved, modules, stats = build_dwconv(context.model, steps, context.calibration, context.spec,
-                                                excluded=context.removed, batch_size=context.batch_size)
+                                                excluded=context.removed, batch_size=context.batch_size,
+                                                memo=context.memo if context.cache is not None else None)
         dropped = context.prepared.get(self.name, {}).get("prefix_dropped", False)
         fit = {"dwconv": {**stats, "prefix_dropped": dropped}} if stats else {}
         return Built(resolved, modules, fit)
