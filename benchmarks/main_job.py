@@ -6,7 +6,8 @@ fresh runs agree.
 
 ``--fresh N`` clones this repository (its committed HEAD) into ``WORK/clone``, times ``bash scripts/setup.sh``
 there (the set-up, alone), then times ``bash scripts/main.sh`` N times, each with its own report folder
-(``EDGE_PIPELINE_OUT``: no cache shared between them), then once more into the first folder (nothing
+(``EDGE_PIPELINE_OUT``) and its own edge cache (``EDGE_CACHE_DIR``: INT8 calibration ranges): no cache
+shared between them, then once more into the first folder (nothing
 changed: every step from the cache). Nothing else may run on the machine meanwhile: the runs time graphs
 side by side.
 
@@ -57,11 +58,15 @@ def run_fresh(count: int, work: Path) -> tuple[list[dict], dict, dict]:
     runs = []
     for i in range(1, count + 1):
         out = clone / "runs" / f"pipeline{i}"
-        code, seconds = timed(["bash", "scripts/main.sh"], clone, {"EDGE_PIPELINE_OUT": str(out)},
+        # its own edge cache too (INT8 calibration ranges live in $EDGE_CACHE_DIR, ~/.cache/edge by default):
+        # a first run on a new machine starts without them
+        code, seconds = timed(["bash", "scripts/main.sh"], clone,
+                              {"EDGE_PIPELINE_OUT": str(out), "EDGE_CACHE_DIR": str(work / f"cache{i}")},
                               work / f"main{i}.log")
         runs.append({"folder": str(out), "exit": code, "wall_s": round(seconds, 1)})
         print(f"main job {i}: exit {code}, {seconds:.1f} s", file=sys.stderr)
-    code, cached_s = timed(["bash", "scripts/main.sh"], clone, {"EDGE_PIPELINE_OUT": runs[0]["folder"]},
+    code, cached_s = timed(["bash", "scripts/main.sh"], clone,
+                           {"EDGE_PIPELINE_OUT": runs[0]["folder"], "EDGE_CACHE_DIR": str(work / "cache1")},
                            work / "cached.log")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     return runs, {"exit": code, "wall_s": round(cached_s, 1)}, {"setup_s": round(setup_s, 1), "commit": head}
