@@ -52,7 +52,7 @@ def side_by_side_config(timing: TimingConfig) -> SideBySideConfig:
 
 def ort_factories(paths: dict[str, Path], timing: TimingConfig, batch: int | None = None) -> dict[str, Callable]:
     """name -> a fresh ONNX Runtime session of its graph (``timing.threads`` intra-op threads, pool threads
-    sleeping between calls)."""
+    that stop spinning when a call returns)."""
     return {name: functools.partial(OrtBackend, path, batch=batch, threads=timing.threads, spinning=False)
             for name, path in paths.items()}
 
@@ -88,7 +88,8 @@ def time_parts(parts: list[Part], batch: int, timing: TimingConfig, *, repeat: i
         versions={**versions(), "edge": __version__},
         protocol={**asdict(timing), "per_round": timing.per_round(), "repeat": repeat,
                   "order": "interleaved (edge.profile.sidebyside)",
-                  "provider": "CPUExecutionProvider", "optimization": "ORT_ENABLE_ALL", "spinning": False},
+                  "provider": "CPUExecutionProvider", "optimization": "ORT_ENABLE_ALL",
+                  "spinning": "within a call only (session.force_spinning_stop)"},
         source={"model": source, "parts": len(parts)}, clock=CLOCK)
 
 

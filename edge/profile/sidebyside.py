@@ -51,7 +51,9 @@ class SideBySideConfig:
     seed: int = option(0, minimum=0)
     # ONNX Runtime's pool threads spin-wait after each call by default. With several sessions alive, a
     # pool still spinning steals the cores from the session timed next: on 2 cores, five interleaved
-    # sessions measured a CV of 43 % with spinning and 14 % without (one session alone: 9-17 %)
+    # sessions measured a CV of 43 % with spinning and 14 % without (one session alone: 9-17 %).
+    # False: the threads stop spinning when a call returns (they still spin between a call's operators;
+    # edge.check.compare.ort_session says why not never)
     spinning: bool = False
 
 
