@@ -20,6 +20,7 @@ latency table's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -28,6 +29,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from edge.config import bounds
 from edge.errors import EdgeError
 from edge.latency.measure import TimingConfig, ort_factories, side_by_side_config
 from edge.profile.backends import OrtBackend
@@ -137,6 +139,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings(given) -> SideBySideConfig:
+    """``--settings``: a JSON object of :class:`SideBySideConfig` fields, each checked (name, type, range)."""
+    fields = {f.name: f for f in dataclasses.fields(SideBySideConfig)}
+    if not isinstance(given, dict):
+        raise EdgeError("--settings is not a JSON object", expected=f"{{name: value}} with names among "
+                        f"{', '.join(fields)}", found=json.dumps(given))
+    for key, value in given.items():
+        if key not in fields:
+            raise EdgeError(f"--settings: unknown setting {key!r}", expected=f"one of {', '.join(fields)}",
+                            fix="remove or rename it")
+        default, limits = fields[key].default, bounds(fields[key])
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(default, bool):
+            wrong = not isinstance(value, bool)
+        elif isinstance(default, int):
+            wrong = not numeric or not isinstance(value, int)
+        else:
+            wrong = not (numeric or (value is None and default is None))
+        if wrong or (numeric and limits is not None and not limits.admits(value)):
+            kind = "true or false" if isinstance(default, bool) else "a whole number" \
+                if isinstance(default, int) else "a number"
+            expected = f"{kind}, {limits.describe(key)}" if limits is not None and kind != "true or false" else kind
+            raise EdgeError(f"--settings: {key} = {json.dumps(value)}", expected=expected)
+    return SideBySideConfig(**given)
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Parse ``argv``, check the graphs, time them side by side: :func:`compact` of the summary."""
     from edge.profile.sidebyside import side_by_side
@@ -148,7 +176,7 @@ def run(argv: list[str] | None = None) -> dict:
     for name, path in graphs.items():
         _check_graph(name, path)
     if args.settings is not None:
-        settings = SideBySideConfig(**args.settings)
+        settings = _settings(args.settings)
         factories = {name: functools.partial(OrtBackend, path, batch=args.batch, threads=args.threads, seed=args.seed,
                                              spinning=settings.spinning) for name, path in graphs.items()}
         return side_by_side(factories, args.reference, settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,19 @@ def test_the_entry_point_refuses_a_reference_it_does_not_time(tmp_path, capsys):
     assert main(["--reference", "other", f"original={good}"]) == EdgeError.exit_code
     assert "--reference other" in capsys.readouterr().err
     assert os.path.exists(good)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ('{"roundz": 4}', "unknown setting 'roundz'"),
+    ('{"rounds": 0}', r"rounds = 0.*expected: a whole number, >= 2"),
+    ('{"seed": 1.5}', r"seed = 1.5.*a whole number"),
+    ('{"spinning": "yes"}', "spinning = \"yes\".*true or false"),
+    ('{"iterations": "many"}', "iterations = \"many\""),
+    ('[1, 2]', "not a JSON object"),
+])
+def test_bad_settings_are_named_before_anything_is_timed(tmp_path, capsys, settings, message):
+    graph = matmul_graph(tmp_path / "a.onnx", 8)
+    assert main(["--reference", "original", "--settings", settings, f"original={graph}"]) != 0
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert re.search(message, out.err, re.S), out.err

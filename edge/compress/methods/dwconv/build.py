@@ -213,6 +213,7 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
     fixed = {b for s in steps if s.is_resolved for b in s.touched_blocks}
     for step in steps:
         resolved.append(step if step.is_resolved else select(step, stats, set(excluded) | fixed))
+    whole = {b: tuple(range(info.num_heads[b])) for b in attns}   # every head of a block: what a blocks= step takes
     modules: dict[int, DepthwiseAttention] = {}
     for step in resolved:
         chosen = targets(step, info)
@@ -224,7 +225,6 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
         def fit(plans: dict[int, tuple[tuple[int, ...], str]]) -> dict[int, KernelFit]:
             return fit_kernels(model, plans, images, spec, k=k, num_prefix_tokens=info.num_prefix_tokens,
                                grid=grid, batch_size=batch_size)
-        whole = {b: tuple(range(info.num_heads[b])) for b in attns}
         fits = {}
         if init == "lsq" and memo is not None and all(whole.get(b) == h for b, h in chosen.items()):
             every = {b: (whole[b], variant) for b, attn in attns.items() if _replaceable(attn, b)}
