@@ -28,8 +28,9 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "clean": ("edge.graph",),
     "verify": ("edge.check.verify", "edge.check.onnx_classifier", "edge.compress", "edge.data", "edge.models"),
     "evaluate": ("edge.check.accuracy", "edge.check.onnx_classifier", "edge.data"),
-    # edge.check.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision
-    "profile": ("edge.profile", "edge.runtime", "edge.check.compare", "edge.onnx_metadata"),
+    # edge.check.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision;
+    # edge.latency.fresh: the new process the graphs are timed in
+    "profile": ("edge.profile", "edge.runtime", "edge.check.compare", "edge.onnx_metadata", "edge.latency.fresh"),
     "plan": ("edge.planner", "edge.latency", "edge.compress", "edge.analysis", "edge.data", "edge.models"),
     "estimate": ("edge.latency", "edge.models"),
     "quantize": ("edge.precision", "calib", "edge.check.accuracy", "edge.check.compare", "edge.data"),
@@ -49,7 +50,7 @@ def source_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-def _file(name: str, root: Path) -> Path | None:
+def module_file(name: str, root: Path) -> Path | None:
     """The source file of module ``name`` under ``root`` (a package's ``__init__.py``), or None."""
     path = root.joinpath(*name.split("."))
     for candidate in (path / "__init__.py", path.with_suffix(".py")):
@@ -60,7 +61,7 @@ def _file(name: str, root: Path) -> Path | None:
 
 def declared_files(name: str, root: Path, step: str) -> set[Path]:
     """The source files a declared name stands for: a module, or every module of a package."""
-    file = _file(name, root)
+    file = module_file(name, root)
     if file is None:
         raise InternalError(f"the {step} step's code names {name}, which does not exist under {root}; "
                             f"name the module that now holds that code in STEP_CODE ({__name__})")
@@ -85,10 +86,10 @@ def module_level_imports(file: Path, root: Path) -> set[Path]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             # ``from edge.x import y``: the module edge.x.y if there is one, else edge.x
-            names = [f"{base}.{alias.name}" if _file(f"{base}.{alias.name}", root) else base for alias in node.names]
+            names = [f"{base}.{alias.name}" if module_file(f"{base}.{alias.name}", root) else base for alias in node.names]
         else:
             continue
-        found |= {path for name in names if name.split(".")[0] in FIRST_PARTY and (path := _file(name, root))}
+        found |= {path for name in names if name.split(".")[0] in FIRST_PARTY and (path := module_file(name, root))}
     return found
 
 

@@ -1,5 +1,6 @@
 """The step cache keys on the code a step runs: an edited pass, exporter or helper redoes what it computes."""
 
+import ast
 import shutil
 from pathlib import Path
 
@@ -9,9 +10,11 @@ from edge.errors import InternalError
 from edge.pipeline.cache import StepCache
 from edge.pipeline.fingerprint import (
     EVERY_STEP,
+    FIRST_PARTY,
     STEP_CODE,
     code_fingerprint,
     declared_files,
+    module_file,
     source_root,
     step_files,
 )
@@ -118,3 +121,42 @@ def test_first_party_code_outside_edge_is_followed(tree):
     stats.write_text(stats.read_text() + "\n# edited\n")
     after = _keys(tree)
     assert after["profile"] != before["profile"] and after["clean"] == before["clean"]
+
+
+def _step_names(function: ast.FunctionDef) -> set[str]:
+    """The steps ``function`` runs: ``step(ctx, variant, "NAME", ...)`` or ``self._step("NAME", ...)`` calls."""
+    found = set()
+    for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
+        callee = getattr(call.func, "id", None) or getattr(call.func, "attr", None)
+        args = call.args[2:3] if callee == "step" else call.args[:1] if callee == "_step" else []
+        found |= {a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return found
+
+
+def _imported_inside(function: ast.FunctionDef, root: Path) -> set[str]:
+    """The first-party modules imported inside ``function`` (the fingerprint follows only module-level imports)."""
+    found = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FIRST_PARTY:
+            found |= {f"{node.module}.{a.name}" if module_file(f"{node.module}.{a.name}", root) else node.module
+                      for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in FIRST_PARTY}
+    return found
+
+
+def test_every_module_a_step_imports_inside_its_function_is_in_its_fingerprint():
+    # the profile step imported edge.latency.fresh (the process its graphs are timed in) inside its work function,
+    # and no step declared it: editing how the graphs are timed kept the old timings
+    root = source_root()
+    run = root / "edge/pipeline/run.py"
+    checked = set()
+    for function in (n for n in ast.walk(ast.parse(run.read_text())) if isinstance(n, ast.FunctionDef)):
+        steps = _step_names(function) if function.name not in ("step", "_step") else set()
+        for name in steps:
+            files = set(step_files(name, root))
+            for module in _imported_inside(function, root):
+                assert module_file(module, root) in files, f"{function.name}: the {name} step imports {module}"
+        checked |= steps
+    assert checked == set(STEPS)   # every step found in run.py, so none escaped the check
+    assert root / "edge/latency/fresh.py" in step_files("profile", root)
