@@ -86,7 +86,8 @@ def module_level_imports(file: Path, root: Path) -> set[Path]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             # ``from edge.x import y``: the module edge.x.y if there is one, else edge.x
-            names = [f"{base}.{alias.name}" if module_file(f"{base}.{alias.name}", root) else base for alias in node.names]
+            names = [f"{base}.{alias.name}" if module_file(f"{base}.{alias.name}", root) else base
+                     for alias in node.names]
         else:
             continue
         found |= {path for name in names if name.split(".")[0] in FIRST_PARTY and (path := module_file(name, root))}
