@@ -15,6 +15,12 @@ prints the summary as JSON::
 A speedup is the median over rounds of the per-round ratio of medians (reference / graph), with its
 seeded bootstrap interval; the same protocol (:func:`edge.latency.measure.side_by_side_config`) as a
 latency table's.
+
+A process's own state moves every graph it times a little, and a new process draws it again: ``edge
+pipeline`` splits its session sets between several new processes (:func:`time_fresh_settings` with
+``processes``; each runs ``--sets FIRST:COUNT`` and prints its raw timings) and pools them. Timing one main-job
+run's eleven graphs again three times (benchmarks/profile_repeatability.py) moved a speedup by up to 6.6 % with
+all five sets in one process and by up to 3.0 % with one set per process, in the same time.
 """
 
 from __future__ import annotations
@@ -58,13 +64,45 @@ def time_fresh(graphs: dict[str, Path], reference: str, timing: TimingConfig, ba
 
 
 def time_fresh_settings(graphs: dict[str, Path], reference: str, settings: SideBySideConfig, threads: int,
-                        seed: int = 0) -> dict:
+                        seed: int = 0, processes: int = 1) -> dict:
     """:func:`time_fresh` with every setting of the interleaving given (``edge pipeline``'s profile step): the
     whole summary of :func:`edge.profile.sidebyside.side_by_side` (every graph's timed calls' statistics), with
-    ``process``. ``seed``: the random input's (the interleaving's own is ``settings.seed``)."""
-    args = [sys.executable, "-m", MODULE, "--reference", reference, "--threads", str(threads), "--seed", str(seed),
-            "--settings", json.dumps(asdict(settings), sort_keys=True)]
-    return _in_child(graphs, reference, args + [f"{name}={path}" for name, path in graphs.items()])
+    ``process``. ``seed``: the random input's (the interleaving's own is ``settings.seed``).
+
+    ``processes`` > 1: the session sets are split between that many new processes, one after the other (each
+    runs its sets as one process would: the same creation orders and turn orders), and their timings pooled
+    into one summary. A process's own state (its heap, its thread pools, where its memory landed) moves every
+    graph it times a little; one process gives one draw of it, several average it out. The count of timed
+    calls per round (``settings.iterations`` None: from the first process's warm-up) is the same in all.
+    """
+    from edge.profile.sidebyside import finish
+
+    if not 1 <= processes <= settings.sessions:
+        raise EdgeError(f"{processes} processes for {settings.sessions} session sets",
+                        expected="from 1 to the number of session sets", fix="lower the processes or raise sessions")
+    base = [sys.executable, "-m", MODULE, "--reference", reference, "--threads", str(threads), "--seed", str(seed)]
+    named = [f"{name}={path}" for name, path in graphs.items()]
+    if processes == 1:
+        return _in_child(graphs, reference, base + ["--settings", json.dumps(asdict(settings), sort_keys=True)] + named)
+    parts: list[dict] = []
+    commands: list[list[str]] = []
+    iterations = settings.iterations
+    for chunk in _chunks(settings.sessions, processes):
+        given = settings if iterations is None else dataclasses.replace(settings, iterations=iterations)
+        args = base + ["--settings", json.dumps(asdict(given), sort_keys=True), "--sets",
+                       f"{chunk.start}:{len(chunk)}"] + named
+        parts.append(_in_child(graphs, reference, args))
+        commands.append(args[1:])
+        iterations = parts[0]["timed"]["iterations"]
+    return {**finish(parts, reference, settings),
+            "process": {"command": commands[0], "commands": commands, "python": sys.executable, "fresh": True,
+                        "processes": processes}}
+
+
+def _chunks(sessions: int, processes: int) -> list[range]:
+    """``range(sessions)`` cut into ``processes`` consecutive parts, their sizes within one of each other."""
+    edges = [i * sessions // processes for i in range(processes + 1)]
+    return [range(a, b) for a, b in zip(edges, edges[1:])]
 
 
 def _in_child(graphs: dict[str, Path], reference: str, args: list[str]) -> dict:
@@ -136,7 +174,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--settings", type=json.loads, help="every setting of the interleaving as JSON (the fields "
                         "of edge.profile.sidebyside.SideBySideConfig; --warmup, --iterations, --rounds and --sessions "
                         "are then unused, --seed seeds the random input): prints the whole summary")
+    parser.add_argument("--sets", type=_sets, metavar="FIRST:COUNT", help="with --settings: run only these session "
+                        "sets and print their raw timings (what time_fresh_settings pools from several processes)")
     return parser
+
+
+def _sets(text: str) -> range:
+    first, sep, count = text.partition(":")
+    if not sep or not first.isdigit() or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIRST:COUNT, e.g. 0:2 (whole numbers, COUNT >= 1)")
+    return range(int(first), int(first) + int(count))
 
 
 def _settings(given) -> SideBySideConfig:
@@ -167,7 +214,7 @@ def _settings(given) -> SideBySideConfig:
 
 def run(argv: list[str] | None = None) -> dict:
     """Parse ``argv``, check the graphs, time them side by side: :func:`compact` of the summary."""
-    from edge.profile.sidebyside import side_by_side
+    from edge.profile.sidebyside import side_by_side, time_sets
 
     args = _parser().parse_args(argv)
     graphs = dict(args.graphs)
@@ -175,11 +222,19 @@ def run(argv: list[str] | None = None) -> dict:
         raise EdgeError(f"--reference {args.reference}", expected=f"one of the graphs' names ({', '.join(graphs)})")
     for name, path in graphs.items():
         _check_graph(name, path)
+    if args.sets is not None and args.settings is None:
+        raise EdgeError("--sets without --settings", fix="give every setting with --settings as well")
     if args.settings is not None:
         settings = _settings(args.settings)
         factories = {name: functools.partial(OrtBackend, path, batch=args.batch, threads=args.threads, seed=args.seed,
                                              spinning=settings.spinning) for name, path in graphs.items()}
-        return side_by_side(factories, args.reference, settings)
+        if args.sets is None:
+            return side_by_side(factories, args.reference, settings)
+        if args.sets.stop > settings.sessions:
+            raise EdgeError(f"--sets {args.sets.start}:{len(args.sets)}",
+                            expected=f"session sets among 0 to {settings.sessions - 1} (settings: sessions = "
+                                     f"{settings.sessions})")
+        return time_sets(factories, args.reference, settings, args.sets)
     timing = TimingConfig(threads=args.threads, warmup=args.warmup, iterations=args.iterations,
                           rounds=args.rounds, sessions=args.sessions, seed=args.seed)
     return compact(side_by_side(ort_factories(graphs, timing, args.batch), args.reference,

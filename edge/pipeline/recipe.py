@@ -45,6 +45,16 @@ class EvaluateKeys:
 
 
 @dataclass(frozen=True)
+class ProfileKeys:
+    """The profile section's key that only the pipeline has (the rest are ``SideBySideConfig`` fields)."""
+
+    # new processes the session sets are split between (edge.latency.fresh.time_fresh_settings), at most
+    # `sessions`; None: one per session set. Each process's own state moves its timings a little, several
+    # average it out
+    processes: int | None = option(None, minimum=1)
+
+
+@dataclass(frozen=True)
 class PlanKeys:
     """The plan section's key that only the pipeline has (the rest: ``SearchConfig`` and ``TargetConfig`` fields)."""
 
@@ -118,8 +128,8 @@ SECTIONS = {
                         # per 10,000 images against 44 s at 500; the activations of a batch stay in cache)
                         defaults={"batch_size": 64}),
     "profile": Section("edge.profile.sidebyside:SideBySideConfig",
-                       ("warmup", "rounds", "sessions", "iterations", "turn_ms", "aa_tolerance",
-                                                                 "spinning")),
+                       ("warmup", "rounds", "sessions", "processes", "iterations", "turn_ms", "aa_tolerance",
+                        "spinning"), own=ProfileKeys),
     # optional sections (None unless the recipe has them): the planner, precision, the Orin estimate, the bundle
     "plan": Section("edge.planner.search:SearchConfig",
                     ("name", "budget", "backend", "table", "precision", "power_mode", "batch", "samples", "holdout",
@@ -403,6 +413,10 @@ def check_stages(recipe: Recipe) -> None:
             _one_of(name, every, source, f"{key}.variants[{i}]")
         for i, precision in enumerate(section.precisions):
             _one_of(precision, allowed, source, f"{key}.precisions[{i}]")
+    if recipe.profile.processes is not None and recipe.profile.processes > recipe.profile.sessions:
+        raise EdgeError(f"{_where(source, 'profile.processes')}: {recipe.profile.processes} processes for "
+                        f"{recipe.profile.sessions} session sets", expected="at most profile.sessions (each process "
+                        "runs one or more whole session sets)", fix="lower profile.processes or raise profile.sessions")
     if recipe.estimate is not None:
         _one_of(recipe.estimate.power_mode, tuple(orin.MODES), source, "estimate.power_mode")
         _one_of(recipe.estimate.precision, orin.PRECISIONS, source, "estimate.precision")

@@ -169,6 +169,7 @@ def latency_summary(latency, ctx) -> dict:
         "iterations_per_round": result["iterations_per_round"],
         "timed_calls_per_variant": aa["latency"]["iterations"],
         "creation_orders": result["creation_orders"],
+        "processes": result.get("process", {}).get("processes", 1),
         "onnxruntime": aa["backend"].get("onnxruntime"),
         "threads": aa["backend"].get("threads"),
         "hardware": result["hardware"],
@@ -325,6 +326,15 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
     return rows
 
 
+def _processes(lat: dict, settings: dict) -> str:
+    """How the session sets were spread over new processes, for the latency conditions' sentence."""
+    processes = lat.get("processes", 1)
+    if processes <= 1:
+        return " in one new process"
+    each = "one" if processes == settings["sessions"] else "one or more"
+    return f", {each} per new process ({processes} processes, one after the other, their timings pooled)"
+
+
 def latency_conditions(report: dict) -> list[str]:
     """How latency was measured, and what the A/A control says about the run (ranked, or too noisy)."""
     lat, first, hw = report["latency"], report["variants"][0], report["hardware"]
@@ -336,7 +346,7 @@ def latency_conditions(report: dict) -> list[str]:
         f"time as its own variant) side by side in one run: {p['backend']} {lat['onnxruntime']} on the {p['device']} "
         f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, "
         f"{plural(lat['threads'], 'intra-op thread')}; {s['sessions']} session sets created afresh in rotated "
-        f"order, each with {s['warmup']} warm-up "
+        f"order{_processes(lat, s)}, each with {s['warmup']} warm-up "
         f"calls per variant; {s['rounds']} rounds of {lat['iterations_per_round']} timed calls per variant, the "
         f"order shuffled each round, seeded ({lat['timed_calls_per_variant']} timed calls per variant, "
         f"{lat['seconds']:.0f} s); {lat['clock']}. Median and spread over a variant's timed calls."

@@ -508,9 +508,11 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
 
         # in a new interpreter, as edge plan times its front (edge.latency.fresh: a process after a plan search
         # timed its plan 2.19x, a new one 1.87-1.91x): this one's heap and thread pools are not a user's
-        config = SideBySideConfig(**dataclasses.asdict(recipe.profile), seed=recipe.seed)
+        settings = dataclasses.asdict(recipe.profile)
+        processes = settings.pop("processes") or recipe.profile.sessions    # None: one per session set
+        config = SideBySideConfig(**settings, seed=recipe.seed)
         summary = time_fresh_settings({name: path for name, (path, _) in graphs.items()}, reference, config,
-                                      recipe.threads, seed=recipe.seed)
+                                      recipe.threads, seed=recipe.seed, processes=processes)
         return {**summary, "graph": graph}
 
     return step(ctx, SHARED, "profile", ctx.out, inputs, work)

@@ -30,7 +30,7 @@ import numpy as np
 
 from edge.config import option
 from edge.profile.backends import Backend
-from edge.profile.contention import CpuContention
+from edge.profile.contention import BUSY_SHARE, CpuContention
 from edge.profile.stats import latency_stats
 
 AA_SUFFIX = " (A/A)"  # the control's name: the reference's name plus this (no variant name has a space)
@@ -69,8 +69,11 @@ def _iterations(config: SideBySideConfig, warmup_ms: list[float]) -> int:
     return max(3, min(200, round(config.turn_ms / max(typical, 1e-3))))
 
 
-def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideConfig) -> dict:
-    """Time the backends side by side (see the module docstring).
+def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideConfig,
+               sets: range | None = None) -> dict:
+    """Time the backends side by side (see the module docstring). ``sets``: which of ``config.sessions`` session
+    sets to run (default: all); each set's creation order and turn orders depend only on its index and the
+    seed, so sets run in different processes (:mod:`edge.latency.fresh`) are the sets one process would run.
 
     Returns ``{"latencies": name -> every timed call (ms), "round_medians": name -> each round's
     median, "round_sets": each round's session set, "batches", "describe": name -> backend.describe(),
@@ -85,9 +88,9 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
     orders = []
     iterations = config.iterations
     per_set = max(1, config.rounds // config.sessions)
-    shuffle = np.random.default_rng(config.seed)
     turn_orders: list[list[str]] = []
-    for s in range(config.sessions):
+    for s in range(config.sessions) if sets is None else sets:
+        shuffle = np.random.default_rng([config.seed, s])
         created = _rotated(names, s)
         orders.append(created)
         backends = {name: factories[name]() for name in created}
@@ -176,21 +179,65 @@ def summarize(timed: dict, reference: str, config: SideBySideConfig) -> dict:
             "creation_orders": timed["creation_orders"], "method": METHOD}
 
 
-def side_by_side(factories: dict[str, Callable[[], Backend]], reference: str,
-                 config: SideBySideConfig | None = None) -> dict:
-    """Time ``factories``' backends side by side with an A/A control of ``reference``; see :func:`summarize`."""
-    from edge import __version__
-    from edge.runtime import hardware
-
-    config = config or SideBySideConfig()
+def with_aa_control(factories: dict[str, Callable[[], Backend]], reference: str) -> dict[str, Callable[[], Backend]]:
+    """``factories`` and the reference's A/A copy (named ``reference + AA_SUFFIX``), timed as one more backend."""
     if reference not in factories:
         from edge.errors import InternalError
 
         raise InternalError(f"side_by_side: the reference {reference!r} is not among {sorted(factories)}")
-    factories = {**factories, reference + AA_SUFFIX: factories[reference]}
+    return {**factories, reference + AA_SUFFIX: factories[reference]}
+
+
+def time_sets(factories: dict[str, Callable[[], Backend]], reference: str, config: SideBySideConfig,
+              sets: range | None = None) -> dict:
+    """Session sets ``sets`` (default: all) of the interleaving with the A/A control, and the CPU contention meanwhile:
+    ``{"timed": interleave's result, "contention", "seconds"}``, what :func:`finish` pools and summarizes."""
     started = time.perf_counter()
     with CpuContention() as contention:
-        timed = interleave(factories, config)
-    return {**summarize(timed, reference, config), "settings": asdict(config),
-            "seconds": time.perf_counter() - started, "contention": contention.result(),
+        timed = interleave(with_aa_control(factories, reference), config, sets)
+    return {"timed": timed, "contention": contention.result(), "seconds": time.perf_counter() - started}
+
+
+def pooled(parts: list[dict]) -> dict:
+    """The timings of several :func:`time_sets` parts (disjoint session sets, in order) as one interleaving's."""
+    first = parts[0]["timed"]
+    if len(parts) == 1:
+        return first
+    names = list(first["latencies"])
+    return {"latencies": {n: [x for p in parts for x in p["timed"]["latencies"][n]] for n in names},
+            "round_medians": {n: [x for p in parts for x in p["timed"]["round_medians"][n]] for n in names},
+            "round_sets": [s for p in parts for s in p["timed"]["round_sets"]],
+            "describe": first["describe"], "weight_bytes": first["weight_bytes"], "iterations": first["iterations"],
+            "creation_orders": [o for p in parts for o in p["timed"]["creation_orders"]],
+            "turn_orders": [o for p in parts for o in p["timed"]["turn_orders"]]}
+
+
+def _contention(parts: list[dict]) -> dict:
+    """The parts' CPU contention as one: shares weighted by each part's seconds."""
+    found = [p["contention"] for p in parts]
+    if len(found) == 1:
+        return found[0]
+    seconds = sum(c["seconds"] for c in found)
+    others = [c["other_cpu_share"] for c in found]
+    other = None if None in others else round(sum(o * c["seconds"] for o, c in zip(others, found)) / seconds, 4)
+    return {**found[0], "other_cpu_share": other, "seconds": round(seconds, 3),
+            "own_cpu_share": round(sum(c["own_cpu_share"] * c["seconds"] for c in found) / seconds, 4),
+            "busy": None if other is None else other > BUSY_SHARE, "processes": len(found)}
+
+
+def finish(parts: list[dict], reference: str, config: SideBySideConfig) -> dict:
+    """:func:`summarize` of the pooled parts, with the settings, seconds, contention, clock, hardware and version."""
+    from edge import __version__
+    from edge.runtime import hardware
+
+    return {**summarize(pooled(parts), reference, config), "settings": asdict(config),
+            "seconds": sum(p["seconds"] for p in parts), "contention": _contention(parts),
             "clock": "time.perf_counter (host, synchronous calls)", "hardware": hardware(), "edge": __version__}
+
+
+def side_by_side(factories: dict[str, Callable[[], Backend]], reference: str,
+                 config: SideBySideConfig | None = None) -> dict:
+    """Time ``factories``' backends side by side with an A/A control of ``reference``, in this process; see
+    :func:`summarize`."""
+    config = config or SideBySideConfig()
+    return finish([time_sets(factories, reference, config)], reference, config)

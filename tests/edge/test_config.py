@@ -79,7 +79,8 @@ def test_every_numeric_recipe_key_has_a_range():
     assert unranged == set()
     assert ranged == {"calibration.samples", "calibration.holdout", "analysis.samples", "export.batch", "export.opset",
                       "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations",
-                      "profile.rounds", "profile.sessions", "profile.turn_ms", "profile.aa_tolerance",
+                      "profile.rounds", "profile.sessions", "profile.processes", "profile.turn_ms",
+                      "profile.aa_tolerance",
                       "plan.budget", "plan.batch", "plan.samples", "plan.holdout", "plan.shortlist", "plan.refresh",
                       "plan.min_step",
                       "precision.samples", "precision.gate_images", "precision.static_gate_images", "precision.test_images",
@@ -99,6 +100,10 @@ REFUSED = {
     "library field the pipeline sets": ({"export": {"dynamic_batch": True}}, "unknown key export.'dynamic_batch'",
                                         "one of batch, opset"),
     "misspelt key": ({"profile": {"iters": 5}}, "unknown key profile.'iters'", "did you mean 'iterations'"),
+    "no processes": ({"profile": {"processes": 0}}, "key profile.processes is out of range", ">= 1"),
+    "more processes than session sets": ({"profile": {"sessions": 2, "processes": 3}},
+                                         "key profile.processes: 3 processes for 2 session sets",
+                                         "at most profile.sessions", "lower profile.processes or raise"),
 }
 
 

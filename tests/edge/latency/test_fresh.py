@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -109,3 +110,35 @@ def test_bad_settings_are_named_before_anything_is_timed(tmp_path, capsys, setti
     out = capsys.readouterr()
     assert out.out == ""
     assert re.search(message, out.err, re.S), out.err
+
+
+def test_session_sets_split_between_processes_pool_into_one_summary(tmp_path):
+    """edge pipeline's profile step: one session set per new process, the same count of calls in each, pooled."""
+    graphs = {"original": matmul_graph(tmp_path / "big.onnx", 64), "w": matmul_graph(tmp_path / "small.onnx", 8)}
+    settings = SideBySideConfig(warmup=1, rounds=6, sessions=3, turn_ms=2.0, resamples=100, seed=3)
+    timed = time_fresh_settings(graphs, "original", settings, threads=1, processes=2)
+    assert timed["settings"] == {**settings.__dict__}                       # iterations: None, as given
+    commands = timed["process"]["commands"]
+    assert timed["process"]["processes"] == 2 and len(commands) == 2
+    assert [c[c.index("--sets") + 1] for c in commands] == ["0:1", "1:2"]   # sets 0 | 1, 2
+    later = json.loads(commands[1][commands[1].index("--settings") + 1])
+    assert later["iterations"] == timed["iterations_per_round"]             # the first process's count, kept
+    assert timed["creation_orders"] == [["original", "w", "original (A/A)"], ["w", "original (A/A)", "original"],
+                                        ["original (A/A)", "original", "w"]]
+    for name in (*graphs, "original (A/A)"):
+        latency = timed["variants"][name]["latency"]
+        assert len(latency["round_medians_ms"]) == 6 and latency["iterations"] == 6 * timed["iterations_per_round"]
+    assert timed["contention"]["processes"] == 2 and timed["variants"]["original"]["speedup"]["speedup"] == 1.0
+
+
+def test_processes_are_checked_against_the_session_sets(tmp_path, capsys):
+    graph = matmul_graph(tmp_path / "a.onnx", 8)
+    settings = SideBySideConfig(warmup=0, rounds=2, sessions=1, iterations=1)
+    with pytest.raises(EdgeError, match="2 processes for 1 session sets"):
+        time_fresh_settings({"original": graph}, "original", settings, threads=1, processes=2)
+    given = json.dumps({"rounds": 4, "sessions": 2})
+    assert main(["--reference", "original", "--settings", given, "--sets", "1:2", f"original={graph}"]) != 0
+    out = capsys.readouterr()
+    assert out.out == "" and "--sets 1:2" in out.err and "session sets among 0 to 1" in out.err
+    assert main(["--reference", "original", "--sets", "0:1", f"original={graph}"]) != 0
+    assert "--sets without --settings" in capsys.readouterr().err

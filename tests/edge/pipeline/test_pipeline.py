@@ -83,6 +83,10 @@ def test_report_files_and_fields(first_run):
     assert timing["noisy"] == (aa["deviation"] > 0.03) and timing["settings"]["aa_tolerance"] == 0.03
     assert timing["onnxruntime"] == report["versions"]["onnxruntime"] and timing["threads"] == 2
     assert timing["settings"]["warmup"] == 2 and timing["iterations_per_round"] == 5
+    # processes: null, so each of the 2 session sets in its own new process, pooled into one comparison
+    assert timing["processes"] == 2 and timing["contention"]["processes"] == 2
+    assert "one per new process (2 processes, one after the other, their timings pooled)" in \
+        (out / "report.md").read_text()
     assert original["accuracy_delta_pt"] == 0.0
     assert lin["accuracy_delta_pt"] == pytest.approx(100 * (lin["accuracy"] - original["accuracy"]), abs=1e-6)
     assert (out / lin["artifact"] / "edge-model.json").is_file() and original["artifact"] is None

@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 
+from edge.errors import InternalError
 from edge.profile.sidebyside import (
     AA_SUFFIX,
     SideBySideConfig,
     aa_deviation,
+    finish,
     interleave,
+    pooled,
     side_by_side,
     speedup_interval,
     summarize,
@@ -131,3 +134,30 @@ def test_side_by_side_adds_the_aa_control():
     assert result["settings"]["rounds"] == 4 and result["iterations_per_round"] == 2
     assert set(result["contention"]) >= {"other_cpu_share", "busy"} and "cpu" in result["hardware"]
     assert [n for e, n in journal if e == "create"].count("ref") == 4  # the reference and its A/A copy, twice
+
+
+def test_a_slice_of_session_sets_is_those_sets_of_the_whole_run_and_the_parts_pool_into_it():
+    """Session sets run apart (edge.latency.fresh, one process each) get the creation and turn orders the same sets
+    get in one run, and pooled they are that run's timings."""
+    config = SideBySideConfig(warmup=1, rounds=6, sessions=3, iterations=2, seed=4)
+    names = ["a", "b", "a" + AA_SUFFIX]
+    whole = interleave(_factories(names, []), config)
+    parts = [{"timed": interleave(_factories(names, []), config, range(s, s + n)),
+              "contention": {"other_cpu_share": share, "own_cpu_share": 0.9, "seconds": seconds, "busy": False},
+              "seconds": seconds} for (s, n), share, seconds in (((0, 1), 0.0, 1.0), ((1, 2), 0.09, 3.0))]
+    assert parts[1]["timed"]["creation_orders"] == whole["creation_orders"][1:]
+    assert parts[1]["timed"]["round_sets"] == [1, 1, 2, 2]
+    together = pooled(parts)
+    assert together["turn_orders"] == whole["turn_orders"] and together["creation_orders"] == whole["creation_orders"]
+    assert together["round_sets"] == whole["round_sets"]
+    assert {n: len(v) for n, v in together["round_medians"].items()} == dict.fromkeys(names, 6)
+    summary = finish(parts, "a", config)
+    assert summary["seconds"] == 4.0 and summary["variants"]["b"]["latency"]["iterations"] == 12
+    contention = summary["contention"]
+    assert contention["other_cpu_share"] == pytest.approx(0.0675) and contention["busy"]   # (0 + 3 * 0.09) / 4
+    assert contention["processes"] == 2
+
+
+def test_side_by_side_refuses_a_reference_it_does_not_time():
+    with pytest.raises(InternalError, match="the reference 'z' is not among"):
+        side_by_side(_factories(["a"], []), "z", SideBySideConfig(warmup=0, rounds=2, sessions=1, iterations=1))
