@@ -74,7 +74,8 @@ def repeat(protocol: str, options: list[str], settings: dict, graphs: dict[str, 
     summary = time_fresh_settings(graphs, reference, config, int(threads), seed=int(seed),
                                   processes=config.sessions if protocol == "split" else 1)
     return {"speedups": {n: v["speedup"]["speedup"] for n, v in summary["variants"].items()},
-            "aa_control": summary["aa_control"]["speedup"], "seconds": round(time.perf_counter() - started, 1)}
+            "aa_control": summary["aa_control"]["speedup"], "contention": summary["contention"],
+            "seconds": round(time.perf_counter() - started, 1)}
 
 
 def markdown(result: dict) -> str:
@@ -86,8 +87,10 @@ def markdown(result: dict) -> str:
              "benchmarks/profile_repeatability.py's docstring. Spread: largest over smallest speedup, minus 1 "
              "(issue 32's limit: 5 %).", ""]
     for protocol, p in result["protocols"].items():
+        others = ", ".join("-" if o is None else f"{100 * o:.2f} %" for o in p["other_cpu_share"])
         lines += [f"## {protocol}: {', '.join(f'{s:.0f} s' for s in p['seconds'])} a repeat; largest spread "
                   f"{100 * p['largest_spread']:.1f} % ({p['worst']})", "",
+                  f"Other processes' share of the CPUs while each repeat timed: {others}.", "",
                   "| graph | speedup (each repeat) | spread |", "|---|---|---|"]
         lines += [f"| {name} | {' / '.join(f'{s:.3f}x' for s in g['speedup'])} | {100 * g['spread']:.1f} % |"
                   for name, g in p["graphs"].items()]
@@ -114,6 +117,7 @@ def main() -> int:
         table = {name: {"speedup": s, "spread": max(s) / min(s) - 1} for name, s in rows.items()}
         worst = max(table, key=lambda n: table[n]["spread"])
         protocols[protocol] = {"graphs": table, "seconds": [r["seconds"] for r in repeats], "worst": worst,
+                               "other_cpu_share": [r["contention"]["other_cpu_share"] for r in repeats],
                                "largest_spread": table[worst]["spread"],
                                "within_5pct": all(g["spread"] <= SPREAD_LIMIT for g in table.values())}
         print(f"{protocol}: largest spread {100 * table[worst]['spread']:.1f} % ({worst})", flush=True)
