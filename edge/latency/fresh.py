@@ -19,8 +19,9 @@ latency table's.
 A process's own state moves every graph it times a little, and a new process draws it again: ``edge
 pipeline`` splits its session sets between several new processes (:func:`time_fresh_settings` with
 ``processes``; each runs ``--sets FIRST:COUNT`` and prints its raw timings) and pools them. Timing one main-job
-run's eleven graphs again three times (benchmarks/profile_repeatability.py) moved a speedup by up to 6.6 % with
-all five sets in one process and by up to 3.0 % with one set per process, in the same time.
+run's eleven graphs again five times (benchmarks/profile_repeatability.py) moved a speedup by up to 12.5 % with
+all five sets in one process and by up to 7.5 % with one set per process (each time one slow repeat), for
+a few seconds more (77 s against 74 s a repeat).
 """
 
 from __future__ import annotations
