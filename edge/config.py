@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass
 
 #: Common upper limits: a value beyond them is a typo, not a setting (and would fail deep inside a library).
@@ -83,3 +85,41 @@ def bounds(field: dataclasses.Field) -> Bounds | None:
     keys = {k: field.metadata[k] for k in ("minimum", "above", "below", "maximum") if k in field.metadata}
     return Bounds(**keys) if keys else None
 
+
+
+def type_name(hint) -> str:
+    """How a message names the type ``hint`` of a config field: "an integer", "a number or null", ..."""
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[base]
+    return f"{name} or null" if type(None) in typing.get_args(hint) else name
+
+
+def checked_value(value, hint, where: str, name: str, limits: Bounds | None = None):
+    """``value`` (from YAML or JSON) checked against a config field's type ``hint`` and range ``limits``, as the
+    field takes it (a list as a tuple, an integer for a float field as a float); else an EdgeError "``where`` has the
+    wrong type" or "is out of range" (the range described for ``name``). The recipe and ``edge.latency.fresh
+    --settings`` check their values with it."""
+    from edge.errors import EdgeError
+
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
+    if value is None and optional:
+        return None
+    if typing.get_origin(base) is tuple:   # tuple[str, ...]: a YAML list of strings
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+            raise EdgeError(f"{where} has the wrong type", expected="a non-empty list of strings",
+                            found=f"{value!r} ({type(value).__name__})")
+        return tuple(value)
+    ok = (base is bool and isinstance(value, bool)) or \
+         (base is int and isinstance(value, int) and not isinstance(value, bool)) or \
+         (base is float and isinstance(value, (int, float)) and not isinstance(value, bool)) or \
+         (base is str and isinstance(value, str) and value.strip() != "")
+    if not ok:
+        raise EdgeError(f"{where} has the wrong type", expected=type_name(hint),
+                        found=f"{value!r} ({type(value).__name__})")
+    if base in (int, float) and limits is not None and not limits.admits(value):
+        raise EdgeError(f"{where} is out of range", expected=limits.describe(name), found=str(value))
+    return float(value) if base is float else value

@@ -33,10 +33,11 @@ import json
 import os
 import subprocess
 import sys
+import typing
 from dataclasses import asdict
 from pathlib import Path
 
-from edge.config import bounds
+from edge.config import bounds, checked_value
 from edge.errors import EdgeError
 from edge.latency.measure import TimingConfig, ort_factories, side_by_side_config
 from edge.profile.backends import OrtBackend
@@ -190,27 +191,16 @@ def _sets(text: str) -> range:
 def _settings(given) -> SideBySideConfig:
     """``--settings``: a JSON object of :class:`SideBySideConfig` fields, each checked (name, type, range)."""
     fields = {f.name: f for f in dataclasses.fields(SideBySideConfig)}
+    hints = typing.get_type_hints(SideBySideConfig)
     if not isinstance(given, dict):
         raise EdgeError("--settings is not a JSON object", expected=f"{{name: value}} with names among "
                         f"{', '.join(fields)}", found=json.dumps(given))
-    for key, value in given.items():
+    for key in given:
         if key not in fields:
             raise EdgeError(f"--settings: unknown setting {key!r}", expected=f"one of {', '.join(fields)}",
                             fix="remove or rename it")
-        default, limits = fields[key].default, bounds(fields[key])
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(default, bool):
-            wrong = not isinstance(value, bool)
-        elif isinstance(default, int):
-            wrong = not numeric or not isinstance(value, int)
-        else:
-            wrong = not (numeric or (value is None and default is None))
-        if wrong or (numeric and limits is not None and not limits.admits(value)):
-            kind = "true or false" if isinstance(default, bool) else "a whole number" \
-                if isinstance(default, int) else "a number"
-            expected = f"{kind}, {limits.describe(key)}" if limits is not None and kind != "true or false" else kind
-            raise EdgeError(f"--settings: {key} = {json.dumps(value)}", expected=expected)
-    return SideBySideConfig(**given)
+    return SideBySideConfig(**{key: checked_value(value, hints[key], f"--settings: {key}", key, bounds(fields[key]))
+                               for key, value in given.items()})
 
 
 def run(argv: list[str] | None = None) -> dict:

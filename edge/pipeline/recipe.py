@@ -15,13 +15,13 @@ import difflib
 import functools
 import importlib
 import re
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.config import MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_THREADS, Bounds, bounds, option
+from edge.config import (MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_THREADS, Bounds, bounds, checked_value,
+                         option)
 from edge.errors import EdgeError, InternalError
 
 DEFAULT_RECIPE = Path(__file__).with_name("default.yaml")
@@ -222,36 +222,8 @@ def _where(source: str, key: str) -> str:
     return f"recipe {source}, key {key}"
 
 
-def _type_name(hint) -> str:
-    if typing.get_origin(hint) is tuple:
-        return "a list of strings"
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = args[0] if args else hint
-    name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[base]
-    return f"{name} or null" if type(None) in typing.get_args(hint) else name
-
-
 def _check_value(value, hint, source: str, key: str, limits: Bounds | None = None):
-    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
-    base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
-    if value is None and optional:
-        return None
-    if typing.get_origin(base) is tuple:   # tuple[str, ...]: a YAML list of strings
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-            raise EdgeError(f"{_where(source, key)} has the wrong type", expected="a non-empty list of strings",
-                            found=f"{value!r} ({type(value).__name__})")
-        return tuple(value)
-    ok = (base is bool and isinstance(value, bool)) or \
-         (base is int and isinstance(value, int) and not isinstance(value, bool)) or \
-         (base is float and isinstance(value, (int, float)) and not isinstance(value, bool)) or \
-         (base is str and isinstance(value, str) and value.strip() != "")
-    if not ok:
-        raise EdgeError(f"{_where(source, key)} has the wrong type", expected=_type_name(hint),
-                        found=f"{value!r} ({type(value).__name__})")
-    if base in (int, float) and limits is not None and not limits.admits(value):
-        raise EdgeError(f"{_where(source, key)} is out of range", expected=limits.describe(key.rsplit(".", 1)[-1]),
-                        found=str(value))
-    return float(value) if base is float else value
+    return checked_value(value, hint, _where(source, key), key.rsplit(".", 1)[-1], limits)
 
 
 def _check_keys(mapping: dict, allowed, source: str, where: str) -> None:
