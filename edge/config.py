@@ -97,20 +97,19 @@ def type_name(hint) -> str:
     return f"{name} or null" if type(None) in typing.get_args(hint) else name
 
 
-def checked_value(value, hint, where: str, name: str, limits: Bounds | None = None):
+def checked_value(value, hint, where: str, name: str, limits: Bounds | None = None, *, error: type[Exception]):
     """``value`` (from YAML or JSON) checked against a config field's type ``hint`` and range ``limits``, as the
-    field takes it (a list as a tuple, an integer for a float field as a float); else an EdgeError "``where`` has the
-    wrong type" or "is out of range" (the range described for ``name``). The recipe and ``edge.latency.fresh
-    --settings`` check their values with it."""
-    from edge.errors import EdgeError
-
+    field takes it (a list as a tuple, an integer for a float field as a float); else ``error`` (the caller's
+    EdgeError: this base module imports none) "``where`` has the wrong type" or "is out of range" (the range
+    described for ``name``), with ``expected`` and ``found``. The recipe and ``edge.latency.fresh --settings``
+    check their values with it."""
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
     base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
     if value is None and optional:
         return None
     if typing.get_origin(base) is tuple:   # tuple[str, ...]: a YAML list of strings
         if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-            raise EdgeError(f"{where} has the wrong type", expected="a non-empty list of strings",
+            raise error(f"{where} has the wrong type", expected="a non-empty list of strings",
                             found=f"{value!r} ({type(value).__name__})")
         return tuple(value)
     ok = (base is bool and isinstance(value, bool)) or \
@@ -118,8 +117,8 @@ def checked_value(value, hint, where: str, name: str, limits: Bounds | None = No
          (base is float and isinstance(value, (int, float)) and not isinstance(value, bool)) or \
          (base is str and isinstance(value, str) and value.strip() != "")
     if not ok:
-        raise EdgeError(f"{where} has the wrong type", expected=type_name(hint),
+        raise error(f"{where} has the wrong type", expected=type_name(hint),
                         found=f"{value!r} ({type(value).__name__})")
     if base in (int, float) and limits is not None and not limits.admits(value):
-        raise EdgeError(f"{where} is out of range", expected=limits.describe(name), found=str(value))
+        raise error(f"{where} is out of range", expected=limits.describe(name), found=str(value))
     return float(value) if base is float else value

@@ -199,8 +199,8 @@ def _settings(given) -> SideBySideConfig:
         if key not in fields:
             raise EdgeError(f"--settings: unknown setting {key!r}", expected=f"one of {', '.join(fields)}",
                             fix="remove or rename it")
-    return SideBySideConfig(**{key: checked_value(value, hints[key], f"--settings: {key}", key, bounds(fields[key]))
-                               for key, value in given.items()})
+    return SideBySideConfig(**{key: checked_value(value, hints[key], f"--settings: {key}", key, bounds(fields[key]),
+                                                  error=EdgeError) for key, value in given.items()})
 
 
 def run(argv: list[str] | None = None) -> dict:

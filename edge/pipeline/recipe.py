@@ -223,7 +223,7 @@ def _where(source: str, key: str) -> str:
 
 
 def _check_value(value, hint, source: str, key: str, limits: Bounds | None = None):
-    return checked_value(value, hint, _where(source, key), key.rsplit(".", 1)[-1], limits)
+    return checked_value(value, hint, _where(source, key), key.rsplit(".", 1)[-1], limits, error=EdgeError)
 
 
 def _check_keys(mapping: dict, allowed, source: str, where: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -34,4 +35,4 @@ def test_a_folder_without_a_profile_step_is_named(tmp_path):
 
 def test_matmul_rate_is_positive_and_finite():
     rate = matmul_rate(64, 16, 32, threads=1, calls=3)
-    assert 0 < rate < 1e5     # GFLOP/s: no CPU here does 100 TFLOP/s in fp32
+    assert math.isfinite(rate) and rate > 0     # GFLOP/s of a real MatMul call
