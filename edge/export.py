@@ -27,7 +27,7 @@ from torch import nn
 from edge.check.compare import Tolerance, ort_session
 from edge.check.torch_compare import compare_with_torch, verification_inputs
 from edge.config import MAX_BATCH, option
-from edge.data import ArrayPreprocess, InputSpec
+from edge.data import InputSpec
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.models.attention import explicit_attention
@@ -55,7 +55,7 @@ def real_inputs(dataset, data_config: dict, n: int = REAL_IMAGES) -> torch.Tenso
     """The first ``n`` images of ``dataset`` as the model takes them: arrays (Fashion-MNIST, IDX folders)
     through :class:`ArrayPreprocess`, image files (an ImageFolder) through timm's eval transform."""
     spec = InputSpec.from_data_config(data_config)
-    preprocess = dataset.preprocess_for(spec) if hasattr(dataset, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = dataset.preprocess_for(spec)
     images, _ = next(iter(dataset.batches(n, preprocess)))
     return images
 

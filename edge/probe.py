@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge.config import MAX_SEED, option
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.progress import bar
 
 
@@ -29,7 +29,7 @@ class ProbeConfig:
 
 @torch.no_grad()
 def features(model: nn.Module, dataset, spec: InputSpec, batch_size: int = 256, desc: str = "features") -> torch.Tensor:
-    preprocess = dataset.preprocess_for(spec) if hasattr(dataset, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = dataset.preprocess_for(spec)
     out = []
     model.eval()
     with bar(total=len(dataset), desc=desc, unit="img") as progress:

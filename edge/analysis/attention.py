@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from edge import distributed
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.progress import bar
@@ -166,7 +166,7 @@ def collect_attention_stats(model: nn.Module, images, spec: InputSpec, *, blocks
                            info.num_prefix_tokens, info.grid)
     index = {b: i for i, b in enumerate(order)}
     model.eval()
-    preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = images.preprocess_for(spec)
     with attention_maps(modules, lambda b, maps: stats.maps[index[b]].update(maps)), \
             bar(total=len(images), desc=desc, unit="img") as progress:
         for x, _ in images.batches(batch_size, preprocess):

@@ -26,7 +26,7 @@ from torch import nn
 
 from edge import distributed
 from edge.analysis.moments import PairMoments
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.models.info import ModelInfo, model_info
 from edge.progress import bar
 
@@ -87,7 +87,7 @@ def collect_block_moments(model: nn.Module, images, spec: InputSpec, *, batch_si
     reps, dim, prefix = info.num_blocks + 1, info.embed_dim, info.num_prefix_tokens
     moments = BlockMoments(PairMoments.zeros(reps, dim), PairMoments.zeros(reps, dim),
                            PairMoments.zeros(reps, dim), 0)
-    preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = images.preprocess_for(spec)
     model.eval()
     with block_outputs(model) as captured, bar(total=len(images), desc=desc, unit="img") as progress:
         for x, _ in images.batches(batch_size, preprocess):

@@ -76,7 +76,7 @@ import torch
 from torch import nn
 
 from edge import distributed
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info, original_block_indices
 from edge.progress import bar
@@ -182,7 +182,7 @@ def target_features(model: nn.Module, final_tokens: torch.Tensor) -> torch.Tenso
 
 
 def _preprocess(images, spec: InputSpec):
-    return images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
+    return images.preprocess_for(spec)
 
 
 def _check_tokens(tokens: str) -> None:

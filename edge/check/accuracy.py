@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge.config import MAX_BATCH, option
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.progress import bar
 
@@ -42,7 +42,7 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = Ev
     device = torch.device(device)
     if isinstance(model, nn.Module):
         model = model.to(device).eval()
-    preprocess = ArrayPreprocess(spec) if not hasattr(dataset, "preprocess_for") else dataset.preprocess_for(spec)
+    preprocess = dataset.preprocess_for(spec)
     num_classes = dataset.num_classes
     correct = torch.zeros(num_classes, dtype=torch.int64)
     total = torch.zeros(num_classes, dtype=torch.int64)

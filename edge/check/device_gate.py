@@ -63,17 +63,17 @@ def _input_spec(model: onnx.ModelProto):
 def _dataset_images(model: onnx.ModelProto, data: str, count: int) -> np.ndarray | None:
     """``count`` test images of ``data`` preprocessed as the graph records, in its input's shape; None when the
     graph records no preprocessing or its input holds another number of values per image."""
-    from edge.data import ArrayPreprocess, load_dataset
+    from edge.data import load_dataset
 
     inputs = _float_inputs(model)
     spec = _input_spec(model)
     if len(inputs) != 1 or spec is None:
         return None
     dataset = load_dataset(data, "test")
-    if len(dataset.images) < count:
-        raise EdgeError(f"--gate-images {count}: {data} has only {len(dataset.images)} test images",
-                        fix=f"pass --gate-images {len(dataset.images)} or fewer")
-    images = ArrayPreprocess(spec)(dataset.images[:count]).numpy().astype(np.float32)
+    if len(dataset) < count:
+        raise EdgeError(f"--gate-images {count}: {data} has only {len(dataset)} test images",
+                        fix=f"pass --gate-images {len(dataset)} or fewer")
+    images = dataset.inputs(spec, count).numpy().astype(np.float32)
     shape = _sample_shape(inputs[0])
     if int(np.prod(images.shape[1:])) != int(np.prod(shape)):
         return None

@@ -72,23 +72,24 @@ def _input_config(a: Side, b: Side) -> dict:
     return configs[0]
 
 
-def verify_pair(a: Side, b: Side, *, real: np.ndarray | None = None, batch: int = 8, seed: int = 0,
+def verify_pair(a: Side, b: Side, *, real=None, batch: int = 8, seed: int = 0,
                 tolerance: Tolerance = Tolerance(), classes: int | None = None, data: str = "the data") -> dict:
-    """Run ``a`` and ``b`` on seeded random inputs and on real images (uint8 arrays); compare outputs.
+    """Run ``a`` and ``b`` on seeded random inputs and on the first ``batch`` real images of ``real`` (an
+    edge.data ImageSet, preprocessed as the sides' data config says); compare outputs.
 
     ``b`` is the candidate, ``a`` the reference: relative error is measured against ``a``. With
     ``classes`` (the real images' class count), outputs that are not ``classes`` scores per image
     (another data set's head, or features) are compared as features: no top-1 agreement, a note.
     """
     from edge.check.accuracy import head_mismatch
-    from edge.data import ArrayPreprocess, InputSpec
+    from edge.data import InputSpec
     from edge.errors import EdgeError
 
     config = _input_config(a, b)
     spec = InputSpec.from_data_config(config)
     inputs = verification_inputs((spec.channels, spec.height, spec.width), batch, None, seed)
     if real is not None:
-        inputs["real"] = ArrayPreprocess(spec)(torch.as_tensor(real[:batch]))
+        inputs["real"] = real.inputs(spec, batch)
     results, agreement = [], {}
     for name, x in inputs.items():
         reference, candidate = a.run(x), b.run(x)

@@ -77,8 +77,7 @@ def run(args) -> int:
     if a.data_config is None and b.data_config is None:   # two graphs that record nothing and no options:
         onnx_input_spec(args.a, options)                   # raises, naming the options the graphs need
     data = load_dataset(args.data, "test")
-    real = data.images[: args.batch].numpy() if hasattr(data, "images") else None
-    result = verify_pair(a, b, real=real, batch=args.batch, seed=args.seed,
+    result = verify_pair(a, b, real=data, batch=args.batch, seed=args.seed,
                          tolerance=Tolerance(args.max_abs, args.rel_l2), classes=data.num_classes, data=data.name)
     if "note" in result:
         print(f"edge verify: note: {result['note']}", file=sys.stderr)

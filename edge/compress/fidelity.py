@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge._compat import ensure_torchvision_importable
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 
 BATCH = 64   # the batch candidates are scored in
 EMBEDDING = ("patch_embed", "pos_drop", "patch_drop", "norm_pre")   # what runs before the blocks, with the tokens
@@ -97,7 +97,7 @@ def reference(model: nn.Module, inputs: torch.Tensor, batch_size: int = BATCH) -
 
 
 def reference_outputs(model: nn.Module, holdout, spec: InputSpec) -> Reference:
-    return reference(model, ArrayPreprocess(spec)(holdout.images))
+    return reference(model, holdout.inputs(spec))
 
 
 def _same_tensor(a, b) -> bool:

@@ -68,7 +68,7 @@ from edge.compress.registry import methods, module_types
 from edge.compress.student import ENTRY_POINT, Student, check_classifier, load_student, module_student, own_data_config
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError, plural
 from edge.models import parse_model_spec
@@ -393,7 +393,7 @@ def prepare(pair: Pair, config: FinetuneConfig, runtime: Runtime, out: Path, res
     task.start()
     trainable = select_trainable(pair.student, config.train, tuple(t for p in task.phases for t in p.module_types))
     loop = Loop(model=pair.student, forward=StudentOutputs(pair.student, task.features),
-                optimizer=adamw(pair.student, config), data=train_set, preprocess=ArrayPreprocess(pair.spec),
+                optimizer=adamw(pair.student, config), data=train_set, spec=pair.spec,
                 config=config, schedule=schedule, runtime=runtime, checkpoint=out / CHECKPOINT, recipe=recipe,
                 desc="finetune", activity="fine-tuning", find_unused=bool(task.phases))
     return start(Session(pair, loop, task, Progress(history=history), trainable), state)

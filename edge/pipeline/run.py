@@ -45,16 +45,8 @@ VERIFY_BATCH = 8
 
 
 def data_fingerprint(dataset) -> str:
-    """sha256 of a split's pixels and labels (in-memory sets) or of its file list (image folders)."""
-    digest = hashlib.sha256()
-    if hasattr(dataset, "images"):
-        digest.update(dataset.images.contiguous().numpy().tobytes())
-        digest.update(dataset.labels.contiguous().numpy().tobytes())
-    else:
-        for path in dataset.paths:
-            stat = path.stat()
-            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
+    """sha256 of a split's pixels and labels (in-memory sets) or of its files and labels (image folders)."""
+    return dataset.fingerprint()
 
 
 def resolve_data(recipe: Recipe) -> tuple[str, str | None]:
@@ -140,8 +132,8 @@ class Context:
         return InputSpec.from_data_config(self.data_config)
 
     def real_images(self):
-        """A few test images (uint8) for the verifications, or None for image folders."""
-        return self.test_set.images[:VERIFY_BATCH] if hasattr(self.test_set, "images") else None
+        """The test images the verifications take their first few from."""
+        return self.test_set
 
 
 SHARED = "<shared>"  # records of the steps that belong to no variant (not a valid variant name)
@@ -246,11 +238,9 @@ class VariantRun:
                   "batch": settings.batch, "opset": settings.opset, "data": self.ctx.test_hash}
 
         def work() -> dict:
-            from edge.data import ArrayPreprocess
             from edge.export import ExportConfig, export
 
-            real = self.ctx.real_images()
-            real = ArrayPreprocess(self.ctx.input_spec)(real) if real is not None else None
+            real = self.ctx.real_images().inputs(self.ctx.input_spec, VERIFY_BATCH)
             reports = {}
             for graph, config in ((DEPLOYED, ExportConfig(settings.batch, False, settings.opset)),
                                   (BATCHED, ExportConfig(1, True, settings.opset))):
@@ -288,7 +278,6 @@ class VariantRun:
 
             reference = Side(self.variant.name, "torch", self.ctx.data_config, self._torch_run())
             real = self.ctx.real_images()
-            real = real.numpy() if real is not None else None
             return {graph: verify_pair(reference, onnx_side(str(self.folder / graph), threads=recipe.threads),
                                        real=real, batch=VERIFY_BATCH, seed=recipe.seed)
                     for graph in cleaned.outputs}

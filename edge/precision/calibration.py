@@ -165,11 +165,11 @@ def random_inputs(model: onnx.ModelProto, source: str, count: int, seed: int = 0
 
 def calibration_images(model: onnx.ModelProto, source: str, data: str, samples: int, seed: int = 0) -> np.ndarray:
     """``samples`` class-balanced training images (seeded) as the float32 array the graph takes."""
-    from edge.data import ArrayPreprocess, calibration_set
+    from edge.data import calibration_set
 
     spec = input_spec_of(model, source)
     images = calibration_set(data, samples, seed, split="train")
-    return ArrayPreprocess(spec)(images.images).numpy().astype(np.float32)
+    return images.inputs(spec).numpy().astype(np.float32)
 
 
 def has_preprocessing(model: onnx.ModelProto) -> bool:

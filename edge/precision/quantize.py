@@ -46,7 +46,7 @@ def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = G
     """``count`` test images (or one static batch of the graph when that is larger), the class count, the name;
     a graph that records no preprocessing: seeded random inputs, no class count, ``random inputs``."""
     from calib.data import graph_batch
-    from edge.data import ArrayPreprocess, load_dataset
+    from edge.data import load_dataset
     from edge.precision.calibration import has_preprocessing, input_spec_of, random_inputs
 
     count = max(count, graph_batch(model) or 0)
@@ -54,7 +54,7 @@ def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = G
         return random_inputs(model, source, count), None, "random inputs"
     spec = input_spec_of(model, source)
     dataset = load_dataset(data, "test")
-    images = ArrayPreprocess(spec)(dataset.images[:count]).numpy().astype(np.float32)
+    images = dataset.inputs(spec, count).numpy().astype(np.float32)
     return images, dataset.num_classes, dataset.name
 
 

@@ -7,26 +7,21 @@ batch and trains on its rows (:func:`edge.distributed.batch_rows`).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from edge import distributed
 from edge.data import load_dataset
-from edge.data.augment import random_shift_flip
+from edge.data.dataset import ImageSet, epoch_order
 from edge.data.images import LabeledImages
 from edge.errors import EdgeError
 
-
-def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+__all__ = ["check_global_batch", "epoch_order", "process_rows", "training_batch", "training_set"]
 
 
-def training_set(spec: str, samples: int | None, seed: int) -> LabeledImages:
-    """The train split of ``spec`` in memory; a seeded class-balanced subset of ``samples`` if given."""
+def training_set(spec: str, samples: int | None, seed: int) -> ImageSet:
+    """The train split of ``spec`` (streamed from disk for a folder); a seeded class-balanced subset of
+    ``samples`` if given."""
     data = load_dataset(spec, "train")
-    if not isinstance(data, LabeledImages):
-        data = data.to_memory()
     if samples:
         from edge.data.sampler import balanced_indices
 
@@ -36,16 +31,9 @@ def training_set(spec: str, samples: int | None, seed: int) -> LabeledImages:
 
 def training_batch(data: LabeledImages, step: int, batch_size: int, seed: int,
                    augment: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """``(epoch, uint8 images, labels)`` of global step ``step``: the seeded epoch order and augmentation."""
-    steps_per_epoch = math.ceil(len(data) / batch_size)
-    epoch, offset = divmod(step, steps_per_epoch)
-    order = epoch_order(len(data), seed, epoch)
-    start = offset * batch_size
-    idx = order[start:start + batch_size]
-    images = data.images[idx]
-    if augment:
-        images = random_shift_flip(images, torch.Generator().manual_seed(seed * 1_000_003 + step))
-    return epoch, images, data.labels[idx]
+    """``(epoch, uint8 images, labels)`` of global step ``step`` of an in-memory set (the seeded epoch order
+    and augmentation): :meth:`edge.data.images.LabeledImages.training_batch`."""
+    return data.training_batch(step, batch_size, seed, augment)
 
 
 def check_global_batch(samples: int, batch_size: int) -> None:

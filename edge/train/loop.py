@@ -1,6 +1,6 @@
 """The one training loop of edge: ``edge train`` and ``edge finetune`` (distillation, dilution, PIAD) run it.
 
-Each step draws the seeded global batch of ``batch_size`` (:func:`~edge.train.batches.training_batch`),
+Each step draws this process's rows of the seeded global batch of ``batch_size`` (``ImageSet.training_batches``),
 lets the :class:`Task` do its per-step work (dilution's mask M, PIAD's sampled sub-network), sets the
 step's learning rate (linear warm-up, cosine decay), computes the task's loss under autocast and takes
 one AdamW step with the gradient norm clipped. At the end of each epoch the task evaluates (the model
@@ -30,12 +30,11 @@ import torch
 from torch import nn
 
 from edge import distributed
-from edge.data.images import LabeledImages
-from edge.data.preprocess import ArrayPreprocess
+from edge.data.dataset import ImageSet, TrainingStream
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.progress import bar, log
 from edge.runtime import resolve_amp, resolve_device, set_threads
-from edge.train.batches import process_rows, training_batch
 from edge.train.checkpoint import Progress, restore, save_checkpoint
 from edge.train.schedule import Rates, Schedule, learning_rate
 
@@ -106,8 +105,8 @@ class Loop:
     model: nn.Module                  # trained, clipped, checkpointed
     forward: nn.Module                # what the task's loss calls: ``model`` or a module holding it
     optimizer: torch.optim.Optimizer
-    data: LabeledImages
-    preprocess: ArrayPreprocess
+    data: ImageSet                    # streamed: an image folder is read from disk as the steps need it
+    spec: InputSpec                   # the model's input: size, mean, std (the data's transforms follow it)
     config: Recipe
     schedule: Schedule
     runtime: Runtime
@@ -145,9 +144,13 @@ def run(loop: Loop, task: Task, progress: Progress) -> Progress:
     forward = distributed.data_parallel(loop.forward, loop.runtime.device, find_unused=loop.find_unused)
     loop.model.train()
     started = time.perf_counter() - progress.elapsed
+    device = loop.runtime.device
+    stream = TrainingStream(loop.config.batch_size, loop.config.seed, loop.config.augment, progress.step,
+                            loop.schedule.last, distributed.batch_rows, pin_memory=device.type == "cuda")
+    batches = loop.data.training_batches(loop.spec, stream)
     with bar(total=loop.schedule.last, initial=progress.step, desc=loop.desc, unit="step") as shown:
         while progress.step < loop.schedule.last:
-            result = train_step(loop, task, forward, progress.step)
+            result = train_step(loop, task, forward, progress.step, next(batches))
             progress.step += 1
             progress.elapsed = time.perf_counter() - started
             epoch_done = progress.step % loop.schedule.per_epoch == 0
@@ -159,12 +162,13 @@ def run(loop: Loop, task: Task, progress: Progress) -> Progress:
     return progress
 
 
-def train_step(loop: Loop, task: Task, forward: nn.Module, step: int) -> StepResult:
-    """One optimizer step on this process's rows of global batch ``step``."""
+def train_step(loop: Loop, task: Task, forward: nn.Module, step: int,
+               batch: tuple[int, torch.Tensor, torch.Tensor, float]) -> StepResult:
+    """One optimizer step on ``batch``: this process's rows of global batch ``step``, their epoch and share."""
     config, total = loop.config, loop.schedule.total
-    epoch, images, labels = training_batch(loop.data, step, config.batch_size, config.seed, config.augment)
-    rows, share = process_rows(labels)
-    x, y = loop.preprocess(images[rows]).to(loop.runtime.device), labels[rows].to(loop.runtime.device)
+    epoch, x, y, share = batch
+    x = x.to(loop.runtime.device, non_blocking=True)
+    y = y.to(loop.runtime.device, non_blocking=True)
     values = task.before_step(step, total)
     lr = set_learning_rate(loop.optimizer, learning_rate(step, total, config))
     with loop.runtime.autocast():

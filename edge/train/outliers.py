@@ -33,8 +33,8 @@ from torch import nn
 from edge import __version__
 from edge.check.accuracy import evaluate
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
-from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
-from edge.data.images import LabeledImages
+from edge.data import InputSpec, balanced_indices, load_dataset
+from edge.data.dataset import ImageSet
 from edge.fileio import write_text_atomic
 from edge.models import create_model, data_config
 from edge.models.layernorm_spread import spread_layernorm_channels
@@ -131,7 +131,7 @@ class MassiveDistillation:
     student: nn.Module
     teacher: nn.Module
     site: MassiveSite
-    eval_set: LabeledImages
+    eval_set: ImageSet
     spec: InputSpec
     device: torch.device
 
@@ -160,7 +160,7 @@ class MassiveDistillation:
         return {}
 
 
-def subset(data: LabeledImages, n: int | None, seed: int) -> LabeledImages:
+def subset(data: ImageSet, n: int | None, seed: int) -> ImageSet:
     """A seeded class-balanced subset of ``n`` images, or all of ``data``."""
     if not n or n >= len(data):
         return data
@@ -202,18 +202,17 @@ def make_outlier_model(config: OutlierConfig, out: str | Path) -> dict:
     teacher = frozen_teacher(device)
     student = create_model(TEACHER).to(device)
     spec = InputSpec.from_data_config(data_config(student))
-    preprocess = ArrayPreprocess(spec)
     log(f"outliers: {len(train_set)} training images, evaluating on {eval_set.name} ({len(eval_set)}), "
         f"device {device}, amp {runtime.amp_name}, threads {runtime.threads}")
 
     site = planted_site(config, int(student.embed_dim))
-    gate_x = preprocess(subset(train_set, config.gate_images, config.seed + 1).images).to(device)
+    gate_x = subset(train_set, config.gate_images, config.seed + 1).inputs(spec).to(device)
     planted = plant_massive_activations(student, site, gate_x)
     accuracy_planted = held_out_accuracy(student, eval_set, spec, device)["accuracy"]
     log(f"planted {site.as_dict()}: {planted}; {eval_set.name} accuracy before fine-tuning {accuracy_planted:.4f}")
 
     loop = Loop(model=student, forward=StudentStream(student, site), optimizer=adamw(student, config),
-                data=train_set, preprocess=preprocess, config=config,
+                data=train_set, spec=spec, config=config,
                 schedule=Schedule.of(len(train_set), config.batch_size, config.epochs, max_steps=config.max_steps),
                 runtime=runtime, checkpoint=out / CHECKPOINT, recipe=recipe_of(config), desc="outliers",
                 activity="fine-tuning")
@@ -221,7 +220,7 @@ def make_outlier_model(config: OutlierConfig, out: str | Path) -> dict:
     state = open_checkpoint(loop.checkpoint, loop.recipe, asdict(OutlierConfig()), True)
     progress = run(loop, task, resumed(loop, state) if state is not None else Progress())
 
-    probe = preprocess(eval_set.images[:256]).to(device)
+    probe = eval_set.inputs(spec, 256).to(device)
     spread_change = {}
     spread_change["max_abs_logit_change"] = largest_logit_change(
         student, lambda m: spread_change.update(scales=spread_layernorm_channels(

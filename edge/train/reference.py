@@ -32,7 +32,7 @@ from edge import __version__, distributed
 from edge.check.accuracy import evaluate
 from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_THREADS, option
 from edge.data import load_dataset
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import plural
 from edge.fileio import write_text_atomic
 from edge.models import create_model, data_config, model_info, parse_model_spec
@@ -139,7 +139,7 @@ def reference_loop(config: TrainConfig, model: nn.Module, spec: InputSpec, runti
     data = training_set(config.data, config.train_samples, config.seed)
     schedule = Schedule.of(len(data), config.batch_size, config.epochs, max_steps=config.max_steps or None)
     return Loop(model=model, forward=model, optimizer=adamw(model, config), data=data,
-                preprocess=ArrayPreprocess(spec), config=config, schedule=schedule, runtime=runtime,
+                spec=spec, config=config, schedule=schedule, runtime=runtime,
                 checkpoint=out / CHECKPOINT, recipe=recipe_of(config), desc="train", activity="training")
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import edge.train.loop as loop_module
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.train import TrainConfig, train
 from edge.train.batches import training_set
@@ -51,7 +51,7 @@ def _loop(tmp_path, model, **overrides):
                                    checkpoint_every=100, amp="off", device="cpu"), **overrides})
     data = training_set("fmnist-mini", config.train_samples, config.seed)
     return Loop(model=model, forward=model, optimizer=adamw(model, config), data=data,
-                preprocess=ArrayPreprocess(SPEC), config=config,
+                spec=SPEC, config=config,
                 schedule=Schedule.of(len(data), config.batch_size, config.epochs, max_steps=config.max_steps),
                 runtime=Runtime.start(config), checkpoint=tmp_path / "checkpoint.pt", recipe=recipe_of(config),
                 desc="test", activity="testing")
@@ -100,9 +100,9 @@ def test_edge_train_runs_through_the_one_loop(tmp_path, monkeypatch):
     steps = []
     one_step = loop_module.train_step
 
-    def counted(loop, task, forward, step):
+    def counted(loop, task, forward, step, batch):
         steps.append((loop.desc, type(task).__name__, step))
-        return one_step(loop, task, forward, step)
+        return one_step(loop, task, forward, step, batch)
 
     monkeypatch.setattr(loop_module, "train_step", counted)
     tiny = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=1,embed_dim=16," \

@@ -20,7 +20,7 @@ from edge import distributed
 from edge.analysis.fit import fit_map, fit_residual
 from edge.analysis.moments import PairMoments
 from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLPOnlyBlock
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError, InternalError
 from edge.models.info import model_info, original_block_indices
 
@@ -94,7 +94,7 @@ def collect_attention_moments(model: nn.Module, blocks: list[int], images, spec:
             moments[b].update([args[0].detach().reshape(-1, dim), out.detach().reshape(-1, dim)],
                               images=int(out.shape[0]))
         handles.append(model.blocks[place[b]].attn.register_forward_hook(fold))
-    preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = images.preprocess_for(spec)
     model.eval()
     try:
         for x, _ in images.batches(batch_size, preprocess):

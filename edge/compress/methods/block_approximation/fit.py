@@ -24,7 +24,7 @@ from edge.compress.methods.block_approximation.module import (
     SpanStep,
     replace_spans,
 )
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import InternalError
 from edge.models.info import model_info
 
@@ -50,7 +50,7 @@ def closed_form_span(step: SpanStep, moments: BlockMoments, num_prefix_tokens: i
 def span_features(model: nn.Module, images, spec: InputSpec, start: int, end: int,
                   batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """All tokens of the representations ``start`` and ``end`` (plan indices; -1 = embedding)."""
-    preprocess = ArrayPreprocess(spec)
+    preprocess = images.preprocess_for(spec)
     xs, ys = [], []
     with block_outputs(model) as captured:
         for x, _ in images.batches(batch_size, preprocess):

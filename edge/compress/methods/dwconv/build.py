@@ -27,7 +27,7 @@ from edge.compress.methods.dwconv.module import (
     from_record,
     head_channels,
 )
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import ModelInfo, model_info, original_block_indices
 
@@ -143,7 +143,7 @@ def fit_kernels(model: nn.Module, plans: dict[int, tuple[tuple[int, ...], str]],
 
         handles += [attn.register_forward_pre_hook(grab), attn.norm.register_forward_pre_hook(fold)]
     try:
-        for x, _ in images.batches(batch_size, ArrayPreprocess(spec)):
+        for x, _ in images.batches(batch_size, images.preprocess_for(spec)):
             model.forward_features(x)
     finally:
         for handle in handles:

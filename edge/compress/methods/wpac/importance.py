@@ -26,13 +26,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.distributed import all_reduce_sum, shard_of
 
 
 def _batches(images, spec: InputSpec, batch_size: int):
     """This process's share of ``images`` (all of them in one process), in batches."""
-    preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = images.preprocess_for(spec)
     mine = shard_of(images)
     return mine.batches(batch_size, preprocess) if len(mine) else iter(())
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from edge.data.preprocess import ArrayPreprocess, InputSpec
+from edge.data.preprocess import InputSpec
 from edge.distributed import all_reduce_count, all_reduce_sum, shard_of
 from edge.errors import EdgeError
 
@@ -159,7 +159,7 @@ def collect_statistics(model: nn.Module, blocks: dict[int, int], images, spec: I
 
         handles += [attn.qkv.register_forward_hook(keep_qkv), mlp.fc2.register_forward_pre_hook(keep_hidden)]
     images = shard_of(images)
-    preprocess = images.preprocess_for(spec) if hasattr(images, "preprocess_for") else ArrayPreprocess(spec)
+    preprocess = images.preprocess_for(spec)
     dtype = next(model.parameters()).dtype
     was_training = model.training
     model.eval()
