@@ -48,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--backend", choices=BACKENDS, default="tensorrt",
                         help="tensorrt (default) or ort: the same protocol on ONNX Runtime, labelled as such")
     runner.add_argument("--builder", choices=BUILDERS, default="python",
-                        help="TensorRT: who builds the engines: python (TensorRT's Python API, default) or trtexec "
-                             "(its output in results/logs/ID.trtexec.log); each has engines of its own in the cache")
+                        help="TensorRT: who builds the engines: python (TensorRT's Python API, default: applies the "
+                             "bundle's tactic-DRAM cap) or trtexec (its output in results/logs/ID.trtexec.log; it has "
+                             "no tactic-DRAM pool, so the cap is not applied); each has engines of its own in the "
+                             "cache")
     runner.add_argument("--trtexec", metavar="PATH", help="the trtexec to build with (default: trtexec on PATH, "
                                                           "else /usr/src/tensorrt/bin/trtexec)")
     runner.add_argument("--warmup", type=_positive_int, help="untimed calls first, at least (default: the bundle's)")

@@ -132,7 +132,8 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
 
 
-def build_in_child(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = (), timing_cache: Path | None = None,
+def build_in_child(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = (),
+                   dynamic_plugins: Sequence[Path] = (), timing_cache: Path | None = None,
                    log: Callable[[str], None], interruptions: Interruptions,
                    trt_message: Callable[[str, str, int], None] | None = None) -> tuple[bytes, dict]:
     """jetson.engine.build_engine_bytes in a child process; the engine and its build facts, with
@@ -142,6 +143,7 @@ def build_in_child(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = ()
     with tempfile.TemporaryDirectory(prefix="edge-jetson-build-") as work:
         engine_path = Path(work) / "engine"
         request = {"graph": str(graph), "spec": spec.to_json(), "plugins": [str(p) for p in plugins],
+                   "dynamic_plugins": [str(p) for p in dynamic_plugins],
                    "timing_cache": str(timing_cache) if timing_cache else None, "engine": str(engine_path)}
         (Path(work) / "request.json").write_text(json.dumps(request))
         watch = MemoryWatch()
@@ -274,6 +276,7 @@ def child_main(request_path: str) -> int:
             with interruptions.deferred():
                 engine, facts = build_engine_bytes(
                     Path(request["graph"]), spec, plugins=[Path(p) for p in request["plugins"]],
+                    dynamic_plugins=[Path(p) for p in request.get("dynamic_plugins", [])],
                     timing_cache=Path(request["timing_cache"]) if request["timing_cache"] else None,
                     log=lambda text: _say({"log": text}), logger=make_logger(message),
                     keep_building=lambda: not interruptions.noted)

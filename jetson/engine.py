@@ -25,6 +25,8 @@ import json
 import os
 import tempfile
 import time
+import types
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,10 +170,14 @@ def progress_monitor(keep_building: Callable[[], bool], log: Callable[[str], Non
 
 
 def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] = (),
-                       timing_cache: Path | None = None, log: Callable[[str], None] = print,
+                       dynamic_plugins: Sequence[Path] = (), timing_cache: Path | None = None,
+                       log: Callable[[str], None] = print,
                        logger: tensorrt.ILogger | None = None,
                        keep_building: Callable[[], bool] | None = None) -> tuple[bytes, dict]:
     """Parse ``graph`` and build a serialised engine with ``spec``; the build facts for the manifest.
+
+    ``plugins``: third-party plugin libraries, opened (:func:`open_static_plugin_library`); ``dynamic_plugins``:
+    edge's own, registered through ``loadLibrary`` (:func:`load_plugin_library`); each once per process.
 
     ``timing_cache`` is read when it exists and written after the build (a device-local file);
     ``logger`` receives TensorRT's messages (default: warnings and errors on stderr, jetson.trt_log.stderr_logger);
@@ -195,7 +201,9 @@ def build_engine_bytes(graph: Path, spec: BuildSpec, *, plugins: Sequence[Path] 
     builder = trt.Builder(logger)
     trt.init_libnvinfer_plugins(logger, "")
     for library in plugins:  # before parsing: the parser looks each plugin node up in the registry
-        load_plugin_library(builder.get_plugin_registry(), library)
+        open_static_plugin_library(trt, library)
+    for library in dynamic_plugins:
+        load_plugin_library(trt, builder.get_plugin_registry(), library)
     network = builder.create_network(network_flags(spec.strongly_typed, features))
     parser = trt.OnnxParser(network, logger)
     log(f"parsing {graph}")
@@ -341,12 +349,58 @@ def engine_manifest(graph: Path, spec: BuildSpec, identity: dict, facts: dict, *
             "cache_key": key, "bundle": {"sha256": bundle_sha256, "variant": variant}, **facts}
 
 
-def load_plugin_library(registry: Any, path: str | Path) -> None:
-    """Register the creators of a plugin library (``IPluginRegistry::loadLibrary``: it calls the library's
-    ``getCreators``); a JetsonError naming the library when TensorRT refuses it (a null handle)."""
+#: The plugin libraries each loaded TensorRT module (each process's one) has registered, by real path: the plugin
+#: registry is process-wide and ``IPluginRegistry::loadLibrary`` "will fail and return nullptr if any of the
+#: plugins are already registered" (include/NvInferRuntimeCommon.h at v10.3.0, ~204-207; the same at
+#: release/10.16), so a library is loaded once per process, not once per engine. Keyed by the module so that a
+#: fresh ``tensorrt`` (a test's fake) starts with nothing registered, as a fresh process does.
+_REGISTERED: weakref.WeakKeyDictionary[types.ModuleType, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _registered(trt: types.ModuleType) -> dict[str, Any]:
+    return _REGISTERED.setdefault(trt, {})
+
+
+def load_plugin_library(trt: types.ModuleType, registry: Any, path: str | Path) -> None:
+    """Register the creators of one of edge's plugin libraries (``IPluginRegistry::loadLibrary``: it calls the
+    library's ``getCreators``), once per process; a JetsonError naming the library when TensorRT refuses it
+    (a null handle)."""
     if not Path(path).is_file():
         raise JetsonError(f"the plugin library {path} does not exist", fix="make the bundle again")
-    if registry.load_library(str(path)) is None:
+    loaded = _registered(trt)
+    key = os.path.realpath(path)
+    if key in loaded:
+        return
+    handle = registry.load_library(str(path))
+    if handle is None:
         raise JetsonError(f"TensorRT could not load the plugin library {path}", found="see TensorRT's log above "
-                          "(a library built for another TensorRT or GPU, or a plugin already registered)",
+                          "(a library built for another TensorRT or GPU, or one of its plugins already registered "
+                          "by another library)",
                           fix="rebuild it for this device (bundle the sources: `edge bundle --plugins`)")
+    loaded[key] = handle
+
+
+def open_static_plugin_library(trt: types.ModuleType, path: str | Path) -> None:
+    """Open a third-party plugin library shipped as it is (a bundle's ``build.plugins``), once per process: such
+    libraries register their creators from static initialisers (``REGISTER_TENSORRT_PLUGIN``) when they are
+    loaded, and export no ``getCreators`` for ``loadLibrary`` to call. So they are opened as trtexec opens its
+    ``--staticPlugins`` (``dlopen(path, RTLD_LAZY | RTLD_GLOBAL)``, samples/common/sampleEngines.cpp at v10.3.0,
+    ~1701) and as Polygraphy and TensorRT's Python samples do (``ctypes.CDLL``)."""
+    if not Path(path).is_file():
+        raise JetsonError(f"the plugin library {path} does not exist", fix="make the bundle again")
+    loaded = _registered(trt)
+    key = os.path.realpath(path)
+    if key in loaded:
+        return
+    try:
+        loaded[key] = _dlopen(str(path))
+    except OSError as e:
+        raise JetsonError(f"the plugin library {path} could not be loaded", found=str(e),
+                          fix="ship a library built for this device (aarch64, this JetPack's TensorRT and CUDA)") \
+            from e
+
+
+def _dlopen(path: str) -> Any:
+    import ctypes
+
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

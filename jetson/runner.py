@@ -496,11 +496,11 @@ class Runner:
     def _tensorrt_backend(self, variant: Variant, engine: bytes, facts: dict) -> Any:
         from jetson.trt_backend import TensorRTEngineBackend
 
-        plugins = [str(self.bundle.path(p)) for p in variant.build.plugins]
-        if facts.get("edge_plugins"):
-            plugins.append(facts["edge_plugins"]["path"])
+        static = [str(self.bundle.path(p)) for p in variant.build.plugins]
+        edge_plugins = [facts["edge_plugins"]["path"]] if facts.get("edge_plugins") else []
         return TensorRTEngineBackend(
-            engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=plugins,
+            engine, self.cudart, label=f"{variant.id} ({facts['path']})", plugins=edge_plugins,
+            static_plugins=static,
             batch=variant.build.batch, cuda_graph=self.protocol.cuda_graph, layer_runs=self.options.layer_runs,
             precision=variant.precision, device=self.device.get("gpu"),
             logger=self.trt_log.logger if self.trt_log is not None else None)
@@ -548,7 +548,8 @@ class Runner:
 
             with self.interruptions.deferred():  # a signal is forwarded to the child, whose monitor cancels the build
                 engine, facts = build_in_child(  # an OOM kill takes the child, not the run (BuildOutOfMemory)
-                    graph, variant.build, plugins=[*plugins, *dynamic], timing_cache=timing_cache, log=self.log,
+                    graph, variant.build, plugins=plugins, dynamic_plugins=dynamic, timing_cache=timing_cache,
+                    log=self.log,
                     interruptions=self.interruptions,
                     trt_message=self.trt_log.message if self.trt_log is not None else None)
         manifest = engine_manifest(graph, variant.build, identity, facts, key=key, plugins=plugins,
@@ -648,7 +649,7 @@ class Runner:
         extra = {}
         if backend is not None and latencies and not partial:
             with self.interruptions.deferred():  # the layer profiler's callbacks run in TensorRT's trampolines
-                extra = backend.report(self.protocol.warmup)
+                extra = backend.report(measured.warmup_calls)  # every warm-up call, as trtexec leaves them out
         return {
             "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
             "variant": variant.name, "id": variant.id, **info, "precision": variant.precision,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jetson.cuda import binding_name, check
-from jetson.engine import load_plugin_library
+from jetson.engine import load_plugin_library, open_static_plugin_library
 from jetson.errors import JetsonError
 from jetson.features import detect_features, dims_list, load_tensorrt
 from jetson.stats import latency_stats
@@ -65,7 +65,8 @@ class TensorRTEngineBackend:
     name = "tensorrt"
 
     def __init__(self, engine: bytes, cudart: Any, *, label: str, plugins: list[str] | tuple[str, ...] = (),
-                 batch: int | None = None, cuda_graph: bool = False, layer_runs: int = 20, seed: int = 0,
+                 static_plugins: list[str] | tuple[str, ...] = (), batch: int | None = None,
+                 cuda_graph: bool = False, layer_runs: int = 20, seed: int = 0,
                  precision: str | None = None, device: str | None = None,
                  logger: tensorrt.ILogger | None = None) -> None:
         trt = load_tensorrt()
@@ -81,7 +82,7 @@ class TensorRTEngineBackend:
             logger = stderr_logger()  # never trt.Logger: it prints on stdout
         self.logger = logger
         self.runtime = trt.Runtime(self.logger)
-        self.plugins = self._load_plugins(trt, plugins)
+        self.plugins = self._load_plugins(trt, plugins, static_plugins)
         self.engine = self.runtime.deserialize_cuda_engine(engine)
         if self.engine is None:
             raise JetsonError(f"TensorRT could not deserialise {label}", found="see TensorRT's log above",
@@ -117,15 +118,21 @@ class TensorRTEngineBackend:
             self.engine.device_memory_size
         return int(size) / (1 << 20)
 
-    def _load_plugins(self, trt, plugins: list[str] | tuple[str, ...]) -> list[str]:
-        """TensorRT's plugins and the libraries the engine was built with, registered before deserialising."""
+    def _load_plugins(self, trt, plugins: list[str] | tuple[str, ...],
+                      static_plugins: list[str] | tuple[str, ...]) -> list[str]:
+        """TensorRT's plugins and the libraries the engine was built with, registered before deserialising, each
+        once per process (jetson.engine): ``plugins`` through ``loadLibrary`` (edge's, with ``getCreators``),
+        ``static_plugins`` opened (third-party libraries that register from static initialisers)."""
         trt.init_libnvinfer_plugins(self.logger, "")
-        libraries = [str(p) for p in plugins]
+        libraries = [str(p) for p in (*static_plugins, *plugins)]
         for path in libraries:
             if not Path(path).is_file():
                 raise JetsonError(f"{self.label} was built with the plugin library {path}, which does not exist here",
                                   fix=f"put {Path(path).name} back at {path}, or rebuild the engine without it")
-            load_plugin_library(self.runtime.get_plugin_registry(), path)
+        for path in static_plugins:
+            open_static_plugin_library(trt, str(path))
+        for path in plugins:
+            load_plugin_library(trt, self.runtime.get_plugin_registry(), str(path))
         return libraries
 
     def _bind(self, trt, batch: int | None, seed: int) -> int:
@@ -222,9 +229,13 @@ class TensorRTEngineBackend:
         return layer_table(times, self.layer_runs)
 
     def report(self, warmup: int = 0) -> dict:
-        """What the host clock cannot see: GPU-event percentiles, device memory, per-layer times."""
-        measured = self.gpu_ms[warmup:] if len(self.gpu_ms) > warmup else self.gpu_ms
-        return {"gpu_latency": latency_stats(measured, self.batch), "gpu_clock": "CUDA events on the stream",
+        """What the host clock cannot see: GPU-event percentiles, device memory, per-layer times. ``warmup``: how
+        many of the first :meth:`infer` calls were warm-up; every one of them is left out of the GPU-event
+        figures, as trtexec leaves out every warm-up query (samples/common/sampleReporting.cpp at v10.3.0,
+        ~319): the figures cover the timed calls only (null when there were none)."""
+        measured = self.gpu_ms[warmup:]
+        return {"gpu_latency": latency_stats(measured, self.batch) if measured else None,
+                "gpu_clock": "CUDA events on the stream",
                 "device_memory": self.device_memory(), "layers": self.layer_times() if self.layer_runs else []}
 
     def close(self) -> None:

@@ -12,8 +12,10 @@ is not the Python module's is refused before it builds anything.
 
 The build: ``--onnx``, ``--saveEngine``, ``--skipInference`` (the runner benchmarks the engine
 itself), ``--memPoolSize=workspace:NM``, ``--builderOptimizationLevel``, ``--profilingVerbosity=detailed``
-(per-layer names for the runner's layer table), strong typing (``--stronglyTyped`` before 11: the
-precision is the graph's own) or, for a weakly typed build config, ``--fp16`` or ``--int8 --calib=``
+(per-layer names for the runner's layer table; a build config's tactic-DRAM cap cannot be given: trtexec has
+no such pool, so it is listed in ``not_available`` and the knobs record it as not applied), strong typing
+(``--stronglyTyped`` before 11: the precision is the graph's own) or, for a weakly typed build config,
+``--fp16`` or ``--int8 --calib=``
 the bundle's calibration cache (10.x only), ``--minShapes/--optShapes/--maxShapes`` for inputs with a
 dynamic batch, ``--timingCacheFile`` (the device's own, read and written by trtexec),
 ``--staticPlugins`` per plugin library shipped as it is (``dlopen``: libraries that register their creators
@@ -40,6 +42,13 @@ NO_OPS_IN_11 = ("--stronglyTyped", "--useCudaGraph", "--noDataTransfers", "--use
 TILING_SINCE = (10, 8)
 WEAK_TYPING_FLAGS = {"fp16": "--fp16", "int8": "--int8"}
 LOG_TAIL_LINES = 15
+#: why a build config's TACTIC_DRAM cap (edge.bundle: 3072 MiB, what keeps an 8 GB Orin Nano's build from the OOM
+#: killer) is not applied by trtexec: its --memPoolSize takes only these pools (samples/common/sampleOptions.cpp at
+#: v10.3.0, ~1146-1173, and at release/10.16), any other name stops it with "Unknown memory pool"
+TRTEXEC_MEMORY_POOLS = ("workspace", "dlaSRAM", "dlaLocalDRAM", "dlaGlobalDRAM", "tacticSharedMem")
+TACTIC_DRAM_NOTE = (f"not applied: trtexec's --memPoolSize takes only {', '.join(TRTEXEC_MEMORY_POOLS)} (no "
+                    "tactic DRAM pool), so the build may take TensorRT's default (75 % of the device's memory); "
+                    "--builder python applies the cap")
 
 
 def find_trtexec(given: str | None = None) -> str | None:
@@ -136,6 +145,8 @@ def build_argv(binary: str, graph: Path, engine: Path, spec: BuildSpec, version:
         else:
             notes["--tilingOptimizationLevel"] = (f"exists from TensorRT 10.8; trtexec {release} stops on it "
                                                   "(\"Unknown option\")")
+    if spec.tactic_dram_mib is not None:
+        notes["tactic_dram_mib"] = TACTIC_DRAM_NOTE
     if not spec.tf32:
         argv.append("--noTF32")
     if timing_cache is not None:
@@ -201,8 +212,16 @@ def build_engine_with_trtexec(binary: str, version: tuple[int, ...], graph: Path
         engine = engine_path.read_bytes()
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    facts = {"builder": "trtexec", "trtexec": {"path": binary, "version": ".".join(map(str, version)),
-                                               "argv": argv, "log": str(log_path), "not_available": notes},
+    honoured = {"workspace_mib": spec.workspace_mib, "optimization_level": spec.optimization_level, "tf32": spec.tf32}
+    if spec.tiling_optimization_level is not None and "--tilingOptimizationLevel" not in notes:
+        honoured["tiling_optimization_level"] = spec.tiling_optimization_level
+    not_available = {knob: notes[note] for knob, note in (("tactic_dram_mib", "tactic_dram_mib"),
+                                                          ("tiling_optimization_level", "--tilingOptimizationLevel"))
+                     if note in notes}
+    knobs = {"honoured": honoured, "not_available": not_available}  # in the Python builder's terms (jetson.engine)
+    facts = {"builder": "trtexec", "knobs": knobs,
+             "trtexec": {"path": binary, "version": ".".join(map(str, version)),
+                         "argv": argv, "log": str(log_path), "not_available": notes},
              "timing_cache": {"path": str(timing_cache) if timing_cache else None, "loaded_bytes": cache_before},
              "build_seconds": round(seconds, 2)}
     return engine, facts

@@ -227,18 +227,30 @@ def make_fake_tensorrt(feature_set: str = "10.3", unsupported_ops: tuple[str, ..
     m.init_libnvinfer_plugins = init_libnvinfer_plugins
     def load_library(path: str):
         """IPluginRegistry::loadLibrary: None when the file cannot be opened (dlopen fails); a FakeNvcc library's
-        creators are registered (its getCreators)."""
+        creators are registered (its getCreators). The registry is process-wide, and loadLibrary "will fail and
+        return nullptr if any of the plugins are already registered" (include/NvInferRuntimeCommon.h at v10.3.0,
+        ~204-207, the same at release/10.16): a second load of the same creators (the same library again, or
+        another holding one of its creators) returns None."""
         m.calls.append(("load_library", path))
         try:
             data = Path(path).read_bytes()
         except OSError:
             return None
-        if data.startswith(FAKE_NVCC_MAGIC):
-            m.plugin_creators.update(json.loads(data[len(FAKE_NVCC_MAGIC):])["creators"])
+        creators = set(json.loads(data[len(FAKE_NVCC_MAGIC):])["creators"]) if data.startswith(FAKE_NVCC_MAGIC) \
+            else {f"creators of {Path(path).resolve()}"}  # another library: its creators are its own
+        if creators & m.plugin_creators:
+            m.calls.append(("error", "loadLibrary: a plugin creator is already registered"))
+            return None
+        m.plugin_creators.update(creators)
         m.plugin_libraries.append(path)
         return ("handle", path)
 
-    registry = types.SimpleNamespace(load_library=load_library)
+    def get_creator(name: str, version: str, namespace: str = ""):
+        """IPluginRegistry::getCreator: the creator registered under ``name`` (None when none is)."""
+        return types.SimpleNamespace(name=name, plugin_version=version, plugin_namespace=namespace) \
+            if name in m.plugin_creators else None
+
+    registry = types.SimpleNamespace(load_library=load_library, get_creator=get_creator)
 
     severity = _enum("Severity", {"INTERNAL_ERROR": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "VERBOSE": 4})
 

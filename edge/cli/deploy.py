@@ -68,8 +68,9 @@ def register(subparsers) -> None:
     parser.add_argument("--backend", choices=("tensorrt", "ort"), default="tensorrt",
                         help="ort: the same protocol on ONNX Runtime (where TensorRT is absent)")
     parser.add_argument("--builder", choices=("python", "trtexec"), default="python",
-                        help="TensorRT: who builds the engines on the device: python (TensorRT's Python API) or "
-                             "trtexec (its output fetched with the logs)")
+                        help="TensorRT: who builds the engines on the device: python (TensorRT's Python API, "
+                             "default: applies the bundle's tactic-DRAM cap) or trtexec (its output fetched with the "
+                             "logs; it has no tactic-DRAM pool, so the cap is not applied)")
     parser.add_argument("--power-mode", type=Text(),
                         help="nvpmodel mode by name for the run (e.g. 15W), put back after")
     parser.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")

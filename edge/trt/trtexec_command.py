@@ -21,6 +21,7 @@ from edge.trt.builder import BuildConfig
 from jetson.trtexec import (  # noqa: F401 - the version logic is the device runner's (--builder trtexec)
     JETPACK_TRTEXEC,
     NO_OPS_IN_11,
+    TACTIC_DRAM_NOTE,
     TILING_SINCE,
     banner_version,
     find_trtexec,
@@ -40,6 +41,8 @@ def left_out(config: BuildConfig, version: tuple[int, ...] | None) -> dict[str, 
         notes["--tilingOptimizationLevel"] = ("exists from TensorRT 10.8; this trtexec's version is unknown"
                                               if version is None else f"exists from TensorRT 10.8; trtexec "
                                               f"{'.'.join(map(str, version))} stops on it (\"Unknown option\")")
+    if config.tactic_dram_mib is not None:  # trtexec has no tactic-DRAM pool (jetson.trtexec.TRTEXEC_MEMORY_POOLS)
+        notes["tactic_dram_mib"] = TACTIC_DRAM_NOTE
     if version is not None and version >= (11,):
         for flag in NO_OPS_IN_11:
             notes[flag] = "a no-op in trtexec 11 (the default)"
@@ -68,7 +71,10 @@ def trtexec_command(onnx_path: str, engine_path: str, config: BuildConfig, binar
         argv.append("--noTF32")
     if config.timing_cache:
         argv.append(f"--timingCacheFile={config.timing_cache}")
-    argv += [f"--staticPlugins={p}" for p in config.plugins]
+    # edge's plugin libraries export getCreators: trtexec registers such a library only through --dynamicPlugins
+    # (IPluginRegistry::loadLibrary, sampleEngines.cpp at v10.3.0 ~1249); --staticPlugins only dlopens it
+    # (trtexec.cpp ~300), which registers nothing, and the parse then fails with "Plugin not found"
+    argv += [f"--dynamicPlugins={p}" for p in config.plugins]
     if config.min_batch is not None:
         argv += [f"--minShapes={input_name}:{config.min_batch}x...",
                  f"--optShapes={input_name}:{config.opt_batch}x...",

@@ -138,6 +138,51 @@ def test_trtexec_gets_the_library_through_dynamic_plugins(on_device, tmp_path):
     assert not any(a.startswith("--staticPlugins") for a in trtexec)
 
 
+def test_two_plugin_variants_of_one_run_load_the_library_once(on_device, tmp_path):
+    """TensorRT's plugin registry is process-wide and IPluginRegistry::loadLibrary "will fail and return nullptr
+    if any of the plugins are already registered" (include/NvInferRuntimeCommon.h at v10.3.0, ~204-207): the
+    runner loads edge's library once per process, so the second plugin variant of a run runs too."""
+    graphs = [plugin_graph(tmp_path / "dw.onnx"), plugin_graph(tmp_path / "dw2.onnx")]
+    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=PROTOCOL, gate_images=0))
+    bundle = tmp_path / "bundle"
+    assert run(RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache")) == 0
+    summary = json.loads((bundle / "results" / "run.json").read_text())
+    assert {v: e["status"] for v, e in summary["variants"].items()} == {"dw.fp32": "done", "dw2.fp32": "done"}
+    library = json.loads((bundle / "results" / "dw2.fp32.json").read_text())["engine"]["edge_plugins"]["path"]
+    assert on_device_calls().count(("load_library", library)) == 1
+
+
+def test_the_fake_registry_refuses_a_second_load_of_the_same_creators(fake_device, tmp_path):
+    library = tmp_path / "libthird.so"
+    library.write_bytes(b"a library that registers its creators")
+    registry = fake_device.Runtime(None).get_plugin_registry()
+    assert registry.load_library(str(library)) is not None
+    assert registry.load_library(str(library)) is None  # "already registered": nullptr
+
+
+def test_a_third_party_library_is_opened_once_as_trtexec_opens_static_plugins(fake_device, tmp_path):
+    """Third-party libraries register their creators from static initialisers and export no getCreators:
+    they are dlopened (trtexec's --staticPlugins), never given to loadLibrary (decided for issue 43)."""
+    import subprocess
+
+    from jetson.engine import open_static_plugin_library
+
+    source = tmp_path / "third.c"
+    marker = tmp_path / "opened"
+    source.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void registered(void) {{\n'
+                      f'  FILE* f = fopen("{marker}", "a"); fputs("registered\\n", f); fclose(f); }}\n')
+    library = tmp_path / "libthird.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    open_static_plugin_library(fake_device, library)
+    open_static_plugin_library(fake_device, library)
+    assert marker.read_text() == "registered\n"  # its static initialiser ran, once
+    assert not any(call[0] == "load_library" for call in fake_device.calls)
+    broken = tmp_path / "libbroken.so"
+    broken.write_bytes(b"not a library")
+    with pytest.raises(JetsonError, match="libbroken.so could not be loaded"):
+        open_static_plugin_library(fake_device, broken)
+
+
 def test_without_the_library_the_parser_does_not_find_the_plugin(fake_device, tmp_path):
     with pytest.raises(JetsonError, match="Plugin not found"):
         build_engine_bytes(plugin_graph(tmp_path / "dw.onnx"), BuildSpec(precision="fp32"), log=lambda m: None)

@@ -288,3 +288,14 @@ def test_a_cuda_python_too_new_for_the_driver_is_skipped_and_the_run_goes_on(bun
     assert len(skipped) == 1 and skipped[0].startswith("CUDA binding cuda-python skipped: CUDA call "
                                                        "cudaGetDeviceCount failed (cudaErrorInsufficientDriver (35))")
     assert summary["variants"]["a.fp32"]["status"] == "done"
+
+
+def test_the_gpu_event_latency_leaves_out_every_warm_up_call(bundle, fake_device, tmp_path):
+    """Warm-up lasts 2 calls *and* 0.05 s, so it makes many calls: none of them is in the GPU-event figures, as
+    trtexec leaves out every warm-up query (samples/common/sampleReporting.cpp at v10.3.0, ~319)."""
+    options = RunOptions(bundle=bundle, energy="off", cache_dir=tmp_path / "cache", variants=("a.fp32",),
+                         warmup_s=0.05)
+    assert run(options) == 0
+    result = json.loads((bundle / "results" / "a.fp32.json").read_text())
+    assert result["warmup"]["iterations"] > 2  # the time made more calls than the count
+    assert result["gpu_latency"]["iterations"] == result["latency"]["iterations"] == 20

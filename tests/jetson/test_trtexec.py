@@ -11,7 +11,8 @@ import pytest
 from jetson.bundle import BuildSpec
 from jetson.errors import JetsonError
 from jetson.runner import RunOptions, run
-from jetson.trtexec import banner_version, build_argv, shape_flags
+from jetson.trtexec import TACTIC_DRAM_NOTE, banner_version, build_argv, shape_flags
+from tests.edge.trt.test_build import tiny_onnx
 from tests.fake_tensorrt import OUT_OF_MEMORY_VARIABLE, make_fake_tensorrt
 
 GRAPH, ENGINE = Path("/b/graphs/m/fp16.onnx"), Path("/c/building/k/trtexec.engine")
@@ -61,12 +62,32 @@ def test_knobs_plugins_cache_and_shapes_and_the_flags_a_version_lacks():
                         "--maxShapes=input:8x3x224x224,'mask:0':8x196"]
     assert "exists from TensorRT 10.8" in notes["--tilingOptimizationLevel"]  # 10.3 stops on it: left out
     argv, notes = build_argv("trtexec", GRAPH, ENGINE, spec, (10, 8, 0))
-    assert "--tilingOptimizationLevel=2" in argv and notes == {}
+    assert "--tilingOptimizationLevel=2" in argv and notes == {"tactic_dram_mib": TACTIC_DRAM_NOTE}
     assert shape_flags(inputs[2:], spec) == []  # a static graph needs no shapes
     assert shape_flags(inputs[:1], BuildSpec(precision="fp32", batch=2))[0] == "--minShapes=input:2x3x224x224"
     with pytest.raises(JetsonError, match="dynamic dimensions besides the batch"):
         shape_flags([{"name": "x", "shape": [1, "h", 4]}], spec)
     assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v100300] [b26]") == (10, 3, 0)
+
+
+def test_trtexec_has_no_tactic_dram_pool_so_the_cap_is_listed_as_not_applied(fake_jetson, tmp_path):
+    """trtexec's --memPoolSize takes workspace, dlaSRAM, dlaLocalDRAM, dlaGlobalDRAM and tacticSharedMem only
+    (samples/common/sampleOptions.cpp at v10.3.0, ~1146-1173): the cap cannot be passed, and is said."""
+    import subprocess
+
+    spec = BuildSpec(precision="fp32", tactic_dram_mib=3072)
+    argv, notes = build_argv("trtexec", GRAPH, ENGINE, spec, (10, 3, 0))
+    assert not any("tactic" in a.lower() for a in argv)
+    assert "not applied" in notes["tactic_dram_mib"] and "--builder python" in notes["tactic_dram_mib"]
+    assert "tactic_dram_mib" not in build_argv("trtexec", GRAPH, ENGINE, BuildSpec(precision="fp32",
+                                                                                   tactic_dram_mib=None),
+                                               (10, 3, 0))[1]
+    # the fake trtexec refuses the pool as the real one does
+    graph = tiny_onnx(tmp_path / "m.onnx")
+    done = subprocess.run(["trtexec", f"--onnx={graph}", f"--saveEngine={tmp_path / 'm.engine'}",
+                           "--memPoolSize=workspace:512M,tacticDRAM:3072M"], capture_output=True, text=True)
+    assert done.returncode == 1 and "Unknown memory pool: tacticDRAM" in done.stdout
+    assert not (tmp_path / "m.engine").exists()
 
 
 # the runner, with FAKE trtexec on PATH (fake_jetson) and FakeTensorRT 10.3 (fake_device)
@@ -101,6 +122,9 @@ def test_the_runner_builds_with_trtexec_caches_under_its_own_key_and_benchmarks(
     assert log.startswith("# ") and "&&&& PASSED TensorRT.trtexec [TensorRT v100300]" in log
     manifest = json.loads(Path(f"{engine['path']}.json").read_text())
     assert manifest["built_by"] == "jetson runner (trtexec)" and manifest["builder"] == "trtexec"
+    # the bundle's tactic-DRAM cap (3072 MiB) was not applied, and the manifest says so instead of recording it
+    assert manifest["knobs"]["not_available"] == {"tactic_dram_mib": TACTIC_DRAM_NOTE}
+    assert "tactic_dram_mib" not in manifest["knobs"]["honoured"] and engine["knobs"] == manifest["knobs"]
     # a second run takes it from the cache; the Python builder has engines of its own
     assert run(RunOptions(bundle=bundle, energy="off", cache_dir=cache, variants=("a.fp32",), builder="trtexec",
                           force=True)) == 0

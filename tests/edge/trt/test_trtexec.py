@@ -254,3 +254,33 @@ def tiny_graph(path):
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
     return path
+
+
+def test_edge_build_gives_trtexec_its_plugin_library_through_dynamic_plugins():
+    """edge's plugin library exports getCreators: trtexec registers it only through --dynamicPlugins
+    (IPluginRegistry::loadLibrary, samples/common/sampleEngines.cpp at v10.3.0 ~1249); --staticPlugins only
+    dlopens it (samples/trtexec/trtexec.cpp ~300) and the parse fails with "Plugin not found"."""
+    argv = trtexec_command("m.onnx", "m.engine", BuildConfig(plugins=("/p/libedge_plugins.so",)), benchmark=False)
+    assert "--dynamicPlugins=/p/libedge_plugins.so" in argv
+    assert not any(a.startswith("--staticPlugins") for a in argv)
+
+
+def test_the_fake_trtexec_registers_a_getcreators_library_only_through_dynamic_plugins(tmp_path, monkeypatch):
+    import subprocess
+
+    from tests.fake_tensorrt import FAKE_NVCC_MAGIC
+    from tests.jetson.fakes import install_fakes
+    from tests.jetson.test_plugin_build import plugin_graph
+
+    fakes = install_fakes(tmp_path / "device")
+    for name, value in fakes.variables().items():
+        monkeypatch.setenv(name, value)
+    library = tmp_path / "libedge_plugins.so"
+    library.write_bytes(FAKE_NVCC_MAGIC + json.dumps({"creators": ["TokenDepthwiseConv"]}).encode())
+    graph = plugin_graph(tmp_path / "dw.onnx")
+    engine = tmp_path / "dw.engine"
+    for flag, code in (("--staticPlugins", 1), ("--dynamicPlugins", 0)):
+        done = subprocess.run(["trtexec", f"--onnx={graph}", f"--saveEngine={engine}", f"{flag}={library}"],
+                              capture_output=True, text=True)
+        assert done.returncode == code, done.stdout
+    assert engine.is_file()
