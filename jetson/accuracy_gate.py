@@ -46,11 +46,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from jetson.errors import JetsonError
+
+if TYPE_CHECKING:  # numpy is imported where it is used: `python3 -m jetson check` reports it missing
+    import numpy as np
 
 GATE = "gate"  # the bundle's folder of gate images and reference outputs
 DEFAULT_GATE_IMAGES = 32
@@ -105,6 +106,8 @@ def thresholds_for(precision: str, tf32: bool = True) -> Thresholds:
 # the comparison
 def top1_agreement(output: np.ndarray, reference: np.ndarray) -> float | None:
     """The share of rows whose arg-max over the last axis agrees; None for an output without a class axis."""
+    import numpy as np
+
     if reference.ndim < 2 or reference.shape[-1] < 2:
         return None
     scores = np.nan_to_num(output, nan=-np.inf)  # a NaN row agrees with nothing it should not
@@ -113,6 +116,8 @@ def top1_agreement(output: np.ndarray, reference: np.ndarray) -> float | None:
 
 def compare_output(output: np.ndarray, reference: np.ndarray, name: str, variant: str) -> dict:
     """The figures of one output against its reference (the module docstring defines them)."""
+    import numpy as np
+
     if output.shape != reference.shape:
         raise JetsonError(f"{variant}: the engine's output {name!r} has shape {list(output.shape)}, the reference "
                           f"{list(reference.shape)}", expected="the shape of the source graph's output",
@@ -145,6 +150,8 @@ def failures(figures: Mapping[str, dict], thresholds: Thresholds) -> list[str]:
 def judge(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], thresholds: Thresholds,
           variant: str) -> dict:
     """Every reference output compared with the engine's: the figures, the failures and ``pass``/``wrong``."""
+    import numpy as np
+
     missing = [name for name in reference if name not in outputs]
     if missing:
         raise JetsonError(f"{variant}: the engine has no output {missing[0]!r}, which the gate's reference has",
@@ -163,6 +170,8 @@ def judge(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
 # running an engine on the images
 def _chunk(inputs: Mapping[str, np.ndarray], start: int, batch: int) -> tuple[dict[str, np.ndarray], int]:
     """Images ``start .. start + batch`` of every input, the last chunk padded with its last image; the real count."""
+    import numpy as np
+
     chunk = {name: array[start:start + batch] for name, array in inputs.items()}
     real = len(next(iter(chunk.values())))
     if real < batch:
@@ -174,6 +183,8 @@ def run_in_batches(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarra
                    inputs: Mapping[str, np.ndarray], batch: int, label: str) -> dict[str, np.ndarray]:
     """``run`` (one inference of ``batch`` images) over every image, in chunks of ``batch`` (the last one padded);
     the outputs of the real images, by name. Every output's first axis must be the batch."""
+    import numpy as np
+
     count = len(next(iter(inputs.values())))
     if any(len(array) != count for array in inputs.values()):
         raise JetsonError(f"{label}: the gate's inputs hold different numbers of images",
@@ -237,6 +248,8 @@ class GateSpec:
 
 def load_arrays(root: Path, files: Mapping[str, str]) -> dict[str, np.ndarray]:
     """The ``.npy`` files (relative to ``root``) by tensor name; never unpickles."""
+    import numpy as np
+
     arrays = {}
     for name, relative in files.items():
         try:
@@ -291,6 +304,8 @@ def summary_line(variant: str, accuracy: dict) -> str:
 # a TensorRT engine's buffers (jetson.trt_backend.TensorRTEngineBackend.run)
 def copy_inputs(backend: Any, feeds: Mapping[str, np.ndarray]) -> None:
     """``feeds`` into the backend's input buffers, each cast to its tensor's type and checked for its shape."""
+    import numpy as np
+
     from jetson.cuda import check
 
     cudart = backend.cudart
@@ -311,6 +326,8 @@ def copy_inputs(backend: Any, feeds: Mapping[str, np.ndarray]) -> None:
 
 def read_outputs(backend: Any) -> dict[str, np.ndarray]:
     """The backend's output buffers copied to the host, by name."""
+    import numpy as np
+
     from jetson.cuda import check
 
     cudart = backend.cudart

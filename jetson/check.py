@@ -74,6 +74,29 @@ def check_python() -> Check:
                      "edge deploy --remote-python picks it")
 
 
+NUMPY_HINT = ("install JetPack's numpy (`sudo apt install python3-numpy`), or `pip install numpy` for the Python "
+              "that runs the runner (edge deploy --remote-python)")
+
+
+def require_numpy() -> str:
+    """numpy's version; a JetsonError naming the Python and the fix when it does not import (the runner's only
+    dependency outside the standard library: the device side imports it where it is used, so that this check and
+    `python3 -m jetson check` can say it is missing)."""
+    try:
+        import numpy
+    except ImportError as e:
+        raise JetsonError(f"numpy does not import in {sys.executable}", found=str(e), fix=NUMPY_HINT) from e
+    return str(numpy.__version__)
+
+
+def check_numpy() -> Check:
+    try:
+        version = require_numpy()
+    except JetsonError as e:
+        return Check("numpy", "fail", f"not importable ({e.found})", fix=NUMPY_HINT)
+    return Check("numpy", "ok", version, detail={"version": version})
+
+
 def jetpack_of(l4t: str) -> str | None:
     """The JetPack release of an L4T release ("36.4.3" -> "6.1-6.2"), None when unknown."""
     parts = [int(p) for p in l4t.split(".")[:2] if p.isdigit()]
@@ -270,7 +293,7 @@ def run_checks(options: CheckOptions) -> list[Check]:
     """Every check, in order; none raises (each turns its failure into a ``fail`` with the fix)."""
     meminfo = read_meminfo()
     checks: list[Callable[[], Check]] = [
-        check_python, check_l4t, lambda: check_tensorrt(options), lambda: check_cuda(options),
+        check_python, check_numpy, check_l4t, lambda: check_tensorrt(options), lambda: check_cuda(options),
         lambda: check_sudo(options), lambda: check_tegrastats(options), lambda: check_power_modes(options),
         lambda: check_memory(options, meminfo), lambda: check_swap(meminfo), lambda: check_disk(options),
         lambda: check_cma(meminfo)]

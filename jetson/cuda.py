@@ -17,6 +17,7 @@ cuda-python's major version must match the CUDA the driver supports: 12.x on Jet
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import types
@@ -149,6 +150,11 @@ class PycudaRuntime:
         except driver.Error as e:
             raise JetsonError("pycuda could not open the GPU", found=str(e), fix=CUDA_HINT) from e
         self.context.push()
+        # pycuda aborts the process at exit ("PyCUDA ERROR: The context stack was not empty", then abort(): src/cpp/
+        # cuda.hpp, context_stack::~context_stack) while a context it pushed is still on the stack; so, as
+        # pycuda/autoinit.py does, the context is popped at exit unless close() popped it before
+        self._pushed = True
+        atexit.register(self.close)
         self.cudaMemcpyKind = types.SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
         self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
         self._objects: dict[int, Any] = {}
@@ -246,5 +252,10 @@ class PycudaRuntime:
             return self._failed(e, 0.0)
 
     def close(self) -> None:
-        """Let go of the primary context (pycuda keeps a stack of current contexts per thread)."""
+        """Let go of the primary context (pycuda keeps a stack of current contexts per thread); once (also at
+        exit, where it runs unless called before)."""
+        if not self._pushed:
+            return
+        self._pushed = False
+        atexit.unregister(self.close)
         self.context.pop()

@@ -9,10 +9,14 @@ drives cuda-python (jetson.cuda.check, the TensorRT backend) drives this binding
 the calls the runner makes are bound: memory, copies, streams, events, CUDA graphs, the device's
 properties and versions.
 
-``cudaGetDeviceProperties`` returns only what the identity needs: the name (the first field of
-``cudaDeviceProp`` in every CUDA release, read from an oversized buffer so that a larger struct in
-a newer CUDA cannot overflow it), the compute capability and SM count (``cudaDeviceGetAttribute``)
-and the total memory (``cudaMemGetInfo``): the rest of the struct's layout changes between releases.
+``cudaGetDeviceProperties`` returns only what the identity needs: the name and ``totalGlobalMem`` (the
+first and fifth fields of ``cudaDeviceProp``, at offsets 0 and 288 in every CUDA release from 10.0 to 13:
+``name[256]``, ``uuid[16]``, ``luid[8]``, ``luidDeviceNodeMask``, then ``totalGlobalMem``, driver_types.h;
+read from an oversized buffer so that a larger struct in a newer CUDA cannot overflow it), the compute
+capability and SM count (``cudaDeviceGetAttribute``); the rest of the struct's layout changes between
+releases. The total memory is ``totalGlobalMem`` (``cuDeviceTotalMem``), the figure cuda-python's
+``cudaDeviceProp`` and pycuda's ``Device.total_memory()`` give too, so an engine's identity does not
+depend on the binding; ``cudaMemGetInfo``'s total is another figure (what the process may allocate).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from jetson.errors import JetsonError
 LIBRARY_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so",
                  "/usr/local/cuda/targets/aarch64-linux/lib/libcudart.so")
 _PROPS_BUFFER = 4096  # bytes: larger than cudaDeviceProp in any CUDA release (about 1 KB in 12.x)
+#: cudaDeviceProp.totalGlobalMem's offset (size_t after name[256], uuid[16], luid[8], luidDeviceNodeMask: 284, aligned
+#: to 8), the same from CUDA 10.0 to 13.0 on 64-bit Linux (driver_types.h)
+TOTAL_GLOBAL_MEM_OFFSET = 288
 _ATTRIBUTES = {"major": 75, "minor": 76, "multiProcessorCount": 16}  # cudaDeviceAttr values
 
 
@@ -132,11 +139,7 @@ class CtypesCudaRuntime:
             if error:
                 return error, None
             props[field] = value.value
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        error = self._call("cudaMemGetInfo", ctypes.byref(free), ctypes.byref(total))
-        if error:
-            return error, None
-        props["totalGlobalMem"] = total.value
+        props["totalGlobalMem"] = ctypes.c_size_t.from_buffer(buffer, TOTAL_GLOBAL_MEM_OFFSET).value
         return error, types.SimpleNamespace(**props)
 
     # memory

@@ -75,7 +75,6 @@ from jetson.power import (
     check_power_rights,
     query_power_mode,
 )
-from jetson.stats import latency_stats
 
 RUN_FORMAT, RESULT_FORMAT, FORMAT_VERSION = "edge-jetson-run", "edge-jetson-result", 1
 BACKENDS = ("tensorrt", "ort")
@@ -253,6 +252,9 @@ class Runner:
 
     # what the run needs, checked before anything runs
     def prepare(self) -> None:
+        from jetson.check import require_numpy
+
+        require_numpy()
         check_not_under_sudo()
         check_power_rights(self.options.power_mode, self.options.lock_clocks)
         verify_bundle(self.bundle)
@@ -642,6 +644,8 @@ class Runner:
     def result(self, variant: Variant, backend: Any, measured: Measurement, engine: dict | None, *,
                partial: bool) -> dict:
         """The variant's result in ``edge profile``'s schema plus the device runner's fields."""
+        from jetson.stats import latency_stats  # numpy: imported once the run needs it (`jetson check` reports it)
+
         info = backend.describe() if backend is not None else {"backend": self.options.backend,
                                                                "precision": variant.precision}
         batch = int(info.get("batch") or 1)

@@ -14,13 +14,24 @@ Mirrors pycuda v2026.1, ``src/wrapper/wrap_cudadrv.cpp`` (the Boost.Python modul
   ``ipc_handle`` -- and **no** ``handle`` (only ``Stream`` and ``Function`` have one). A fake that gave
   ``Event`` a handle once hid a crash of the real binding (issue 29, D1).
 
+The context stack (pycuda's ``src/cpp/cuda.hpp``, ``context_stack`` and ``context_push``, ~880-910 at v2026.1):
+``Context.push`` pushes onto a stack, ``Context.pop`` pops it, and when the process ends with a context still on
+the stack, ``context_stack::~context_stack`` prints "PyCUDA ERROR: The context stack was not empty upon module
+cleanup." (and its explanation) on stderr and calls ``abort()``: the process ends by SIGABRT (exit status 134 in
+a shell), whatever it wrote before. That is why ``pycuda/autoinit.py`` registers an ``atexit`` handler that pops
+the context it pushed. The fake checks its stack in an ``atexit`` handler registered when it is made (so it runs
+after any handler registered later, as module cleanup comes after them).
+
 ``tests/jetson/test_fakes_surface.py`` checks this fake against the real pycuda where it installs, and
 against :data:`REAL_SURFACE` (these facts) everywhere.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import os
+import sys
 import types
 
 #: names wrap_cudadrv.cpp (pycuda v2026.1) binds on each class the fake mimics; ``absent``: names it does not bind
@@ -46,18 +57,23 @@ def fake_pycuda_driver(devices: int = 1) -> types.ModuleType:
     driver.device_attribute = types.SimpleNamespace(MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
     driver.memory = {}
     driver.clock = [0.0]
-    driver.pushed = False
+    driver.pushed = False  # a context is on the stack
+    driver.context_stack = []
     driver.init = lambda flags=0: None
     driver.get_version = lambda: (12, 6, 0)
     driver.get_driver_version = lambda: 12080
 
     class Context:
         def push(self):
+            driver.context_stack.append(self)
             driver.pushed = True
 
         @staticmethod
         def pop():
-            driver.pushed = False
+            if not driver.context_stack:  # cuda.hpp's context::pop: "cannot pop non-current context"
+                raise Error("context::pop failed: cannot pop non-current context")
+            driver.context_stack.pop()
+            driver.pushed = bool(driver.context_stack)
 
         def synchronize(self):
             pass
@@ -137,7 +153,18 @@ def fake_pycuda_driver(devices: int = 1) -> types.ModuleType:
 
     driver.Device, driver.mem_alloc, driver.Stream, driver.Event = Device, DeviceAllocation, Stream, Event
     driver.memcpy_htod, driver.memcpy_dtoh = memcpy_htod, memcpy_dtoh
+    atexit.register(_context_stack_cleanup, driver)
     return driver
+
+
+def _context_stack_cleanup(driver: types.ModuleType) -> None:
+    """cuda.hpp's ``context_stack::~context_stack``: a context left on the stack aborts the process."""
+    if driver.context_stack:
+        print("-------------------------------------------------------------------\n"
+              "PyCUDA ERROR: The context stack was not empty upon module cleanup.\n"
+              "-------------------------------------------------------------------\n"
+              "(FAKE pycuda: the real one explains, then calls abort())", file=sys.stderr, flush=True)
+        os.abort()
 
 
 def install_fake_pycuda(monkeypatch, devices: int = 1) -> types.ModuleType:

@@ -31,8 +31,11 @@ cudaError_t cudaGetDeviceCount(int *count) { *count = 1; return OK; }
 
 cudaError_t cudaGetDeviceProperties_v2(void *props, int device) {
     if (device != 0) return INVALID_VALUE;
-    memset(props, 0x7f, 1008); /* the fields after the name are not read */
+    memset(props, 0x7f, 1008); /* the fields after the name and totalGlobalMem are not read */
     strcpy((char *)props, "Orin");
+    /* totalGlobalMem: after name[256], uuid[16], luid[8] and luidDeviceNodeMask (4), aligned to 8: offset 288
+     * (driver_types.h, CUDA 12.x and 13.0); what cuDeviceTotalMem says of an Orin Nano 8GB's GPU */
+    *(size_t *)((char *)props + 288) = (size_t)7620 << 20;
     return OK;
 }
 

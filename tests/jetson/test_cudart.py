@@ -3,7 +3,9 @@ tests/jetson/fake_libcudart.c (CUDA's C signatures over host memory): the calls 
 with cuda-python's conventions on the Python side."""
 
 import ctypes
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -19,6 +21,8 @@ from jetson.device import cuda_identity
 from jetson.errors import JetsonError
 from tests.fake_cuda import FakeCudaRuntime
 from tests.fake_pycuda import install_fake_pycuda
+
+REPO = Path(__file__).resolve().parents[2]
 
 SOURCE = Path(__file__).with_name("fake_libcudart.c")
 
@@ -217,3 +221,68 @@ def test_a_binding_whose_first_call_raises_is_skipped_with_the_exception(monkeyp
     install_fake_cuda_python(monkeypatch, runtime)
     cuda, reason = cuda_module.try_cuda_binding("cuda-python")
     assert cuda is None and "RuntimeError: Failed to dlopen libcudart.so.13" in reason
+
+
+PYCUDA_RUN = """
+import sys
+from tests.fake_pycuda import fake_pycuda_driver
+driver = fake_pycuda_driver()
+package = type(sys)("pycuda")
+package.driver = driver
+sys.modules["pycuda"], sys.modules["pycuda.driver"] = package, driver
+if sys.argv[1] == "runner":
+    from jetson.cuda import load_cuda_runtime
+    cuda = load_cuda_runtime("pycuda")
+    assert driver.pushed
+else:  # what the runner did before: the primary context pushed, nothing to pop it
+    driver.Device(0).retain_primary_context().push()
+print("results written", flush=True)
+"""
+
+
+@pytest.mark.parametrize("who, code", [("runner", 0), ("bare", -signal.SIGABRT)])
+def test_a_run_on_pycuda_exits_0_after_its_results(who, code):
+    """pycuda aborts the process at exit while a context is on its stack (src/cpp/cuda.hpp,
+    context_stack::~context_stack: "PyCUDA ERROR: The context stack was not empty", abort(): exit 134 in a shell),
+    which the fake does too ("bare"); the binding pops the context it pushed at exit, as pycuda/autoinit.py does."""
+    done = subprocess.run([sys.executable, "-c", PYCUDA_RUN, who], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert done.stdout == "results written\n"
+    assert done.returncode == code, done.stderr
+    assert ("PyCUDA ERROR: The context stack was not empty" in done.stderr) is (code != 0)
+
+
+def test_closing_the_pycuda_binding_pops_its_context_once(monkeypatch):
+    driver = install_fake_pycuda(monkeypatch)
+    hide_cuda_python(monkeypatch)
+    cuda = load_cuda_runtime("pycuda")
+    assert driver.context_stack
+    cuda.close()
+    cuda.close()  # a second close (and the one at exit) pops nothing more
+    assert driver.context_stack == []
+
+
+def test_every_binding_gives_the_same_device_memory(fake_libcudart, monkeypatch, tmp_path):
+    """The identity's memory is cudaDeviceProp.totalGlobalMem (cuDeviceTotalMem) through every binding: pycuda's
+    Device.total_memory() and cuda-python's props give that figure, so the ctypes binding reads it from the struct,
+    not cudaMemGetInfo's total (decided for issue 43): an engine's identity does not depend on the binding."""
+    from jetson.cudart import TOTAL_GLOBAL_MEM_OFFSET
+
+    header = Path("/usr/local/cuda/include/cuda_runtime_api.h")
+    if header.is_file() and shutil.which("cc"):  # the offset, from the installed CUDA's own header
+        source = tmp_path / "offset.c"
+        source.write_text("#include <stdio.h>\n#include <stddef.h>\n#include <cuda_runtime_api.h>\nint main(void) "
+                          "{ printf(\"%zu\", offsetof(struct cudaDeviceProp, totalGlobalMem)); return 0; }\n")
+        subprocess.run(["cc", f"-I{header.parent}", "-o", str(tmp_path / "offset"), str(source)], check=True)
+        assert subprocess.run([str(tmp_path / "offset")], capture_output=True, text=True).stdout == \
+            str(TOTAL_GLOBAL_MEM_OFFSET)
+    ctypes_identity = cuda_identity(CtypesCudaRuntime(str(fake_libcudart)))
+    install_fake_pycuda(monkeypatch)
+    hide_cuda_python(monkeypatch)
+    pycuda = load_cuda_runtime("pycuda")
+    try:
+        pycuda_identity = cuda_identity(pycuda)
+    finally:
+        pycuda.close()
+    for field in ("memory_bytes", "memory_gib", "gpu", "compute_capability", "sm_count"):
+        assert ctypes_identity[field] == pycuda_identity[field], field

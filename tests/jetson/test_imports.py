@@ -2,6 +2,7 @@
 and run by a stock JetPack's Python, where edge, torch and onnx are absent."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,22 @@ def test_every_jetson_module_imports_only_the_standard_library_and_numpy():
                if name not in sys.stdlib_module_names and name not in ("jetson", "numpy") and not cython(name)]
     assert outside == [], f"jetson imports {outside}"
     assert "numpy" in found["imported"]
+
+
+def test_without_numpy_jetson_check_says_so_and_the_runner_refuses_naming_it(bundle, tmp_path):
+    """numpy is the device side's one dependency outside the standard library: `python3 -m jetson check` must be
+    able to report it missing (decided for issue 43: the device side imports numpy where it is used), and the
+    runner refuses with the fix instead of a traceback."""
+    hidden = tmp_path / "hidden" / "numpy"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ImportError("No module named \'numpy\' (hidden by the test)")\n')
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{hidden.parent}{os.pathsep}{REPO}"}
+    done = subprocess.run([sys.executable, "-m", "jetson", "check", "--backend", "ort", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert "Traceback" not in done.stderr and done.returncode == 1, done.stderr
+    numpy = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "numpy")
+    assert numpy["status"] == "fail" and "python3-numpy" in numpy["fix"]
+    done = subprocess.run([sys.executable, "-m", "jetson", "run", "--bundle", str(bundle), "--backend", "ort"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert "Traceback" not in done.stderr and done.returncode == 2, done.stderr
+    assert "numpy does not import" in done.stderr and "python3-numpy" in done.stderr

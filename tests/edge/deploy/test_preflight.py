@@ -14,8 +14,8 @@ from jetson.check import jetpack_of, read_meminfo
 from tests.edge.deploy.conftest import ssh_args
 from tests.edge.deploy.sshd import DEVICE_USER, NO_SUDOERS_RULE, NO_TEGRASTATS
 
-CHECKS = ["ssh", "python", "l4t", "tensorrt", "cuda", "sudo", "tegrastats", "power_modes", "memory", "swap", "disk",
-          "cma"]
+CHECKS = ["ssh", "python", "numpy", "l4t", "tensorrt", "cuda", "sudo", "tegrastats", "power_modes", "memory", "swap",
+          "disk", "cma"]
 # an Orin Nano 8GB after boot (JetPack 6.2): the figures of /proc/meminfo that the checks read, in kB
 ORIN_NANO_MEMINFO = """MemTotal:        7802832 kB
 MemFree:         5012344 kB
@@ -74,8 +74,8 @@ def test_check_on_the_loopback_devices_every_field_and_a_failing_case_per_check(
     for check in checks.values():
         assert set(check) == {"name", "status", "value", "fix", "detail"}
     assert {name: c["status"] for name, c in checks.items()} == {
-        "ssh": "ok", "python": "ok", "l4t": "ok", "tensorrt": "ok", "cuda": "ok", "sudo": "ok", "tegrastats": "ok",
-        "power_modes": "ok", "memory": "ok", "swap": "ok", "disk": "ok", "cma": "warn"}
+        "ssh": "ok", "python": "ok", "numpy": "ok", "l4t": "ok", "tensorrt": "ok", "cuda": "ok", "sudo": "ok",
+        "tegrastats": "ok", "power_modes": "ok", "memory": "ok", "swap": "ok", "disk": "ok", "cma": "warn"}
     assert checks["l4t"]["detail"]["l4t"] == "36.4.3" and checks["l4t"]["detail"]["jetpack"] == "6.1-6.2"
     assert checks["tensorrt"]["detail"] == {"version": "10.3.0.30", "supported": True}
     assert checks["cuda"]["detail"]["used"] == "cuda-python"
