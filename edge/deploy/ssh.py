@@ -103,8 +103,10 @@ class SshOptions:
     accept_new_host_key: bool = False
     connect_timeout_s: float = option(DEFAULT_CONNECT_TIMEOUT_S, above=0, maximum=3600)
 
-    def argv(self, host: Host) -> list[str]:
-        """``ssh`` with every option and the destination, without the remote command."""
+    def argv(self, host: Host, *, no_stdin: bool = False) -> list[str]:
+        """``ssh`` with every option and the destination, without the remote command; ``no_stdin``: ``-n`` (stdin
+        from /dev/null: ssh reads none of the caller's input, so ``edge deploy ... &`` is not stopped by SIGTTIN,
+        a script's input is not swallowed, and fleet threads do not share the terminal)."""
         options = {"BatchMode": "yes", "StrictHostKeyChecking": "accept-new" if self.accept_new_host_key else "yes",
                    "ConnectTimeout": str(max(1, round(self.connect_timeout_s))),
                    "ServerAliveInterval": "15", "ServerAliveCountMax": "4"}
@@ -119,6 +121,8 @@ class SshOptions:
             argv += ["-i", str(self.identity)]
         if host.port is not None:
             argv += ["-p", str(host.port)]
+        if no_stdin:
+            argv.append("-n")
         return [*argv, "--", host.destination]
 
 
@@ -131,10 +135,12 @@ class Connection:
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = SHORT_COMMAND_S,
             check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``command`` (already quoted) in the login shell of the device; its output as bytes."""
+        """Run ``command`` (already quoted) in the login shell of the device; its output as bytes. Without
+        ``stdin`` the command's input is /dev/null (``ssh -n``), never the caller's terminal or script."""
+        argv = [*self.options.argv(self.host, no_stdin=stdin is None), command]
+        given: dict = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
         try:
-            done = subprocess.run([*self.options.argv(self.host), command], input=stdin, capture_output=True,
-                                  timeout=timeout)
+            done = subprocess.run(argv, capture_output=True, timeout=timeout, **given)
         except subprocess.TimeoutExpired as e:
             raise DeployError("unreachable", f"{self.host} did not answer within {timeout:g} s",
                               fix="check the device and the network; a dead connection ends after a minute") from e
