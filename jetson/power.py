@@ -45,6 +45,10 @@ SUDOERS_FILE = "/etc/sudoers.d/edge-jetson"
 _MODE_HEADER = re.compile(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([^\s>]+)\s*>")
 _QUERY_NAME = re.compile(r"NV Power Mode:\s*(\S+)")
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: `jetson_clocks --show`'s GPU line (do_igpu: the GPU's devfreq min_freq, max_freq, cur_freq in Hz)
+_SHOW_GPU = re.compile(r"^GPU MinFreq=(\d+) MaxFreq=(\d+) CurrentFreq=(\d+)", re.M)
+#: the GPU's line in a `jetson_clocks --store` file (store: `PATH:VALUE`, PATH the devfreq node's min_freq)
+_STORED_GPU_MIN = re.compile(r"^/sys/class/devfreq/[^/:]+/min_freq:(\d+)\s*$", re.M)
 
 
 @dataclass(frozen=True)
@@ -223,13 +227,36 @@ def set_power_mode(mode: PowerMode) -> None:
                           fix=f"switch once by hand (`sudo nvpmodel -m {mode.id}`, reboot if it asks), then rerun")
 
 
+def gpu_clocks(show: str) -> dict | None:
+    """The GPU's clocks in `jetson_clocks --show`'s words (Hz), None when it prints no GPU line."""
+    match = _SHOW_GPU.search(show)
+    if match is None:
+        return None
+    return dict(zip(("min_hz", "max_hz", "current_hz"), map(int, match.groups())))
+
+
+def error_lines(said: str) -> list[str]:
+    """jetson_clocks' own error lines: it prints them ("Error: Failed to max GPU frequency!", "Error: Failed to
+    restore PATH") and still exits 0 (NVIDIA's script for L4T r36 ends with `main $@; exit 0`)."""
+    return [line.strip() for line in said.splitlines() if line.strip().lower().startswith("error")]
+
+
+def read_clocks() -> tuple[str, dict | None]:
+    """`jetson_clocks --show` (root only, as every jetson_clocks call) and the GPU's clocks in it."""
+    show = run_tool(as_root(["jetson_clocks", "--show"]))
+    return show, gpu_clocks(show)
+
+
 @dataclass(frozen=True)
 class SettingsRecord:
-    """What DeviceSettings did, for the results: the mode before, the mode during, clocks locked."""
+    """What DeviceSettings did, for the results: the mode before, the mode during, clocks locked, and what
+    `jetson_clocks --show` said of the GPU's clocks after locking them (``clocks["locked"]``) and after putting
+    them back (``clocks["restored"]``, filled in when the block ends)."""
 
     original_mode: PowerMode | None
     power_mode: PowerMode | None
     clocks_locked: bool
+    clocks: dict | None = None
 
 
 class DeviceSettings:
@@ -249,6 +276,7 @@ class DeviceSettings:
         self._mode_changed = False
         self._store_dir: Path | None = None
         self._saved_handlers: dict[int, object] = {}
+        self.clocks: dict | None = {} if lock_clocks else None  # what was read back (SettingsRecord.clocks)
 
     def __enter__(self) -> SettingsRecord:
         check_power_rights(self.power_mode, self.lock_clocks)
@@ -264,15 +292,54 @@ class DeviceSettings:
                 self._mode_changed = True
                 set_power_mode(self._target)
             if self.lock_clocks:
-                run_tool(as_root(["jetson_clocks"]))
+                self._lock_clocks()
         except BaseException:
             self._put_back(raising=False)
             raise
-        return SettingsRecord(self._original, self._target, self.lock_clocks)
+        return SettingsRecord(self._original, self._target, self.lock_clocks, self.clocks)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._put_back(raising=exc_type is None)
+
+    def _lock_clocks(self) -> None:
+        """`jetson_clocks`, then read back that the GPU's minimum clock is its maximum: the script only prints its
+        failures and exits 0, so its status proves nothing."""
+        said = run_tool(as_root(["jetson_clocks"]))
+        show, gpu = read_clocks()
+        errors = error_lines(said)
+        assert self.clocks is not None
+        self.clocks["locked"] = {"gpu": gpu, "errors": errors}
+        if errors or gpu is None or gpu["min_hz"] != gpu["max_hz"]:
+            raise JetsonError("--lock-clocks: jetson_clocks exited 0 but did not lock the clocks",
+                              expected="`jetson_clocks --show` with the GPU's MinFreq equal to its MaxFreq",
+                              found="; ".join(errors + [_gpu_line(show)]),
+                              fix="run `sudo jetson_clocks` and `sudo jetson_clocks --show` by hand and read their "
+                                  "errors (another tool holding the clocks, a container without /sys), or run "
+                                  "without --lock-clocks")
+
+    def _restore_clocks(self) -> JetsonError | None:
+        """`jetson_clocks --restore FILE`, then read back that the GPU's minimum clock is the stored one; the
+        failure (its messages, what --show says) when it is not."""
+        try:
+            stored_text = self._store_file.read_text()
+        except OSError:
+            stored_text = ""
+        match = _STORED_GPU_MIN.search(stored_text)
+        stored = int(match.group(1)) if match else None
+        said = run_tool(as_root(["jetson_clocks", "--restore", str(self._store_file)]))
+        show, gpu = read_clocks()
+        errors = error_lines(said)
+        if self.clocks is not None:
+            self.clocks["restored"] = {"gpu": gpu, "stored_gpu_min_hz": stored, "errors": errors}
+        if errors or (stored is not None and (gpu is None or gpu["min_hz"] != stored)):
+            return JetsonError("jetson_clocks --restore exited 0 but did not put the clocks back",
+                               expected=f"the GPU's MinFreq back at {stored} Hz" if stored is not None else
+                               "no error from jetson_clocks --restore",
+                               found="; ".join(errors + [_gpu_line(show)]),
+                               fix="the clocks stay as jetson_clocks left them until `sudo nvpmodel -m ID` sets the "
+                                   "mode's clocks again, or a reboot; its message (found) names the node")
+        return None
 
     @property
     def _store_file(self) -> Path:
@@ -288,7 +355,9 @@ class DeviceSettings:
             if self._store_dir is not None:
                 try:
                     if self._store_file.exists():
-                        run_tool(as_root(["jetson_clocks", "--restore", str(self._store_file)]))
+                        failure = self._restore_clocks()
+                        if failure is not None:
+                            failures.append(failure)
                 except JetsonError as e:
                     failures.append(e)
                 shutil.rmtree(self._store_dir, ignore_errors=True)
@@ -323,6 +392,11 @@ class DeviceSettings:
         for signum, handler in self._saved_handlers.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._saved_handlers.clear()
+
+
+def _gpu_line(show: str) -> str:
+    match = _SHOW_GPU.search(show)
+    return match.group(0) if match else "no GPU line in `jetson_clocks --show`"
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:

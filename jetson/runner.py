@@ -384,7 +384,8 @@ class Runner:
                     self.summary["settings"] = {
                         "original_mode": settings.original_mode and asdict(settings.original_mode),
                         "power_mode": settings.power_mode and asdict(settings.power_mode),
-                        "clocks_locked": settings.clocks_locked}
+                        "clocks_locked": settings.clocks_locked,
+                        "clocks": settings.clocks}  # read back after locking, and after restoring (at the end)
                     with self.interruptions.handling():  # over DeviceSettings' own handlers, which only raise
                         for variant in self.selected():
                             self.run_variant(variant)

@@ -34,6 +34,7 @@ class FakeJetson:
     nvpmodel_state: Path
     nvpmodel_conf: Path
     tegrastats_trace: Path
+    clocks_state: Path  # fake_jetson_clocks' GPU devfreq state (JSON)
 
     def variables(self) -> dict[str, str]:
         """PATH with the fakes first, and the fakes' own variables."""
@@ -42,7 +43,19 @@ class FakeJetson:
                 "FAKE_NVPMODEL_STATE": str(self.nvpmodel_state),
                 "FAKE_NVPMODEL_CONF": str(self.nvpmodel_conf),
                 "FAKE_TEGRASTATS_TRACE": str(self.tegrastats_trace),
+                "FAKE_JETSON_CLOCKS_STATE": str(self.clocks_state),
                 "EDGE_JETSON_TENSORRT_INCLUDE": str(self.tensorrt_include)}
+
+    def fail_clocks(self, step: str) -> None:
+        """Make jetson_clocks' GPU writes fail in ``step`` ("lock" or "restore"): it prints NVIDIA's error line
+        and exits 0, as the real script does."""
+        state = json.loads(self.clocks_state.read_text()) if self.clocks_state.is_file() else {}
+        self.clocks_state.write_text(json.dumps({**state, "fail": step}))
+
+    def gpu_clocks(self) -> dict:
+        """The fake GPU devfreq state: min, max, cur (Hz)."""
+        state = json.loads(self.clocks_state.read_text()) if self.clocks_state.is_file() else {}
+        return {"min": 306000000, "max": 1020000000, "cur": 306000000, **state}
 
     def calls(self) -> list[list[str]]:
         """Every call so far, in order, as [program, *arguments]."""
@@ -67,7 +80,8 @@ def install_fakes(root: Path, *, conf: Path = DATA / "nvpmodel_p3767_0003_super.
     ``site_packages``: where trtexec's fake finds numpy and onnx when ``python`` is not this one."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    fakes = FakeJetson(bin_dir, root / "include", root / "calls.jsonl", root / "nvpmodel.state", conf, trace)
+    fakes = FakeJetson(bin_dir, root / "include", root / "calls.jsonl", root / "nvpmodel.state", conf, trace,
+                       root / "clocks.json")
     fakes.tensorrt_include.mkdir(parents=True, exist_ok=True)
     for name, text in FAKE_TENSORRT_HEADERS.items():
         (fakes.tensorrt_include / name).write_text(text)

@@ -84,6 +84,9 @@ def test_the_mode_in_effect_already_is_not_switched(fake_jetson):
     assert fake_jetson.calls() == [["nvpmodel", "-q"]]
 
 
+SHOW = ["jetson_clocks", "--show"]
+
+
 def clock_calls(calls):
     return [c for c in calls if c[0] == "jetson_clocks"]
 
@@ -93,7 +96,7 @@ def test_clocks_are_stored_locked_and_restored(fake_jetson):
         stored = Path(clock_calls(fake_jetson.calls())[0][2])
         assert stored.exists()
     assert clock_calls(fake_jetson.calls()) == [["jetson_clocks", "--store", str(stored)], ["jetson_clocks"],
-                                                ["jetson_clocks", "--restore", str(stored)]]
+                                                SHOW, ["jetson_clocks", "--restore", str(stored)], SHOW]
     assert not stored.parent.exists()
 
 
@@ -107,8 +110,8 @@ def test_an_exception_mid_benchmark_puts_mode_and_clocks_back(fake_jetson):
         ["nvpmodel", "-q"],
         ["jetson_clocks", "--store", stored],
         ["nvpmodel", "-m", "0"], ["nvpmodel", "-q"],
-        ["jetson_clocks"],
-        ["jetson_clocks", "--restore", stored],   # undone in reverse: the clocks first (issue 29),
+        ["jetson_clocks"], SHOW,  # locked, and read back (it exits 0 whatever failed)
+        ["jetson_clocks", "--restore", stored], SHOW,   # undone in reverse: the clocks first (issue 29),
         ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"],   # then the original mode
     ]
     assert query_power_mode() == PowerMode(1, "25W")
@@ -122,7 +125,8 @@ def test_a_failure_while_setting_up_undoes_what_was_done(fake_jetson, tmp_path):
             pytest.fail("the block must not run")
     assert "NVPM ERROR: Invalid mode id 9" in str(e.value)
     calls = fake_jetson.calls()
-    assert calls[-3:] == [["jetson_clocks", "--restore", calls[1][2]], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
+    assert calls[-4:] == [["jetson_clocks", "--restore", calls[1][2]], SHOW, ["nvpmodel", "-m", "1"],
+                          ["nvpmodel", "-q"]]
     assert ["jetson_clocks"] not in calls
 
 
@@ -163,7 +167,7 @@ def test_a_signal_mid_benchmark_puts_mode_and_clocks_back(fake_jetson, signum, c
     assert child.returncode == code, err
     calls = fake_jetson.calls()
     stored = calls[1][2]
-    assert calls[-3:] == [["jetson_clocks", "--restore", stored], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
+    assert calls[-4:] == [["jetson_clocks", "--restore", stored], SHOW, ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
     assert query_power_mode() == PowerMode(1, "25W")
 
 
@@ -180,3 +184,34 @@ def test_a_runner_started_under_sudo_is_refused_naming_the_sudoers_line(bundle, 
     assert "the runner was started with sudo (by nvidia)" in summary
     assert "nvidia ALL=(root) NOPASSWD: " in summary and "/jetson_clocks" in summary
     assert not (bundle / "results" / "a.fp32.json").exists()
+
+
+# jetson_clocks prints its failures and exits 0 (NVIDIA's script for L4T r36: `main $@; exit 0`; do_igpu prints
+# "Error: Failed to max GPU frequency!", restore "Error: Failed to restore PATH"): the clocks are read back
+
+def test_locked_and_restored_clocks_are_read_back_and_recorded(fake_jetson):
+    with DeviceSettings(lock_clocks=True) as record:
+        assert fake_jetson.gpu_clocks()["min"] == fake_jetson.gpu_clocks()["max"] == 1020000000
+    assert record.clocks["locked"] == {"gpu": {"min_hz": 1020000000, "max_hz": 1020000000,
+                                               "current_hz": 1020000000}, "errors": []}
+    assert record.clocks["restored"]["gpu"]["min_hz"] == record.clocks["restored"]["stored_gpu_min_hz"] == 306000000
+    assert fake_jetson.gpu_clocks()["min"] == 306000000
+
+
+def test_clocks_that_did_not_lock_fail_the_settings_and_are_put_back(fake_jetson):
+    fake_jetson.fail_clocks("lock")
+    with pytest.raises(JetsonError, match="jetson_clocks exited 0 but did not lock the clocks") as e:
+        with DeviceSettings(lock_clocks=True):
+            pytest.fail("the benchmark must not run on unlocked clocks")
+    assert "Error: Failed to max GPU frequency!" in str(e.value)
+    assert "GPU MinFreq=306000000 MaxFreq=1020000000" in str(e.value)
+    assert clock_calls(fake_jetson.calls())[-2:] == [["jetson_clocks", "--restore", fake_jetson.calls()[0][2]], SHOW]
+
+
+def test_clocks_that_were_not_restored_are_said(fake_jetson, capsys):
+    with pytest.raises(JetsonError, match="jetson_clocks --restore exited 0 but did not put the clocks back") as e:
+        with DeviceSettings(lock_clocks=True) as record:
+            fake_jetson.fail_clocks("restore")
+    assert "Error: Failed to restore /sys/class/devfreq/17000000.gpu/min_freq" in str(e.value)
+    assert record.clocks["restored"]["gpu"]["min_hz"] == 1020000000  # still locked, and recorded so
+    assert "could not put the device back" in capsys.readouterr().err

@@ -116,8 +116,11 @@ def test_energy_from_the_replayed_tegrastats_trace_and_the_power_mode_put_back(b
     summary = json.loads((bundle / "results" / "run.json").read_text())
     assert summary["device"]["power_mode"] == {"name": "25W", "id": 1}  # the fake's mode before the run
     stored = next(c[2] for c in calls if c[:2] == ["jetson_clocks", "--store"])
-    assert calls[calls.index(["nvpmodel", "-m", "0"]) + 1:][-3:] == [  # 15W for the run; the clocks, then 25W again
-        ["jetson_clocks", "--restore", stored], ["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
+    assert calls[calls.index(["nvpmodel", "-m", "0"]) + 1:][-4:] == [  # 15W for the run; the clocks, then 25W again
+        ["jetson_clocks", "--restore", stored], ["jetson_clocks", "--show"], ["nvpmodel", "-m", "1"],
+        ["nvpmodel", "-q"]]
+    assert summary["settings"]["clocks"]["locked"]["gpu"]["min_hz"] == 1020000000  # read back, recorded
+    assert summary["settings"]["clocks"]["restored"]["gpu"]["min_hz"] == 306000000
     assert summary["settings"]["power_mode"] == {"id": 0, "name": "15W"} and summary["settings"]["clocks_locked"]
 
 
@@ -163,7 +166,7 @@ def test_an_interruption_writes_partial_results_and_exits_128_plus_the_signal(bu
     summary = json.loads((bundle / "results" / "run.json").read_text())
     assert summary["variants"] == {"a.fp32": {"result": "a.fp32.json", "error": a["error"],
                                               "status": "interrupted"}}
-    assert fake_jetson.calls()[-1][:2] == ["jetson_clocks", "--restore"]
+    assert fake_jetson.calls()[-2][:2] == ["jetson_clocks", "--restore"]  # then read back with --show
     mend()  # a rerun finishes the job
     assert run(RunOptions(bundle=bundle, backend="ort", energy="off", lock_clocks=True)) == 0
     summary = json.loads((bundle / "results" / "run.json").read_text())

@@ -60,7 +60,8 @@ def test_a_signal_during_a_build_cancels_it_restores_the_device_and_exits_128_pl
     assert process.returncode == 128 + signum, err
     assert "Exception caught in" not in err  # nothing raised into TensorRT's callbacks
     calls = fake_jetson.calls()
-    assert calls[-1][:2] == ["jetson_clocks", "--restore"] and ["jetson_clocks"] in calls  # locked, then restored
+    assert calls[-2][:2] == ["jetson_clocks", "--restore"] and ["jetson_clocks"] in calls  # locked, then restored
+    assert calls[-1] == ["jetson_clocks", "--show"]  # and read back
     summary = json.loads((bundle / "results" / "run.json").read_text())
     assert summary["exit_code"] == 128 + signum and summary["partial"] is True and summary["finished"]
     assert summary["variants"]["a.fp32"]["status"] == "interrupted" and "b.fp32" not in summary["variants"]
@@ -84,7 +85,7 @@ def test_ctrl_c_at_a_terminal_reaches_the_build_process_too_and_the_run_still_ex
             process.communicate()
     assert process.returncode == 128 + signal.SIGINT, err
     assert "Exception caught in" not in err and "Traceback" not in err
-    assert fake_jetson.calls()[-1][:2] == ["jetson_clocks", "--restore"]
+    assert fake_jetson.calls()[-2][:2] == ["jetson_clocks", "--restore"]
     summary = json.loads((bundle / "results" / "run.json").read_text())
     assert summary["variants"]["a.fp32"]["status"] == "interrupted"
     assert "[fake] the build was cancelled" in (bundle / "results" / "logs" / "a.fp32.trt.log").read_text()

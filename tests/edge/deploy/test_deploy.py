@@ -106,11 +106,13 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     assert "On the devices" in (run / "report.html").read_text()
     calls = device.fakes.calls()
     assert ["nvpmodel", "-m", "0"] in calls and calls[-2:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]
-    assert calls[-3][:2] == ["jetson_clocks", "--restore"]  # clocks restored first, then the mode (reverse order)
+    assert calls[-4][:2] == ["jetson_clocks", "--restore"]  # clocks restored first, then the mode (reverse order)
+    assert calls[-3] == ["jetson_clocks", "--show"]  # and read back (jetson_clocks exits 0 whatever failed)
     # the login user is not root: the two tools ran as root through `sudo -n`, everything else as the user
     changes = [c for c in device.fakes.call_entries() if c["argv"][:2] == ["nvpmodel", "-m"]
                or c["argv"][0] == "jetson_clocks"]
-    assert len(changes) == 5 and all(c["euid"] == 0 for c in changes)  # store, -m 0, lock, restore, -m 1
+    # store, -m 0, lock, show, restore, show, -m 1
+    assert len(changes) == 7 and all(c["euid"] == 0 for c in changes)
     assert {c["euid"] for c in device.fakes.call_entries() if c not in changes} == {device.uid}
     # results/ on the device and every file in it stay the login user's
     assert {p.stat().st_uid for p in [remote / "results", *(remote / "results").rglob("*")]} == {device.uid}
@@ -215,7 +217,7 @@ def test_a_device_fault_in_mid_benchmark_keeps_partial_results_and_logs_and_puts
     assert (results / "logs" / "a.fp32.tegrastats.log").is_file()
     calls = target.fakes.calls()
     assert ["nvpmodel", "-m", "0"] in calls  # 15W for the run
-    assert calls[-3][:2] == ["jetson_clocks", "--restore"]  # the clocks, then
+    assert calls[-4][:2] == ["jetson_clocks", "--restore"]  # the clocks (then read back), then
     assert calls[-2:] == [["nvpmodel", "-m", "1"], ["nvpmodel", "-q"]]  # the original mode (25W) again
 
 
