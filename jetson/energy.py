@@ -29,9 +29,15 @@ from jetson.errors import JetsonError
 from jetson.tegrastats import TimedSample
 
 MIN_ENERGY_SAMPLES = 20  # tegrastats samples inside the timed window for energy figures to be trusted (above)
-TOTAL_RAILS = ("VDD_IN", "VIN", "VIN_SYS_5V0")
-"""The rail that carries the whole module's input, first present wins: VDD_IN on Orin Nano/NX,
-VIN on Thor, VIN_SYS_5V0 on AGX Orin."""
+TOTAL_RAILS = ("VDD_IN", "POM_5V_IN", "VIN")
+"""The rail that carries the whole module's input, first present wins: VDD_IN on Orin Nano/NX (and Xavier NX),
+POM_5V_IN on the Jetson Nano, as jtop takes them (rbonghi/jetson_stats, jtop/core/power.py, ``total_power``), and
+VIN, the module's input on Thor (its other rails are parts of it). A module with none of them (AGX Orin:
+VDD_GPU_SOC, VDD_CPU_CV, VIN_SYS_5V0, none the whole) gets the sum of its rails as the total, as jtop does:
+:data:`SUM_OF_RAILS`."""
+SUM_OF_RAILS = "SUM_OF_RAILS"
+"""The total of a module without a total rail: every rail's power added sample by sample (``total_rails`` names
+them), in ``rails`` beside the measured ones."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class PowerSummary:
     samples_idle: int | None
     total_rail: str | None
     rails: dict[str, RailEnergy]
+    total_rails: list[str]  # the rails the total is: [total_rail], or every rail when it is SUM_OF_RAILS
     peak_ram_used_mb: int
     ram_total_mb: int
     peak_temperatures_c: dict[str, float]
@@ -131,10 +138,24 @@ def rail_energy(samples: Sequence[TimedSample], rail: str, timed: Window, calls:
                 idle: Window | None = None, *, batch: int = 1) -> RailEnergy:
     """One rail's energy over ``timed``, per call (``calls`` inference calls of ``batch`` images each) and
     per image, total and above the idle window's mean power."""
+    times, power = rail_power(samples, rail)
+    return power_energy(rail, times, power, timed, calls, idle, batch=batch)
+
+
+def summed_rail_energy(samples: Sequence[TimedSample], rails: Sequence[str], timed: Window, calls: int,
+                       idle: Window | None = None, *, batch: int = 1) -> RailEnergy:
+    """The energy of ``rails`` together (their powers added sample by sample), as :data:`SUM_OF_RAILS`."""
+    series = [rail_power(samples, rail) for rail in rails]
+    power = np.sum([p for _, p in series], axis=0)
+    return power_energy(SUM_OF_RAILS, series[0][0], power, timed, calls, idle, batch=batch)
+
+
+def power_energy(rail: str, times: np.ndarray, power: np.ndarray, timed: Window, calls: int,
+                 idle: Window | None = None, *, batch: int = 1) -> RailEnergy:
+    """:func:`rail_energy`'s figures from the times (s) and power (mW) of a rail."""
     if calls < 1 or batch < 1:
         raise JetsonError(f"energy per call needs at least one call of at least one image, got {calls} calls "
                           f"of batch {batch}")
-    times, power = rail_power(samples, rail)
     energy = energy_mj(times, power, timed)
     idle_mw = mean_power_mw(times, power, idle) if idle is not None else None
     above = None if idle_mw is None else energy - idle_mw * timed.duration_s
@@ -179,12 +200,17 @@ def summarize(samples: Sequence[TimedSample], timed: Window, calls: int,
             peaks[zone] = max(celsius, peaks.get(zone, celsius))
     samples_timed = sum(timed.start_s <= s.time_s <= timed.end_s for s in samples)
     unreliable = reliability(samples_timed, interval_ms)
+    energies = {r: rail_energy(samples, r, timed, calls, idle, batch=batch) for r in rails}
+    total = next((r for r in TOTAL_RAILS if r in rails), None)
+    total_rails = [total] if total else list(rails)
+    if total is None and rails:
+        total = SUM_OF_RAILS
+        energies[SUM_OF_RAILS] = summed_rail_energy(samples, rails, timed, calls, idle, batch=batch)
     return PowerSummary(
         calls=calls, batch=batch, timed_s=timed.duration_s, idle_s=idle.duration_s if idle else None,
         samples_timed=samples_timed,
         samples_idle=(sum(idle.start_s <= s.time_s <= idle.end_s for s in samples) if idle else None),
-        total_rail=next((r for r in TOTAL_RAILS if r in rails), None),
-        rails={r: rail_energy(samples, r, timed, calls, idle, batch=batch) for r in rails},
+        total_rail=total, rails=energies, total_rails=total_rails,
         peak_ram_used_mb=max(s.sample.ram_used_mb for s in seen),
         ram_total_mb=seen[-1].sample.ram_total_mb,
         peak_temperatures_c=peaks,

@@ -8,7 +8,17 @@ meant; the rails are in both.
 
 import pytest
 
-from jetson.energy import MIN_ENERGY_SAMPLES, Window, energy_mj, rail_energy, rail_power, summarize, window_samples
+from jetson.energy import (
+    MIN_ENERGY_SAMPLES,
+    SUM_OF_RAILS,
+    TOTAL_RAILS,
+    Window,
+    energy_mj,
+    rail_energy,
+    rail_power,
+    summarize,
+    window_samples,
+)
 from jetson.errors import JetsonError
 from jetson.tegrastats import TimedSample, read_log
 from tests.jetson.fakes import DATA
@@ -124,3 +134,22 @@ def test_empty_windows_and_no_inferences_are_refused(trace):
         Window(2, 2)
     with pytest.raises(JetsonError, match="needs at least one call of at least one image, got 0 calls"):
         rail_energy(trace, "VDD_IN", TIMED, 0)
+
+
+def test_a_module_without_a_total_rail_sums_its_rails_as_jtop_does():
+    """AGX Orin prints VDD_GPU_SOC, VDD_CPU_CV and VIN_SYS_5V0, none of them the module's whole input: jtop
+    (rbonghi/jetson_stats, jtop/core/power.py, total_power) takes VDD_IN or POM_5V_IN as the total, else sums
+    every rail. Two real AGX Orin lines (as root, and without root) one second apart."""
+    lines = read_log(DATA / "jp6_agx_orin_root.log") + read_log(DATA / "jp6_agx_orin_user.log")
+    samples = [TimedSample(float(t), s) for t, s in enumerate(lines)]
+    summary = summarize(samples, Window(0.0, 1.0), calls=10)
+    assert summary.total_rail == SUM_OF_RAILS
+    assert summary.total_rails == ["VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0"]
+    first, second = 3205 + 4405 + 4767, 4940 + 988 + 4442  # mW, the three rails added
+    assert summary.rails[SUM_OF_RAILS].energy_mj == pytest.approx((first + second) / 2, rel=1e-12)
+    assert summary.rails[SUM_OF_RAILS].energy_mj > summary.rails["VIN_SYS_5V0"].energy_mj  # never one rail alone
+    assert summary.rails[SUM_OF_RAILS].energy_per_image_mj == pytest.approx((first + second) / 2 / 10, rel=1e-12)
+
+
+def test_the_jetson_nanos_total_rail_is_pom_5v_in():
+    assert TOTAL_RAILS[:2] == ("VDD_IN", "POM_5V_IN")
