@@ -40,8 +40,25 @@ DOMAIN_VERSION = 1
 PLUGIN_OPS = (TOKEN_DEPTHWISE_CONV,)
 #: the prefix modes the kernel computes (``prefix=drop`` is ``prefix_tokens=0``; ``prefix=attend`` is not one)
 PREFIX_MODES = ("mean", "pool")
-#: TensorRT's ONNX parser imports IPluginV3 plugins from this version on
-MIN_TENSORRT = (10, 1)
+#: TensorRT's ONNX parser imports IPluginV3 plugins (IPluginCreatorV3One creators) from this version on: its
+#: fallback plugin importer takes them from onnx-tensorrt 10.0-GA (onnxOpImporters.cpp, FallbackPluginImporter)
+MIN_TENSORRT = (10, 0)
+#: the plugin field type TensorRT's parser makes of each attribute type (onnx-tensorrt onnxOpImporters.cpp,
+#: loadFields, 10.0-GA to 10.16): FLOAT(S) -> kFLOAT32, INT(S) -> kINT32, STRING -> kCHAR; a TENSOR by its
+#: element type (FLOAT -> kFLOAT32, FLOAT16 -> kFLOAT16, BFLOAT16 -> kBF16, INT32 -> kINT32, DOUBLE -> kFLOAT64,
+#: INT8, INT16; INT64, UINT8, BOOL and the rest stop the parse: "is unsupported in plugin fields")
+_A = onnx.AttributeProto
+_T = onnx.TensorProto
+FIELD_TYPE = {_A.FLOAT: "kFLOAT32", _A.FLOATS: "kFLOAT32", _A.INT: "kINT32", _A.INTS: "kINT32",
+              _A.STRING: "kCHAR", _A.STRINGS: "kCHAR"}
+TENSOR_FIELD_TYPE = {_T.FLOAT: "kFLOAT32", _T.FLOAT16: "kFLOAT16", _T.BFLOAT16: "kBF16", _T.INT32: "kINT32",
+                     _T.DOUBLE: "kFLOAT64", _T.INT8: "kINT8", _T.INT16: "kINT16", _T.STRING: "kCHAR"}
+#: what the plugin's creator reads of each field (tokenDepthwiseConvPlugin.cpp: readInts, readFloats, readString)
+INT_FIELDS = {"kernel_size": 1, "grid": 2, "prefix_tokens": 1}
+FLOAT_FIELDS = ("weight", "bias", "prefix_weights")          # kFLOAT32 or kFLOAT16 values, [C, 1, k, k] etc.
+STRING_FIELDS = ("prefix_mode", "plugin_version", "plugin_namespace")
+#: the token types the plugin takes (supportsFormatCombination: kFLOAT or kHALF, the output the input's)
+TOKEN_TYPES = (_T.FLOAT, _T.FLOAT16)
 
 ORT_DOMAIN = "ai.onnx.contrib"                 # onnxruntime-extensions' domain for Python ops
 ORT_OP = "EdgeTokenDepthwiseConvReference"    # float32 in and out (onnxruntime-extensions' Python ops take no float16)
@@ -110,10 +127,74 @@ def _node_label(node: onnx.NodeProto) -> str:
     return f"{node.op_type} node {node.name!r}" if node.name else f"a {node.op_type} node"
 
 
-def read_fields(node: onnx.NodeProto) -> TokenDepthwiseFields:
-    """The fields of a ``TokenDepthwiseConv`` node; EdgeError naming the node and the field when they are unusable."""
-    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+def _type_name(attribute: onnx.AttributeProto) -> str:
+    kind = onnx.AttributeProto.AttributeType.Name(attribute.type)
+    if attribute.type == onnx.AttributeProto.TENSOR:
+        kind += f" of {onnx.TensorProto.DataType.Name(attribute.t.data_type)}"
+    return kind
+
+
+def attribute_problems(node: onnx.NodeProto) -> list[str]:
+    """The attributes TensorRT's parser would hand the creator as fields it refuses (by loadFields' type mapping,
+    :data:`FIELD_TYPE`), or could not import at all; and a namespace the creator is not registered under."""
+    found = []
+    for attribute in node.attribute:
+        name, kind = attribute.name, attribute.type
+        if kind == onnx.AttributeProto.TENSOR:
+            field_type = TENSOR_FIELD_TYPE.get(attribute.t.data_type)
+        else:
+            field_type = FIELD_TYPE.get(kind)
+        if field_type is None:
+            found.append(f"{name}: a {_type_name(attribute)} attribute, which TensorRT's parser cannot pass to a "
+                         "plugin (\"unsupported in plugin fields\")")
+        elif name in INT_FIELDS and (kind not in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS)
+                                     or (len(attribute.ints) if kind == onnx.AttributeProto.INTS else 1)
+                                     != INT_FIELDS[name]):
+            want = "an INT" if INT_FIELDS[name] == 1 else f"INTS of {INT_FIELDS[name]}"
+            found.append(f"{name}: a {_type_name(attribute)} attribute ({field_type} field): expected {want} "
+                         f"(kINT32 x {INT_FIELDS[name]})")
+        elif name in FLOAT_FIELDS and field_type not in ("kFLOAT32", "kFLOAT16"):
+            found.append(f"{name}: a {_type_name(attribute)} attribute ({field_type} field): expected a FLOAT or "
+                         "FLOAT16 tensor (the creator reads float32 or float16 values)")
+        elif name in FLOAT_FIELDS and kind != onnx.AttributeProto.TENSOR:
+            found.append(f"{name}: a {_type_name(attribute)} attribute (its values without their shape): expected a "
+                         "FLOAT or FLOAT16 tensor")
+        elif name in STRING_FIELDS and kind != onnx.AttributeProto.STRING:
+            found.append(f"{name}: a {_type_name(attribute)} attribute ({field_type} field): expected a STRING")
+    values = {a.name: a.s.decode(errors="replace") for a in node.attribute if a.type == onnx.AttributeProto.STRING}
+    namespace = values.get("plugin_namespace", PLUGIN_NAMESPACE)
+    if namespace != PLUGIN_NAMESPACE:
+        found.append(f"plugin_namespace {namespace!r}: the creator is registered under {PLUGIN_NAMESPACE!r}; the "
+                     "parser looks it up by name, version and namespace and would not find it (\"Plugin not found\")")
+    return found
+
+
+def token_problems(fields: TokenDepthwiseFields, element_type: int | None,
+                   shape: tuple[int | None, ...] | None) -> list[str]:
+    """What the plugin refuses of its input (supportsFormatCombination: float32 or float16; configurePlugin:
+    ``[B, P + H*W, C]``); unknown type or dimensions (None, 0 or negative) are not judged."""
+    found = []
+    if element_type and element_type not in TOKEN_TYPES:
+        found.append(f"tokens of type {onnx.TensorProto.DataType.Name(element_type)}: expected FLOAT or FLOAT16")
+    if shape is not None:
+        wanted = (None, fields.tokens, fields.channels)
+        if len(shape) != 3 or any(d is not None and d > 0 and w is not None and d != w
+                                  for d, w in zip(shape, wanted)):
+            found.append(f"tokens of shape {list(shape)}: expected [B, {fields.tokens}, {fields.channels}] "
+                         "(P + H*W tokens of C channels, from the fields)")
+    return found
+
+
+def read_fields(node: onnx.NodeProto, *, tokens_type: int | None = None,
+                tokens_shape: tuple[int | None, ...] | None = None) -> TokenDepthwiseFields:
+    """The fields of a ``TokenDepthwiseConv`` node; EdgeError naming the node and the field when they are unusable.
+    With ``tokens_type`` (an ONNX element type) and ``tokens_shape``, the node's input is checked too."""
     label = _node_label(node)
+    problems = attribute_problems(node)
+    if problems:
+        raise EdgeError(f"{label}: TensorRT would refuse its attributes", found="; ".join(problems),
+                        fix="rewrite the graph with `edge clean --plugins` from the plain export")
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     missing = [name for name in ("kernel_size", "grid", "prefix_tokens", "weight") if name not in values]
     version = values.get("plugin_version", PLUGIN_VERSION)
     version = version.decode() if isinstance(version, bytes) else version
@@ -134,10 +215,14 @@ def read_fields(node: onnx.NodeProto) -> TokenDepthwiseFields:
         raise EdgeError(f"{label}: TensorRT's plugin creator would refuse its fields",
                         found=f"grid {grid}: expected two sizes H, W",
                         fix="rewrite the graph with `edge clean --plugins` from the plain export")
-    fields = TokenDepthwiseFields(int(values["kernel_size"]), (grid[0], grid[1]), int(values["prefix_tokens"]),
+    def scalar(name: str) -> int:  # an INT, or INTS of one (both are kINT32 x 1 to the creator)
+        value = values[name]
+        return int(value[0] if isinstance(value, list) else value)
+
+    fields = TokenDepthwiseFields(scalar("kernel_size"), (grid[0], grid[1]), scalar("prefix_tokens"),
                                   mode.decode() if isinstance(mode, bytes) else mode,
                                   array("weight"), array("bias"), array("prefix_weights"))
-    problems = fields.problems()
+    problems = fields.problems() + token_problems(fields, tokens_type, tokens_shape)
     if problems:
         raise EdgeError(f"{label}: TensorRT's plugin creator would refuse its fields", found="; ".join(problems),
                         fix="rewrite the graph with `edge clean --plugins` from the plain export")

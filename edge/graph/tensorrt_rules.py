@@ -168,17 +168,20 @@ def _release(tensorrt: str) -> tuple[int, ...]:
     return tuple(int(part) for part in tensorrt.split(".") if part.isdigit())
 
 
-def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
-    """An edge plugin op: an error if it is outside edge's domain, its creator would refuse it or the parser imports
-    no V3 plugins, else a note."""
+def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport,
+                 facts: GraphFacts | None = None) -> list[Finding]:
+    """An edge plugin op: an error if it is outside edge's domain, its creator would refuse it (its attributes, or
+    its input's type and shape in ``facts``) or the parser imports no V3 plugins, else a note."""
     if node.domain != PLUGIN_DOMAIN:
         return [Finding("plugin", label, f"{node.op_type} is in the domain {node.domain or '(default)'!r}: edge's "
                         f"plugin ops are in {PLUGIN_DOMAIN!r} (TensorRT's parser ignores the domain; edge's ONNX "
                         "Runtime reference and onnx.checker find the op there)",
                         "rewrite the graph with `edge clean --plugins` from the plain export (it writes the node "
                         f"in {PLUGIN_DOMAIN!r} and declares the domain)")]
+    tokens = node.input[0] if node.input and facts is not None else None
     try:
-        read_fields(node)
+        read_fields(node, tokens_type=facts.types.get(tokens) if facts and tokens else None,
+                    tokens_shape=facts.shapes.get(tokens) if facts and tokens else None)
     except EdgeError as e:
         return [Finding("plugin", label, f"{e.what}: {e.found or e.expected}", e.fix or "")]
     if _release(parser.tensorrt) < MIN_TENSORRT:
@@ -193,9 +196,10 @@ def check_plugin(node: onnx.NodeProto, label: str, parser: ParserSupport) -> lis
                     "--plugins", INFO)]
 
 
-def check_operator(node: onnx.NodeProto, label: str, parser: ParserSupport) -> list[Finding]:
+def check_operator(node: onnx.NodeProto, label: str, parser: ParserSupport,
+                   facts: GraphFacts | None = None) -> list[Finding]:
     if node.op_type in PLUGIN_OPS:
-        return check_plugin(node, label, parser)
+        return check_plugin(node, label, parser, facts)
     if node.domain not in ("", "ai.onnx"):
         return [Finding("operator", label, f"{node.domain}::{node.op_type} is not an ONNX operator TensorRT "
                         f"{parser.tensorrt}'s parser imports",
@@ -404,7 +408,7 @@ def parser_support(tensorrt: str) -> ParserSupport:
 
 
 def check_node(node: onnx.NodeProto, label: str, facts: GraphFacts, parser: ParserSupport) -> list[Finding]:
-    findings = check_operator(node, label, parser)
+    findings = check_operator(node, label, parser, facts)
     if findings:
         return findings
     findings += check_input_type(node, label, facts, parser)
