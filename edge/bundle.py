@@ -62,9 +62,12 @@ class BundleConfig:
     """What goes into a bundle besides the graphs: precisions, the build config, the benchmark protocol."""
 
     precisions: tuple[str, ...] = DEFAULT_PRECISIONS
-    data: str = "fmnist"                # int8 calibration data
-    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)  # int8 calibration samples
-    check_data: str = "fmnist-mini"     # images the fp16/int8 graphs are checked on before they are written
+    # int8 calibration and the fp16 range check (training split); None: a bundled model's data set, else refused
+    data: str | None = None
+    samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)  # int8 calibration / fp16 range-check samples
+    # the accuracy gates' images (test split): of the fp16/int8 graphs before they are written, and on the device;
+    # None: the test split of ``data``, else a bundled model's check set (fmnist-mini), else refused
+    check_data: str | None = None
     workspace_mib: int = option(DEFAULT_WORKSPACE_MIB, minimum=1, maximum=1 << 20)
     tactic_dram_mib: int = option(DEFAULT_TACTIC_DRAM_MIB, minimum=1, maximum=1 << 20)  # jetson.bundle says why
     optimization_level: int = option(3, minimum=0, maximum=5)
@@ -183,13 +186,17 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
 
     progress(f"{source.name}: making the {precision} graph")
     if precision == "fp16":
-        result = quantize_file(source.path, out, "fp16", check_data=config.check_data,
-                               input_options=config.input_options)
+        from edge.precision.fp16_ranges import RangeCheck
+
+        result = quantize_file(source.path, out, "fp16", check_data=config.check_data or config.data,
+                               ranges=RangeCheck(data=config.data, samples=config.samples),
+                               input_options=config.input_options, progress=progress)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
     from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
-                           check_data=config.check_data, input_options=config.input_options, progress=progress)
+                           check_data=config.check_data or config.data, input_options=config.input_options,
+                           progress=progress)
     return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
 
 
@@ -358,7 +365,7 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
 
     progress(f"{graph.name}: accuracy gate: {config.gate_images} images and the source graph's outputs")
     try:
-        return write_gate(graph.name, graph.path, out, config.check_data, config.gate_images)
+        return write_gate(graph.name, graph.path, out, config.check_data or config.data, config.gate_images)
     except JetsonError as e:  # the gate's own rules (jetson.accuracy_gate): bad input, not a bug of edge
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
 

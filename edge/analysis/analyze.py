@@ -24,7 +24,7 @@ from edge.runtime import hardware
 class AnalysisConfig:
     """The calibration images the analysis streams (seeded, class-balanced training samples)."""
 
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for); other models need it
     samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)

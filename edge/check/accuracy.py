@@ -34,6 +34,19 @@ def head_mismatch(shape: tuple[int, ...], num_classes: int, data: str) -> str | 
     return None
 
 
+def require_head(model: nn.Module, dataset, purpose: str, fix: str) -> None:
+    """Refuse to read ``dataset``'s labels as ``model``'s classes when its head has another number of outputs: the
+    folder's classes (sorted folder names) would index another set of classes, silently. ``purpose``: what reads
+    them; ``fix``: what else the user can do (a method's label-free criterion)."""
+    outputs = int(getattr(model, "num_classes", 0) or 0)
+    if outputs != dataset.num_classes:
+        raise EdgeError(f"{purpose} reads the labels of {dataset.name} as the model's classes, but the model's head "
+                        f"has {outputs} outputs and {dataset.name} has {dataset.num_classes} classes",
+                        expected="a head with one output per class folder, in the folders' sorted order",
+                        fix=f"give the model a head for these classes (timm:ARCH,num_classes={dataset.num_classes} "
+                            f"with weights fine-tuned on them, or `edge eval MODEL --probe` to fit one), or {fix}")
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = EvaluateConfig.batch_size,
              device: torch.device | str = "cpu", show_progress: bool = True, predictions: bool = False) -> dict:

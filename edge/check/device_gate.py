@@ -60,7 +60,7 @@ def _input_spec(model: onnx.ModelProto):
     return InputSpec(*config["input_size"], config["mean"], config["std"], config["interpolation"])
 
 
-def _dataset_images(model: onnx.ModelProto, data: str, count: int) -> np.ndarray | None:
+def _dataset_images(model: onnx.ModelProto, data: str | None, count: int, source: str) -> np.ndarray | None:
     """``count`` test images of ``data`` preprocessed as the graph records, in its input's shape; None when the
     graph records no preprocessing or its input holds another number of values per image."""
     from edge.data import load_dataset
@@ -69,6 +69,9 @@ def _dataset_images(model: onnx.ModelProto, data: str, count: int) -> np.ndarray
     spec = _input_spec(model)
     if len(inputs) != 1 or spec is None:
         return None
+    from edge.models import data_for
+
+    data = data_for(data, source, "--gate-data", check=True)
     dataset = load_dataset(data, "test")
     if len(dataset) < count:
         raise EdgeError(f"--gate-images {count}: {data} has only {len(dataset)} test images",
@@ -80,13 +83,15 @@ def _dataset_images(model: onnx.ModelProto, data: str, count: int) -> np.ndarray
     return images.reshape(count, *shape)
 
 
-def gate_inputs(model: onnx.ModelProto, source: str, data: str, count: int, seed: int = 0) \
+def gate_inputs(model: onnx.ModelProto, source: str, data: str | None, count: int, seed: int = 0) \
         -> tuple[dict[str, np.ndarray], str]:
     """The gate's inputs by name (``count`` per input) and what they are (``DATA:test`` or ``random``)."""
-    images = _dataset_images(model, data, count)
+    images = _dataset_images(model, data, count, source)
     inputs = _float_inputs(model)
     if images is not None:
-        return {inputs[0].name: images}, f"{data}:test"
+        from edge.models import data_for
+
+        return {inputs[0].name: images}, f"{data_for(data, source, check=True)}:test"
     rng = np.random.default_rng(seed)
     feeds = {}
     for value in inputs:
@@ -135,7 +140,7 @@ def _save(array: np.ndarray, out: Path, relative: str) -> str:
     return relative
 
 
-def write_gate(name: str, source: Path, out: Path, data: str, count: int) -> GateFiles:
+def write_gate(name: str, source: Path, out: Path, data: str | None, count: int) -> GateFiles:
     """The gate of variant ``name``'s float32 source graph in the bundle folder ``out``: the inputs in
     ``gate/inputs/SHA.npy`` (written once per content), the reference outputs in ``gate/NAME/reference_K.npy``."""
     model = onnx.load(str(source), load_external_data=False)

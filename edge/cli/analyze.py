@@ -56,7 +56,7 @@ def run(args) -> int:
     from edge.analysis.analyze import analyze
     from edge.compress.load import load_model
     from edge.data import InputSpec, calibration_set
-    from edge.models import data_config
+    from edge.models import data_config, data_for
     from edge.runtime import set_threads
 
     set_threads(args.threads)
@@ -65,7 +65,7 @@ def run(args) -> int:
         from edge.analysis.entropy import nose_candidates
 
         nose_candidates(model, args.nose)   # refuse an impossible K before anything is written
-    calibration = calibration_set(args.data, args.samples, args.seed)
+    calibration = calibration_set(data_for(args.data, args.model), args.samples, args.seed)
     result = analyze(model, args.model, calibration, InputSpec.from_data_config(data_config(model)), args.out,
                      batch_size=args.batch_size)
     attention_line = ""

@@ -34,7 +34,12 @@ def register(subparsers) -> None:
     parser.add_argument("--precision", type=ChoiceList(PRECISIONS), default=",".join(BundleConfig.precisions),
                         help=f"comma-separated, of {', '.join(PRECISIONS)}")
     parser.add_argument("--data", type=Data(), default=BundleConfig.data,
-                        help="int8: calibration data (fmnist, fmnist-mini, a folder)")
+                        help="int8 calibration and the fp16 range check: your images (a folder with train/ and "
+                             "val/), fmnist or fmnist-mini; default: a bundled model's data set, any other graph "
+                             "needs it")
+    parser.add_argument("--gate-data", type=Data(), default=BundleConfig.check_data,
+                        help="accuracy gates (host and device): the data set whose test split the graphs are "
+                             "compared on; default: --data, else a bundled model's check set (fmnist-mini)")
     parser.add_argument("--samples", type=config_type(BundleConfig, "--samples"), default=BundleConfig.samples,
                         help="int8: calibration samples")
     add_input_options(parser)
@@ -105,7 +110,7 @@ def run(args) -> int:
                             duration_s=args.duration, energy_duration_s=args.energy_duration, idle_s=args.idle)
     except JetsonError as e:
         raise EdgeError(e.what, expected=e.expected) from e
-    config = BundleConfig(precisions=args.precision, data=args.data, samples=args.samples,
+    config = BundleConfig(precisions=args.precision, data=args.data, check_data=args.gate_data, samples=args.samples,
                           workspace_mib=args.workspace, tactic_dram_mib=args.tactic_dram,
                           optimization_level=args.opt_level,
                           tiling_optimization_level=args.tiling_level, timing_cache=args.timing_cache,

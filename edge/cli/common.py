@@ -133,7 +133,9 @@ def add_calibration_options(parser: argparse.ArgumentParser, config: type, sampl
     The defaults and ranges are those of ``config``, the library config of the step (e.g. ``CompressConfig``);
     ``samples_default`` says what a ``None`` default of ``samples`` resolves to.
     """
-    add_data_option(parser, config.data, "calibration data: fmnist, fmnist-mini, or a folder")
+    add_data_option(parser, config.data, "calibration images: your folder (train/ and val/, one sub-folder per "
+                                         "class), fmnist or fmnist-mini; default: a bundled model's own data set, "
+                                         "any other model needs it")
     add_field(parser, "--samples", config, help="calibration samples (seeded, class-balanced"
               + (f"; default: {samples_default})" if samples_default else ")"))
     add_field(parser, "--seed", config, help="seed of the calibration sample")

@@ -122,6 +122,8 @@ def _latency_predictor(step) -> dict:
 
 
 def run(args) -> int:
+    from pathlib import Path
+
     from edge import distributed
     from edge.compress import CompressConfig, compress, is_artifact, save_artifact
     from edge.compress.derive import derivation_step, derive_model
@@ -134,7 +136,9 @@ def run(args) -> int:
         model, manifest = derive_model(args.model, args.plan, **_latency_predictor(step))
     else:
         model = load_model(args.model, weights=args.weights, img_size=args.img_size)
-        source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}
+        # the weights by absolute path: a later verb (finetune's teacher) may run in another folder
+        source = {"model": args.model, "weights": str(Path(args.weights).resolve()) if args.weights else None,
+                  "img_size": args.img_size}
         config = CompressConfig(plan=args.plan, data=args.data, samples=args.samples, seed=args.seed,
                                 holdout=args.holdout)
         model, manifest = compress(model, source, config)

@@ -38,7 +38,8 @@ def register(subparsers) -> None:
                          "another exporter (torch.onnx, Hugging Face), which records none.", EXAMPLES)
     add_model_options(parser)
     add_input_options(parser)
-    add_data_option(parser, "fmnist", "fmnist (full 10,000 test images), fmnist-mini, or a folder")
+    add_data_option(parser, None, "your images (a folder with train/ and val/ or test/), fmnist or fmnist-mini; "
+                    "default: a bundled model's own data set (the full Fashion-MNIST); every other model needs it")
     parser.add_argument("--split", default="test", choices=["test", "train"], help="which split to measure on")
     add_field(parser, "--batch-size", EvaluateConfig, help="images per forward pass")
     parser.add_argument("--device", type=Device(), default="cpu", help="cpu, cuda[:N] or auto")
@@ -55,7 +56,7 @@ def run(args) -> int:
     from edge.cli.quantize import input_options
     from edge.compress.load import load_model
     from edge.data import InputSpec, load_dataset
-    from edge.models import data_config
+    from edge.models import data_config, data_for
     from edge.runtime import hardware, resolve_device, set_threads
 
     options = input_options(args)
@@ -67,6 +68,7 @@ def run(args) -> int:
                         "its own timm data config", fix="leave --input-size, --mean and --std out")
     set_threads(args.threads)
     device = resolve_device(args.device)
+    args.data = data_for(args.data, args.model)
     dataset = load_dataset(args.data, args.split)
     if args.model.endswith(".onnx"):
         from edge.check.onnx_classifier import OnnxClassifier

@@ -23,8 +23,9 @@ def register(subparsers) -> None:
     add_field(parser, "--batch", ExportConfig, help="static batch size")
     parser.add_argument("--dynamic-batch", action="store_true", help="symbolic batch dimension")
     add_field(parser, "--opset", ExportConfig, help="ONNX opset")
-    add_data_option(parser, "fmnist-mini", "real images for the verification: the first 8 of the test split "
-                    "(fmnist, fmnist-mini, an IDX folder or an image folder)")
+    add_data_option(parser, None, "real images for the verification: the first 8 of the test split (a folder, "
+                    "fmnist, fmnist-mini); default: a bundled model's check set (fmnist-mini); any other model "
+                    "without it is verified on random inputs only, and says so")
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the ONNX Runtime comparison")
     parser.set_defaults(run=run)
 
@@ -35,7 +36,8 @@ def run(args) -> int:
     from edge.compress.load import load_model
     from edge.data import load_dataset
     from edge.export import ExportConfig, export, real_inputs
-    from edge.models import data_config
+    from edge.models import bundled_source, data_config, data_for
+    from edge.progress import log
 
     plan = None
     if Path(args.model).exists():
@@ -45,7 +47,11 @@ def run(args) -> int:
             plan = read_manifest(args.model)["plan"]
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     config = data_config(model)
-    real = real_inputs(load_dataset(args.data, "test"), config) if args.verify else None
+    real = None
+    if args.verify and (args.data or bundled_source(args.model)):
+        real = real_inputs(load_dataset(data_for(args.data, args.model, check=True), "test"), config)
+    elif args.verify:
+        log(f"note: no --data for {args.model}: verified on random inputs only (pass --data DIR to add real images)")
     report = export(model, args.out, source=args.model, plan=plan, data_config=config,
                     config=ExportConfig(args.batch, args.dynamic_batch, args.opset, args.verify), real_inputs=real)
     checks = ", ".join(f"{v['inputs']}: max abs {v['max_abs']:.1e}, rel L2 {v['rel_l2']:.1e}"

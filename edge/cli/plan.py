@@ -135,7 +135,8 @@ def run(args) -> int:
                            finetune=args.finetune, finetune_max_steps=args.finetune_max_steps,
                            train_threads=args.train_threads)
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)
-    source = {"model": args.model, "weights": args.weights, "img_size": args.img_size}
+    source = {"model": args.model, "weights": str(Path(args.weights).resolve()) if args.weights else None,
+              "img_size": args.img_size}  # the weights by absolute path: later verbs may run in another folder
     record = plan_to_budget(model, source, args.out, config, progress=log)
     result = record["result"]
     chosen, base = result["chosen"], result["original"]["predicted_ms"]

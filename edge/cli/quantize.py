@@ -57,8 +57,9 @@ def register(subparsers) -> None:
     parser.add_argument("--fp16-head", action="store_true", help="fp16: convert the head too (default: float32)")
     parser.add_argument("--softmax", default=_short(Fp16Config.softmax), choices=["fp16", "fp32"],
                         help="fp16 and the float16 part of int8: Softmax's precision")
-    add_data_option(parser, Int8Config.data, "int8 and the fp16 range check: calibration data (fmnist, "
-                                             "fmnist-mini, a folder)")
+    add_data_option(parser, None, "int8 and the fp16 range check: calibration images, the training split of a "
+                                  "folder (train/ and val/), or fmnist / fmnist-mini; default: a bundled model's "
+                                  "data set; any other graph needs it")
     add_field(parser, "--samples", Int8Config, help="int8 and the fp16 range check: calibration samples "
                                                     "(class-balanced)")
     add_field(parser, "--seed", Int8Config, help="int8 and the fp16 range check: seed of the calibration sample")
@@ -88,8 +89,11 @@ def register(subparsers) -> None:
                         help="int8: calibration cache folder (default: $EDGE_CACHE_DIR/calibration or "
                              "~/.cache/edge/calibration)")
     parser.add_argument("--no-cache", dest="cache", action="store_false", help="int8: always calibrate afresh")
+    add_data_option(parser, None, "accuracy gate: the data set whose test split the graph is compared with float32 "
+                                  "on; default: --data, else a bundled model's check set (fmnist-mini)",
+                    flag="--gate-data")
     add_field(parser, "--gate-images", GateConfig, "images",
-              help="accuracy gate: held-out test images of fmnist-mini the graph is compared with float32 on")
+              help="accuracy gate: held-out test images (of --gate-data) the graph is compared with float32 on")
     parser.add_argument("--accept-loss", action="store_true",
                         help="write the graph even when it is below the accuracy gate (said on stderr, recorded "
                              "in the graph and in --json: check.accepted_loss)")
@@ -139,7 +143,7 @@ def run(args) -> int:
     ranges = RangeCheck(data=args.data, samples=args.samples, seed=args.seed, margin=args.range_margin) \
         if args.range_check else None
     result = quantize_file(args.model, args.out, args.precision, fp16=fp16, int8=int8, ranges=ranges,
-                           input_options=input_options(args),
+                           input_options=input_options(args), check_data=args.gate_data or args.data,
                            gate=GateConfig(images=args.gate_images, accept_loss=args.accept_loss),
                            progress=lambda message: print(message, file=sys.stderr))
     check = result["check"]

@@ -45,7 +45,8 @@ def register(subparsers) -> None:
     parser.add_argument("b", type=Model(), help="the candidate: model, artifact or .onnx file")
     add_weights_option(parser, help="weights for a model named by A (and B when B is a model too)")
     add_img_size_option(parser)
-    add_data_option(parser, "fmnist-mini", "real images (test split): fmnist, fmnist-mini, folder")
+    add_data_option(parser, None, "real images (test split): a folder, fmnist, fmnist-mini; default: a bundled "
+                    "model's check set (fmnist-mini); else random inputs only")
     add_number(parser, "--batch", int, default=8, help="images per comparison", minimum=1, maximum=MAX_BATCH)
     add_seed_option(parser, help="seed of the random inputs")
     add_field(parser, "--max-abs", Tolerance, help="tolerance: max absolute error")
@@ -76,9 +77,17 @@ def run(args) -> int:
     b = load_side(args.b, args.weights, args.img_size, args.threads, options)
     if a.data_config is None and b.data_config is None:   # two graphs that record nothing and no options:
         onnx_input_spec(args.a, options)                   # raises, naming the options the graphs need
-    data = load_dataset(args.data, "test")
+    from edge.models import bundled_source, data_for
+
+    known = args.data or bundled_source(args.a) or bundled_source(args.b)
+    data = load_dataset(data_for(args.data, args.a if bundled_source(args.a) else args.b, check=True), "test") \
+        if known else None
+    if data is None:
+        print(f"edge verify: note: no --data for {args.a}: compared on random inputs only (pass --data DIR to add "
+              "real images)", file=sys.stderr)
     result = verify_pair(a, b, real=data, batch=args.batch, seed=args.seed,
-                         tolerance=Tolerance(args.max_abs, args.rel_l2), classes=data.num_classes, data=data.name)
+                         tolerance=Tolerance(args.max_abs, args.rel_l2), classes=data.num_classes if data else None,
+                         data=data.name if data else "random inputs")
     if "note" in result:
         print(f"edge verify: note: {result['note']}", file=sys.stderr)
     lines = [f"{args.b} ({b.kind}) against {args.a} ({a.kind}), batch {args.batch}:"]

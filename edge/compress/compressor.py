@@ -18,14 +18,14 @@ from edge.data import calibration_set, load_dataset
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info
-from edge.models.zoo import data_config
+from edge.models.zoo import data_config, data_for
 from edge.runtime import hardware
 
 
 @dataclass
 class CompressConfig:
     plan: str
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for); other models need it
     # None: the largest default of the plan's methods (500; wpac 1024), at most the training split
     samples: int | None = option(None, minimum=1, maximum=MAX_SAMPLES)
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
@@ -107,6 +107,7 @@ def compress(model: nn.Module, source: dict, config: CompressConfig, *,
                         fix="compress the original model with one plan that lists every span, "
                             "e.g. --plan linear:2-3,linear:9-10")
     info = model_info(model)
+    config = replace(config, data=data_for(config.data, source.get("model")))
     plan = parse_plan(config.plan).validate(info.num_blocks)
     config = resolve_samples(config, plan)
     if cache is not None:

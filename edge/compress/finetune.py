@@ -71,7 +71,7 @@ from edge.data import load_dataset
 from edge.data.preprocess import InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError, plural
-from edge.models import parse_model_spec
+from edge.models import data_for, parse_model_spec
 from edge.models.weights_io import load_weights, read_state_dict
 from edge.progress import log
 from edge.runtime import hardware
@@ -95,7 +95,7 @@ DILUTION_SCHEDULES = ("linear", "cosine")
 class FinetuneConfig:
     """The distillation recipe. ``None`` fields mean "default", resolved in :func:`finetune`."""
 
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for); other models need it
     epochs: int = option(1, minimum=1, maximum=MAX_EPOCHS)
     # schedule length in steps (default: epochs x steps per epoch)
     steps: int | None = option(None, minimum=1, maximum=MAX_STEPS)
@@ -371,7 +371,9 @@ def finetune(source: str | Path | Student, out: str | Path, config: FinetuneConf
     check_out(out, source)
     source = source if isinstance(source, Student) else load_student(source, weights=weights)
     runtime = Runtime.start(config)
-    session = prepare(distillation_pair(source, config, teacher, runtime.device), config, runtime, out, resume)
+    pair = distillation_pair(source, config, teacher, runtime.device)
+    config = replace(config, data=data_for(config.data, pair.reference.get("model"), "--data (distil(data=...))"))
+    session = prepare(pair, config, runtime, out, resume)
     run(session.loop, session.task, session.progress)
     return conclude(session, out, student_name)
 
@@ -524,7 +526,7 @@ RECIPE_ARGUMENTS = tuple(f.name for f in fields(FinetuneConfig) if f.name not in
 
 
 def distil(student: nn.Module, *, out: str | Path, teacher: str | nn.Module, teacher_weights: str | Path | None = None,
-           data: str = "fmnist", name: str | None = None, data_config: dict | None = None, resume: bool = True,
+           data: str | None = None, name: str | None = None, data_config: dict | None = None, resume: bool = True,
            **recipe) -> dict:
     """Distil ``teacher`` into a model built by your own code, with the recipe of ``edge finetune``.
 

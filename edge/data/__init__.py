@@ -10,8 +10,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import torch
+
+from edge.data.dataset import ImageSet, TrainingStream
 from edge.data.fmnist import CLASSES as FMNIST_CLASSES
 from edge.data.fmnist import MEAN as FMNIST_MEAN
 from edge.data.fmnist import STD as FMNIST_STD
@@ -21,8 +25,8 @@ from edge.data.preprocess import ArrayPreprocess, InputSpec
 from edge.data.sampler import balanced_indices
 from edge.errors import EdgeError
 
-__all__ = ["FMNIST_CLASSES", "FMNIST_MEAN", "FMNIST_STD", "ArrayPreprocess", "InputSpec",
-           "LabeledImages", "balanced_indices", "calibration_set", "holdout_set", "load_dataset"]
+__all__ = ["FMNIST_CLASSES", "FMNIST_MEAN", "FMNIST_STD", "ArrayPreprocess", "ImageSet", "InputSpec",
+           "LabeledImages", "TrainingStream", "balanced_indices", "calibration_set", "holdout_set", "load_dataset"]
 
 NAMED = ("fmnist", "fmnist-mini")
 
@@ -33,7 +37,7 @@ def _image_folder():
     return ImageFolderDataset
 
 
-def load_dataset(spec: str, split: str = "test"):
+def load_dataset(spec: str, split: str = "test") -> ImageSet:
     """Load the ``split`` (``train`` or ``test``) of the data set that ``spec`` names."""
     if spec == "fmnist":
         return load_fmnist(split)
@@ -51,17 +55,22 @@ def load_dataset(spec: str, split: str = "test"):
     raise EdgeError(f"--data {spec!r} is a file", expected="a folder or a named data set")
 
 
-def calibration_set(spec: str, n: int, seed: int = 0, split: str = "train") -> LabeledImages:
-    """The seeded, class-balanced calibration samples every compression method uses."""
+def calibration_set(spec: str, n: int, seed: int = 0, split: str = "train") -> ImageSet:
+    """The seeded, class-balanced calibration samples every compression method uses; all of the split (in the
+    seeded order, said once on stderr) when it holds no more than ``n``."""
     data = load_dataset(spec, split)
+    if n >= len(data):
+        if n > len(data):
+            print(f"note: {n} samples asked for, {data.name} holds {len(data)}: using all {len(data)}",
+                  file=sys.stderr)
+        order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
+        return data.subset(order, f"{data.name}:calib{len(data)}@{seed}")
     return data.subset(balanced_indices(data.labels, n, seed, data.num_classes), f"{data.name}:calib{n}@{seed}")
 
 
 def holdout_set(spec: str, n: int, seed: int = 0, calibration: int = 0, split: str = "train"):
     """``n`` seeded, class-balanced samples of ``split`` that are not among ``calibration_set(spec,
     calibration, seed)``: what a choice fitted on the calibration samples is scored on."""
-    import torch
-
     data = load_dataset(spec, split)
     taken = torch.zeros(len(data.labels), dtype=torch.bool)
     if calibration:

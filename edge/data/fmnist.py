@@ -17,6 +17,7 @@ CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
 MEAN = (0.2860,)
 STD = (0.3530,)
 
+NAME, MINI_NAME = "fmnist", "fmnist-mini"   # what --data calls the full set and the shipped subset
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 MINI_DIR = Path(__file__).with_name("fmnist_mini")
 SPLITS = {"train": "train", "test": "t10k"}

@@ -25,6 +25,7 @@ import random
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 import torch
@@ -32,7 +33,6 @@ import torch
 from edge.data.dataset import Batch, ImageSet, TrainingStream, epoch_order, step_seed
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
-from edge.progress import log
 
 EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}
 SPLIT_FOLDERS = {"train": ("train",), "test": ("val", "validation", "test")}
@@ -155,8 +155,8 @@ class ImageFolderDataset(ImageSet):
             folder = root
             if str(root) not in _NOTED:
                 _NOTED.add(str(root))
-                log(f"note: {root} has no {' or '.join(c + '/' for c in candidates)} folder: its images serve as "
-                    f"the {split} split (and as every other split asked for)")
+                print(f"note: {root} has no {' or '.join(c + '/' for c in candidates)} folder: its images serve as "
+                    f"the {split} split (and as every other split asked for)", file=sys.stderr)
         classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
         if not classes:
             raise EdgeError(f"--data {root} has no class folders",

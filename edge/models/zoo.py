@@ -22,6 +22,8 @@ from torch import nn
 
 from edge._compat import ensure_torchvision_importable
 from edge.data.fmnist import MEAN as FMNIST_MEAN
+from edge.data.fmnist import MINI_NAME as FMNIST_MINI
+from edge.data.fmnist import NAME as FMNIST
 from edge.data.fmnist import STD as FMNIST_STD
 from edge.errors import EdgeError
 from edge.models.img_size import ImgSize, parse_img_size
@@ -39,6 +41,8 @@ class Bundled:
     kwargs: dict
     data_config: dict
     description: str
+    data: str                      # the data set it was trained on: every verb's images when --data is not given
+    check_data: str                # the smaller set of the same images its graphs are gated and checked on
     made_by: str = "train them with the command in the model card"   # the fix when the weights are missing
 
     @property
@@ -63,6 +67,8 @@ BUNDLED: dict[str, Bundled] = {
         kwargs=FMNIST_DEIT_TINY,
         data_config=FMNIST_DATA_CONFIG,
         description="DeiT-Tiny geometry (embed 192, depth 12, heads 3) on 28x28 Fashion-MNIST, patch 4",
+        data=FMNIST,
+        check_data=FMNIST_MINI,
     ),
     # made by scripts/make_outlier_model.py (recipe: edge/train/outliers.py; docs/outlier-model.md)
     "fmnist-deit-tiny-outliers": Bundled(
@@ -72,6 +78,8 @@ BUNDLED: dict[str, Bundled] = {
         data_config=FMNIST_DATA_CONFIG,
         description="fmnist-deit-tiny with the activation outliers of pretrained ViTs (massive residual "
                     "channels, high-norm tokens, post-LayerNorm channel spread)",
+        data=FMNIST,
+        check_data=FMNIST_MINI,
         made_by="make them with scripts/make_outlier_model.py (docs/outlier-model.md) and copy model.safetensors "
                 "and card.json to edge/models/weights/fmnist-deit-tiny-outliers.{safetensors,json}",
     ),
@@ -209,3 +217,48 @@ def model_card(name: str) -> dict | None:
     if bundled is None or not bundled.card.is_file():
         return None
     return json.loads(bundled.card.read_text())
+
+
+def bundled_source(model: str | Path | None, depth: int = 0) -> Bundled | None:
+    """The bundled model that ``model`` is or was made from: a bundled name (with options), an artifact folder
+    of ``edge compress`` / ``edge finetune`` (its recorded source), or a graph of ``edge export`` (its
+    ``edge.source_model``); None for every other model (the user's own)."""
+    if model is None or depth > 8:
+        return None
+    text = str(model)
+    head = text.split(",")[0].strip()
+    if head in BUNDLED:
+        return BUNDLED[head]
+    path = Path(text).expanduser()
+    source = None
+    if path.is_dir() and (path / "edge-model.json").is_file():   # edge.compress.artifact.MANIFEST
+        try:
+            source = json.loads((path / "edge-model.json").read_text())["source"]["model"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    elif path.suffix == ".onnx" and path.is_file():
+        import onnx
+
+        from edge.onnx_metadata import SOURCE_MODEL, metadata_of
+
+        try:
+            source = metadata_of(onnx.load(str(path), load_external_data=False)).get(SOURCE_MODEL)
+        except Exception:  # noqa: BLE001 - an unreadable graph is reported by the verb that reads it
+            return None
+    return bundled_source(source, depth + 1) if source else None
+
+
+def data_for(given: str | None, model: str | Path | None, flag: str = "--data", check: bool = False,
+             fix_also: str = "") -> str:
+    """The images a verb reads: ``given`` if set, else (a bundled model, or one made from it) the data set it was
+    trained on (``check``: the smaller set its graphs are checked on); an EdgeError naming ``flag`` for any other
+    model: edge has no images of its own for it and never guesses."""
+    if given:
+        return given
+    bundled = bundled_source(model)
+    if bundled is not None:
+        return bundled.check_data if check else bundled.data
+    raise EdgeError(f"{flag} is needed for {model}: it is not a model bundled with edge, so edge has no images of "
+                    "its own for it", expected="your images: a folder with train/ and val/ (or test/), one "
+                                               "sub-folder per class, e.g. ~/images/train/cat/1.jpg",
+                    fix=f"pass {flag} DIR {fix_also} (docs/your-own-model.md)".replace("  ", " "))

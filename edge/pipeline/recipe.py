@@ -185,8 +185,8 @@ class Recipe:
     model: str = "fmnist-deit-tiny"
     weights: str | None = None
     img_size: int | tuple[int, int] | None = None  # N or (H, W): edge.models.ImgSize; a recipe may write 224x320
-    data: str = "fmnist"
-    fallback_data: str | None = "fmnist-mini"
+    data: str | None = None             # None: a bundled model's data set (fallback: its check set); else needed
+    fallback_data: str | None = None    # used when ``data`` cannot be read (None: the error stops the run)
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     threads: int = option(2, minimum=1, maximum=MAX_THREADS)
     calibration: typing.Any = _section("calibration")  # samples, holdout of CompressConfig

@@ -50,18 +50,31 @@ def data_fingerprint(dataset) -> str:
 
 
 def resolve_data(recipe: Recipe) -> tuple[str, str | None]:
-    """The data set the run uses, and the notice when the recipe's fallback replaced it."""
+    """The data set the run uses, and the notice when a fallback replaced it. Without ``data`` a bundled model
+    uses its own data set, falling back to its smaller check set when that is not installed; a recipe that names
+    data that cannot be read stops the run there (exit 2) unless it names a ``fallback_data`` too."""
     from edge.data import load_dataset
+    from edge.models import bundled_source
 
     try:
-        load_dataset(recipe.data, "test")
-        return recipe.data, None
+        data, fallback = recipe.data, recipe.fallback_data
+        if data is None:
+            bundled = bundled_source(recipe.model)
+            if bundled is None:
+                raise EdgeError(f"the recipe names no data for {recipe.model}, which is not a model bundled with "
+                                "edge", expected="data: your images (a folder with train/ and val/ or test/)",
+                                fix="add `data: DIR` to the recipe or pass --data DIR (docs/your-own-model.md)")
+            data, fallback = bundled.data, fallback or bundled.check_data
     except EdgeError as e:
-        if not recipe.fallback_data or recipe.fallback_data == recipe.data:
+        raise e.at(f"recipe {recipe.source}, key data") from e
+    try:
+        load_dataset(data, "test")
+        return data, None
+    except EdgeError as e:
+        if not fallback or fallback == data:
             raise e.at(f"recipe {recipe.source}, key data") from e
-        load_dataset(recipe.fallback_data, "test")
-        return recipe.fallback_data, (f"data {recipe.data!r} is not available ({e.what}); using "
-                                      f"{recipe.fallback_data!r} instead, as the recipe's fallback_data says")
+        load_dataset(fallback, "test")
+        return fallback, f"data {data!r} is not available ({e.what}); using {fallback!r} instead"
 
 
 def check_out_dir(out: Path) -> None:
@@ -102,6 +115,15 @@ class Context:
     @property
     def source(self) -> dict:
         return {"model": self.recipe.model, "weights": self.recipe.weights, "img_size": self.recipe.img_size}
+
+    @property
+    def gate_data(self) -> str:
+        """The accuracy gates' images: a bundled model's check set when the run uses its own data (the gate's
+        figures stay those of edge quantize's defaults), else the run's data (its test split)."""
+        from edge.models import bundled_source
+
+        bundled = bundled_source(self.recipe.model)
+        return bundled.check_data if bundled is not None and self.data == bundled.data else self.data
 
     @cached_property
     def test_set(self):
@@ -440,7 +462,7 @@ class PrecisionRun:
             # a graph below the accuracy gate is written for the report (its accuracy says what the gate saw)
             # and marked; the bundle leaves it out (edge bundle would refuse it)
             return {graph: quantize_summary(quantize_file(self.base.folder / clean_name(graph), self.folder / graph,
-                                                          self.precision, int8=int8,
+                                                          self.precision, int8=int8, check_data=self.ctx.gate_data,
                                                           gate=GateConfig(images=images[graph], accept_loss=True)))
                     for graph in (DEPLOYED, BATCHED)}
 
@@ -574,7 +596,8 @@ def run_bundle(ctx: Context, runs: dict[str, VariantRun], cleaned: dict[str, Ste
     def work() -> dict:
         from edge.bundle import BundleConfig, SourceGraph, make_bundle
 
-        config = BundleConfig(precisions=settings.precisions, data=ctx.data, samples=settings.samples,
+        config = BundleConfig(precisions=settings.precisions, data=ctx.data, check_data=ctx.gate_data,
+                              samples=settings.samples,
                               gate_images=settings.gate_images)
         graphs = [SourceGraph(name, runs[name].folder / graph, kept[name],
                               {p: path for (n, p), (path, _) in made.items() if n == name and p in kept[name]})

@@ -392,7 +392,9 @@ def _finetune(model: nn.Module, folder: Path, source: dict, config: PlanJobConfi
     from edge.data import load_dataset
     from edge.data.preprocess import InputSpec
 
-    tune = FinetuneConfig(data=config.search.data, epochs=config.finetune, seed=config.search.seed,
+    from edge.models import data_for
+
+    tune = FinetuneConfig(data=data_for(config.search.data, source.get("model")), epochs=config.finetune, seed=config.search.seed,
                           max_steps=config.finetune_max_steps, threads=config.train_threads)
     say(f"distilling the chosen plan from the original for {config.finetune} epoch(s) of {tune.data}")
     finetune(folder / MODEL_DIR, folder / TUNED_DIR, tune, resume=False,

@@ -50,7 +50,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -69,7 +69,7 @@ from edge.export import real_inputs
 from edge.latency import LatencyTable, model_parts
 from edge.latency.tensorrt_shapes import Violation, new_violations, violations
 from edge.models.info import model_info
-from edge.models.zoo import data_config
+from edge.models.zoo import data_config, data_for
 from edge.planner.objective import LatencyMix, check_budget
 
 SHAPE_RULES = ("auto", "off", "fp16", "int8", "fp32")
@@ -85,7 +85,7 @@ MIN_AGREEMENT = 0.5
 class SearchConfig:
     budget: float | None = option(None, above=0.0, maximum=1.0)   # share of the original's predicted latency
     budget_ms: float | None = option(None, above=0.0, maximum=1e9)  # or an absolute budget (ms)
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for); other models need it
     samples: int = option(512, minimum=10, maximum=MAX_SAMPLES)   # calibration images every step is fitted on
     holdout: int = option(512, minimum=10, maximum=MAX_SAMPLES)   # held-out training images plans are scored on
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
@@ -199,6 +199,7 @@ class Planner:
         self.mix = table if isinstance(table, LatencyMix) else LatencyMix.single(table)
         self.rules = config.rules_precision(self.mix.target)
         self.info = model_info(model)
+        config = self.config = replace(config, data=data_for(config.data, source.get("model")))
         self.compress_config = CompressConfig(plan="", data=config.data, samples=config.samples, seed=config.seed,
                                               batch_size=config.batch_size)
         self.calibration = calibration_set(config.data, config.samples, config.seed)

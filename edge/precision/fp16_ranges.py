@@ -48,7 +48,7 @@ RANGE_BATCH = 4
 class RangeCheck:
     """Where the float32 ranges come from, and the margin kept below float16's largest value."""
 
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for), else --data is needed
     samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     margin: float = option(DEFAULT_MARGIN, minimum=1.0, maximum=1e4)

@@ -31,7 +31,7 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class Int8Config:
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for), else --data is needed
     samples: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     method: str = "minmax"          # minmax | entropy | percentile

@@ -96,7 +96,7 @@ def range_checked(model: onnx.ModelProto, source: str, config: Fp16Config, range
     added = tuple(k.node for k in kept if k.node not in already)
     largest = max(recorded, key=recorded.get)
     return replace(config, node_block_list=(*config.node_block_list, *added)), {
-        "done": True, "data": ranges.data, "samples": ranges.samples, "seed": ranges.seed,
+        "done": True, "data": ranges.data, "samples": int(len(images)), "seed": ranges.seed,
         "margin": ranges.margin, "largest": {"tensor": largest, "max_abs": recorded[largest]},
         "kept": [{**k.as_dict(), "kept_anyway": k.node in already} for k in kept], "added": len(added)}
 
@@ -122,8 +122,29 @@ def _int8_float_rest(quantized: onnx.ModelProto, result: dict, fp16: Fp16Config)
     return quantized, result
 
 
+def _resolve_data(model: onnx.ModelProto, model_path: str | Path, precision: str, int8, ranges: RangeCheck | None,
+                  check_data: str | None):
+    """The images each step reads, before any work: calibration (int8) and the range check (fp16) take ``--data``,
+    the gate ``--gate-data``, else ``--data``'s test split; without them, a graph of a bundled model takes that
+    model's data set, and any other graph is refused naming the flag. A graph that records no preprocessing needs no
+    images for the range check or the gate (random inputs; int8 refuses it earlier)."""
+    from edge.models import data_for
+    from edge.precision.calibration import has_preprocessing
+    from edge.precision.int8 import Int8Config
+
+    if precision == "int8":
+        int8 = int8 or Int8Config()
+        int8 = replace(int8, data=data_for(int8.data, model_path))
+    if not has_preprocessing(model):
+        return int8, ranges, check_data or "random inputs"
+    if precision == "fp16" and ranges is not None:
+        ranges = replace(ranges, data=data_for(ranges.data, model_path, fix_also="or --no-range-check"))
+    given = (int8.data if precision == "int8" else ranges.data if ranges is not None else None)
+    return int8, ranges, check_data or given or data_for(None, model_path, "--gate-data", check=True)
+
+
 def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp16: Fp16Config | None = None,
-                  int8=None, ranges: RangeCheck | None = None, check_data: str = "fmnist-mini",
+                  int8=None, ranges: RangeCheck | None = None, check_data: str | None = None,
                   input_options: InputOptions | None = None, gate: GateConfig | None = None,
                   progress=None) -> dict:
     """``edge quantize``: write the fp16 or int8 (Q/DQ) variant of a float32 ONNX graph, checked first.
@@ -132,9 +153,9 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     range check, float32 islands by op type and head only, as before the check existed).
     ``input_options``: the preprocessing the user gives (a graph from another exporter records none); it is
     recorded in the written graph and used for calibration, the range check and the check on images.
-    ``gate``: the accuracy gate on ``check_data``'s test images (:mod:`edge.precision.gate`; None: its
-    defaults); below its thresholds nothing is written (:class:`~edge.precision.gate.AccuracyLoss`)
-    unless ``gate.accept_loss``. The result's ``check`` holds its figures, the graph records them.
+    ``gate``: the accuracy gate on ``check_data``'s test images (None: the test split of the calibration data,
+    else of the bundled model's check set; :mod:`edge.precision.gate`; ``gate`` None: its defaults); below its
+    thresholds nothing is written (:class:`~edge.precision.gate.AccuracyLoss`) unless ``gate.accept_loss``. The result's ``check`` holds its figures, the graph records them.
     """
     if precision not in PRECISIONS:
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
@@ -144,6 +165,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
     with_input_options(model, str(model_path), input_options, images_needed=precision == "int8")
+    int8, ranges, check_data = _resolve_data(model, model_path, precision, int8, ranges, check_data)
     if precision == "fp16":
         name_nodes(model.graph)
         fp16, range_check = range_checked(model, str(model_path), fp16 or Fp16Config(), ranges, progress)

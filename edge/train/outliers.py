@@ -36,7 +36,7 @@ from edge.config import MAX_BATCH, MAX_EPOCHS, MAX_SAMPLES, MAX_SEED, MAX_STEPS,
 from edge.data import InputSpec, balanced_indices, load_dataset
 from edge.data.dataset import ImageSet
 from edge.fileio import write_text_atomic
-from edge.models import create_model, data_config
+from edge.models import create_model, data_config, data_for
 from edge.models.layernorm_spread import spread_layernorm_channels
 from edge.models.massive import MassiveSite, choose_channels, plant_massive_activations
 from edge.models.weights_io import save_safetensors
@@ -56,7 +56,7 @@ NAME = "fmnist-deit-tiny-outliers"
 class OutlierConfig:
     """The recipe of the module docstring. ``None`` fields are resolved where they are read."""
 
-    data: str = "fmnist"                  # the full set, or a folder with the four IDX files
+    data: str | None = None               # None: the bundled model's set (the full Fashion-MNIST), or a folder
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     # 1. plant
     massive_block: int = option(2, minimum=0, maximum=11)
@@ -196,8 +196,9 @@ def make_outlier_model(config: OutlierConfig, out: str | Path) -> dict:
     runtime = Runtime.start(config)
     device = runtime.device
     torch.manual_seed(config.seed)
-    train_set = subset(load_dataset(config.data, "train"), config.train_samples, config.seed)
-    test_set = load_dataset(config.data, "test")
+    data = data_for(config.data, NAME)
+    train_set = subset(load_dataset(data, "train"), config.train_samples, config.seed)
+    test_set = load_dataset(data, "test")
     eval_set = subset(test_set, config.eval_samples, config.seed)
     teacher = frozen_teacher(device)
     student = create_model(TEACHER).to(device)

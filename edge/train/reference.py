@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from edge.data import load_dataset
 from edge.data.preprocess import InputSpec
 from edge.errors import plural
 from edge.fileio import write_text_atomic
-from edge.models import create_model, data_config, model_info, parse_model_spec
+from edge.models import create_model, data_config, data_for, model_info, parse_model_spec
 from edge.models.weights_io import save_safetensors
 from edge.progress import log
 from edge.runtime import hardware
@@ -52,7 +52,7 @@ class TrainConfig:
 
     model: str = "fmnist-deit-tiny"
     init_weights: str | None = None       # start from these weights (a fine-tuning stage), not random init
-    data: str = "fmnist"
+    data: str | None = None   # None: the bundled model's data set (edge.models.data_for); other models need it
     eval_data: str | None = None          # default: the test split of ``data``
     epochs: int = option(10, minimum=1, maximum=MAX_EPOCHS)
     batch_size: int = option(128, minimum=1, maximum=MAX_BATCH)
@@ -115,6 +115,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = True) -> dict:
     Ctrl-C, a crash) keeps it.
     """
     out = Path(out)
+    config = replace(config, data=data_for(config.data, config.model))
     runtime = Runtime.start(config)
     if distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,8 @@ JETSON = Path(__file__).resolve().parents[2] / "jetson"
 def test_bundle_of_onnx_files_lists_every_file_with_its_checksum(tmp_path):
     graphs = [tiny_onnx(tmp_path / "ref.clean.onnx"), tiny_onnx(tmp_path / "small.onnx")]
     out = tmp_path / "bundle"
-    manifest = make_bundle(graphs, out, BundleConfig(precisions=("fp32",), protocol=Protocol(iterations=50)),
+    manifest = make_bundle(graphs, out, BundleConfig(check_data="fmnist-mini",
+                                                     precisions=("fp32",), protocol=Protocol(iterations=50)),
                            tar=True)
     assert [(v["name"], v["precision"], v["graph"]) for v in manifest["variants"]] == [
         ("ref", "fp32", "graphs/ref/fp32.onnx"), ("small", "fp32", "graphs/small/fp32.onnx")]
@@ -66,7 +67,7 @@ def pipeline_run(folder: Path, with_report: bool) -> Path:
 def test_bundle_of_a_pipeline_run_takes_each_variants_cleaned_static_graph(tmp_path, with_report):
     run = pipeline_run(tmp_path / "run", with_report)
     out = tmp_path / "bundle"
-    assert main(["bundle", str(run), "--out", str(out), "--precision", "fp32"]) == 0
+    assert main(["bundle", str(run), "--out", str(out), "--precision", "fp32", "--gate-data", "fmnist-mini"]) == 0
     manifest = json.loads((out / MANIFEST).read_text())
     order = ["dwconv2", "baseline"] if with_report else ["baseline", "dwconv2"]  # report.json's order, else sorted
     assert [v["name"] for v in manifest["variants"]] == order
@@ -79,7 +80,8 @@ def test_a_run_folder_and_an_onnx_file_make_one_bundle_named_as_given(tmp_path, 
     run = pipeline_run(tmp_path / "run", with_report=True)
     extra = tiny_onnx(tmp_path / "extra.clean.onnx")
     out = tmp_path / "bundle"
-    assert main(["bundle", str(run), str(extra), "--out", str(out), "--precision", "fp32", "--json"]) == 0
+    assert main(["bundle", str(run), str(extra), "--out", str(out), "--precision", "fp32", "--gate-data", "fmnist-mini",
+                 "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert [v["name"] for v in manifest["variants"]] == ["dwconv2", "baseline", "extra"]
     assert manifest["source"] == {"kind": "pipeline", "paths": [str(run), str(extra)]}
@@ -90,14 +92,16 @@ def test_the_library_bundles_named_graphs_and_records_the_source_it_is_given(tmp
     """edge.bundle takes graphs, not run folders: a SourceGraph names its variant; ``source`` goes to the
     manifest as given (default: the ONNX files)."""
     graph = tiny_onnx(tmp_path / "g.onnx")
-    manifest = make_bundle([SourceGraph("renamed", graph)], tmp_path / "a", BundleConfig(precisions=("fp32",)))
+    manifest = make_bundle([SourceGraph("renamed", graph)], tmp_path / "a", BundleConfig(check_data="fmnist-mini",
+                                                                                         precisions=("fp32",)))
     assert [v["name"] for v in manifest["variants"]] == ["renamed"]
     assert manifest["source"] == {"kind": "onnx", "paths": [str(graph)]}
     source = {"kind": "pipeline", "paths": ["runs/x"]}
-    manifest = make_bundle([graph], tmp_path / "b", BundleConfig(precisions=("fp32",)), source=source)
+    manifest = make_bundle([graph], tmp_path / "b", BundleConfig(check_data="fmnist-mini",
+                                                                 precisions=("fp32",)), source=source)
     assert [v["name"] for v in manifest["variants"]] == ["g"] and manifest["source"] == source
     with pytest.raises(EdgeError, match=f"{tmp_path} is not an ONNX file"):
-        make_bundle([tmp_path], tmp_path / "c", BundleConfig(precisions=("fp32",)))
+        make_bundle([tmp_path], tmp_path / "c", BundleConfig(check_data="fmnist-mini", precisions=("fp32",)))
     assert not (tmp_path / "c").exists()
 
 
@@ -116,19 +120,21 @@ def test_an_input_neither_run_folder_nor_onnx_is_refused_by_the_cli(tmp_path, ca
 def test_an_error_leaves_no_bundle(tmp_path):
     good = tiny_onnx(tmp_path / "a.onnx")
     with pytest.raises(EdgeError, match="missing.onnx is not an ONNX file"):
-        make_bundle([good, tmp_path / "missing.onnx"], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+        make_bundle([good, tmp_path / "missing.onnx"], tmp_path / "bundle", BundleConfig(check_data="fmnist-mini",
+                                                                                         precisions=("fp32",)))
     with pytest.raises(EdgeError, match="two graphs would be variant 'a'"):
-        make_bundle([good, good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+        make_bundle([good, good], tmp_path / "bundle", BundleConfig(check_data="fmnist-mini", precisions=("fp32",)))
     half = tmp_path / "half.onnx"
     model = onnx.load(str(good))
     model.metadata_props.add(key="edge.precision", value="float16")
     onnx.save(model, str(half))
     with pytest.raises(EdgeError, match="half.onnx is a float16 graph, which cannot make the fp32 variant"):
-        make_bundle([good, half], tmp_path / "bundle", BundleConfig(precisions=("fp32", "int8")))
+        make_bundle([good, half], tmp_path / "bundle", BundleConfig(check_data="fmnist-mini",
+                                                                    precisions=("fp32", "int8")))
     assert not (tmp_path / "bundle").exists() and not list(tmp_path.glob(".bundle*"))
-    make_bundle([good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+    make_bundle([good], tmp_path / "bundle", BundleConfig(check_data="fmnist-mini", precisions=("fp32",)))
     with pytest.raises(EdgeError, match="bundle exists"):
-        make_bundle([good], tmp_path / "bundle", BundleConfig(precisions=("fp32",)))
+        make_bundle([good], tmp_path / "bundle", BundleConfig(check_data="fmnist-mini", precisions=("fp32",)))
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +179,8 @@ def test_a_graph_already_made_at_a_precision_is_shipped_as_it_is_and_one_below_i
     quantize_file(reference_onnx, made, "int8", int8=Int8Config(data="fmnist-mini", samples=32),
                   gate=GateConfig(images=64))
     manifest = make_bundle([SourceGraph("ref", reference_onnx, ("fp32", "int8"), {"int8": made})],
-                           tmp_path / "bundle", BundleConfig(precisions=("fp32", "int8"), gate_images=0))
+                           tmp_path / "bundle", BundleConfig(check_data="fmnist-mini",
+                                                             precisions=("fp32", "int8"), gate_images=0))
     variant = next(v for v in manifest["variants"] if v["precision"] == "int8")
     assert (tmp_path / "bundle" / variant["graph"]).read_bytes() == made.read_bytes()   # not made a second time
     assert variant["calibration"]["samples"] == 32 and variant["calibration"]["data"] == "fmnist-mini"
@@ -187,12 +194,12 @@ def test_a_graph_already_made_at_a_precision_is_shipped_as_it_is_and_one_below_i
     onnx.save(model, str(tmp_path / "below.onnx"))
     with pytest.raises(EdgeError, match="did not pass edge quantize's accuracy gate") as refused:
         make_bundle([SourceGraph("ref", reference_onnx, ("int8",), {"int8": tmp_path / "below.onnx"})],
-                    tmp_path / "bundle2", BundleConfig(precisions=("int8",), gate_images=0))
+                    tmp_path / "bundle2", BundleConfig(check_data="fmnist-mini", precisions=("int8",), gate_images=0))
     assert "leave that precision out" in refused.value.fix
     assert not (tmp_path / "bundle2").exists()
     with pytest.raises(EdgeError, match="is a float32 graph, given as the int8 graph of ref"):
         make_bundle([SourceGraph("ref", reference_onnx, ("int8",), {"int8": reference_onnx})],
-                    tmp_path / "bundle3", BundleConfig(precisions=("int8",), gate_images=0))
+                    tmp_path / "bundle3", BundleConfig(check_data="fmnist-mini", precisions=("int8",), gate_images=0))
 
 
 def test_a_bundle_whose_tactic_memory_is_below_its_workspace_is_refused_naming_both_options():

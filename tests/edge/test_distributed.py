@@ -258,3 +258,37 @@ def test_compress_of_two_processes_equals_one_process(tmp_path, capsys):
     one, two = (load_file(str(folder / "model.safetensors")) for folder in (tmp_path / "one", work / "two"))
     for name in one:   # measured 3.6e-12: maps solved in float64 from sums equal to 1e-15
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-9, msg=name)
+
+
+RGB = "timm:vit_tiny_patch16_224,img_size=32,patch_size=8,num_classes=10,depth=2,embed_dim=32,num_heads=2"
+
+
+def test_finetune_on_an_image_folder_of_two_processes_equals_one_process(tmp_path, capsys, monkeypatch):
+    """A user's RGB JPEG folder streamed from disk (timm's training transform, a worker per process): each process
+    reads only its rows of every global batch, each image augmented with its step's and row's seed, so two
+    processes train the weights of one."""
+    from tests.rgb_folder import make_rgb_folder
+
+    monkeypatch.setenv("EDGE_DATA_WORKERS", "1")
+    images = make_rgb_folder(tmp_path / "images", train=8, val=4, size=40)
+    torch.manual_seed(0)
+    weights = tmp_path / "rgb.safetensors"
+    save_safetensors(create_model(RGB).state_dict(), weights)
+    teacher = tmp_path / "teacher.safetensors"
+    save_safetensors(create_model(RGB).state_dict(), teacher)   # other random weights
+    recipe = [RGB, "--weights", str(weights), "--teacher-weights", str(teacher), "--data", str(images),
+              "--batch-size", "16", "--max-steps", "4",
+              "--eval-samples", "20", "--threads", "1", "--amp", "off", "--lr", "1e-3", "--warmup-steps", "2",
+              "--device", "cpu"]
+    assert main(["finetune", *recipe, "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    work = tmp_path / "work"
+    work.mkdir()
+    torchrun(["-m", "edge", "finetune", *recipe, "--out", str(work / "two")], work)
+    one = load_file(str(tmp_path / "one" / "model.safetensors"))
+    two = load_file(str(work / "two" / "model.safetensors"))
+    assert one.keys() == two.keys()
+    start = load_file(str(weights))
+    assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-4   # it trained
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-6, msg=name)

@@ -11,9 +11,9 @@ from tests.conftest import TINY
 
 def test_export_is_verified_deterministic_and_carries_metadata(tmp_path, weights, capsys):
     a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
-    assert main(["export", TINY, "--weights", weights, "--out", str(a), "--json"]) == 0
+    assert main(["export", TINY, "--weights", weights, "--data", "fmnist-mini", "--out", str(a), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert main(["export", TINY, "--weights", weights, "--out", str(b)]) == 0
+    assert main(["export", TINY, "--weights", weights, "--data", "fmnist-mini", "--out", str(b)]) == 0
     assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
     assert {v["inputs"] for v in report["verification"]} == {"random", "real"}
     assert all(v["passed"] and v["max_abs"] <= 1e-4 for v in report["verification"])
@@ -79,7 +79,8 @@ def test_eval_of_a_file_that_is_not_onnx(tmp_path, capsys):
 def test_export_verifies_and_writes_any_static_batch(tmp_path, weights, capsys, batch):
     """The CLI verifies with 8 real images; a static batch above 8 repeats them (issue 19, point 1)."""
     out = tmp_path / f"b{batch}.onnx"
-    assert main(["export", TINY, "--weights", weights, "--batch", str(batch), "--out", str(out), "--json"]) == 0
+    assert main(["export", TINY, "--weights", weights, "--data", "fmnist-mini", "--batch", str(batch),
+                 "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert {v["inputs"] for v in report["verification"]} == {"random", "real"}
     assert all(v["passed"] for v in report["verification"])

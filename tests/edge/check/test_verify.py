@@ -30,7 +30,7 @@ def exported(tmp_path_factory):
 
 def test_model_against_its_export_passes(exported, capsys):
     weights, onnx_path = exported
-    assert main(["verify", TINY, str(onnx_path), "--weights", weights, "--json"]) == 0
+    assert main(["verify", TINY, str(onnx_path), "--weights", weights, "--data", "fmnist-mini", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["passed"] and result["input_size"] == [1, 28, 28]
     assert {c["inputs"] for c in result["comparisons"]} == {"random", "real"}

@@ -24,8 +24,8 @@ from edge.models import create_model, data_config
 
 # head dim 64, MLP 512: wide enough for the default alignments (16 per head, 64 for the MLP)
 WIDE = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=128,num_heads=2"
-SMALL = "timm:deit_small_patch16_224,img_size=32"
-REGISTERS = "timm:vit_tiny_patch16_224,img_size=32,depth=3,reg_tokens=4"
+SMALL = "timm:deit_small_patch16_224,img_size=32,num_classes=10"   # a head of the calibration set's classes
+REGISTERS = "timm:vit_tiny_patch16_224,img_size=32,depth=3,reg_tokens=4,num_classes=10"
 
 
 def model_of(spec, seed=0):

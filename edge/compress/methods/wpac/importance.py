@@ -90,7 +90,11 @@ def unit_importance(modules: Droppables, widths: dict[str, int], images, spec: I
     ``modules`` are the droppable modules in the model; the model is measured in eval mode with
     ``widths`` pinned, then put back as it was (training mode, widths, no probes).
     """
+    from edge.check.accuracy import require_head
+
     model = modules.model
+    require_head(model, images, "PIAD's importance (the cross-entropy on the proxy images)",
+                 "train without --piad")
     parameter = next(model.parameters())
     dtype, device = parameter.dtype, parameter.device
     saved = {m: (m.training, m.pinned) for m in modules.modules()}

@@ -145,6 +145,10 @@ def collect_statistics(model: nn.Module, blocks: dict[int, int], images, spec: I
         raise EdgeError("the model has no classifier head (num_classes=0)",
                         expected="a classifier: WPAC weighs tokens by the gradient of the correct-class logit",
                         fix="use criterion=magnitude or criterion=random, which need no data")
+    from edge.check.accuracy import require_head
+
+    require_head(model, images, "WPAC's Taylor weights (the gradient of the correct class's logit)",
+                 "use criterion=magnitude or criterion=random, which read no labels")
     stats, captured, handles = {}, {}, []
     for b, pos in blocks.items():
         block = model.blocks[pos]
