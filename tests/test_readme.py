@@ -241,6 +241,24 @@ def _image_folder(path: Path) -> None:
                 Image.fromarray(image).save(path / split / label / f"{i}.png")
 
 
+def _own_vit_weights(path: Path) -> None:
+    """Seeded random weights of timm:deit_tiny_patch16_224 with a 10-class head (docs/your-own-model.md)."""
+    import torch
+
+    from edge.models import create_model
+    from edge.models.weights_io import save_safetensors
+
+    torch.manual_seed(0)
+    save_safetensors(create_model("timm:deit_tiny_patch16_224,num_classes=10").state_dict(), path)
+
+
+def _own_photos(path: Path) -> None:
+    """A 10-class RGB JPEG folder with train/ and val/ (tests/rgb_folder.py; docs/your-own-model.md)."""
+    from tests.rgb_folder import make_rgb_folder
+
+    make_rgb_folder(path, train=6, val=3)
+
+
 def _foreign_vit(path: Path) -> None:
     """A small timm ViT exported by torch.onnx, not by edge export (the user's own graph; docs/precision.md)."""
     from tests.edge.test_foreign_graphs import export_timm_vit
@@ -253,6 +271,8 @@ STAND_INS = {
     "their_vit.onnx": _foreign_vit,
     "~/my-images": _image_folder,
     "pruned.safetensors": _pruned_weights,
+    "vit.safetensors": _own_vit_weights,
+    "~/my-photos": _own_photos,
 }
 
 

@@ -60,10 +60,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_option(parser: argparse.ArgumentParser, flag: str = "--weights",
-                       help: str = "weights file (.safetensors, or a weights-only torch state dict)") -> None:
-    from edge.cli.options import ExistingFile
+                       help: str = "weights: a .safetensors file, a torch state dict (also under state_dict, model or "
+                                   "state_dict_ema, names under module. or model.), or a hub snapshot folder "
+                                   "(model.safetensors or pytorch_model.bin)") -> None:
+    from edge.cli.options import ExistingPath
 
-    parser.add_argument(flag, type=ExistingFile(), metavar="FILE", help=help)
+    parser.add_argument(flag, type=ExistingPath(), metavar="WEIGHTS", help=help)
 
 
 def add_data_option(parser: argparse.ArgumentParser, default: str | None, help: str, flag: str = "--data") -> None:

@@ -79,7 +79,7 @@ def _spec_student(text: str, weights: str | Path | None, img_size: ImgSize | Non
     if weights is not None:
         state = read_state_dict(weights)
         try:
-            load_weights(model, state, str(weights))
+            load_weights(model, state, str(weights), convert=True)
         except EdgeError as e:
             raise EdgeError(f"the student {e.what}", expected=e.expected,
                             found=f"{e.found + '; ' if e.found else ''}{widths(state)}",

@@ -185,7 +185,7 @@ def create_model(spec: str | ModelSpec, *, weights: str | Path | None = None,
         raise EdgeError(f"model {spec.text!r} is a {type(model).__name__}",
                         expected="a timm VisionTransformer (ViT, DeiT, DeiT-III, DINOv2, CLIP-ViT...)")
     if weights is not None:
-        load_weights(model, read_state_dict(weights), str(weights))
+        load_weights(model, read_state_dict(weights), str(weights), convert=True)
     elif spec.bundled is not None and pretrained_weights:
         if not spec.bundled.weights.is_file():
             raise EdgeError(f"the bundled weights of {spec.bundled.name} are missing ({spec.bundled.weights})",

@@ -43,11 +43,11 @@ def test_missing_and_extra_tensors(tiny, tmp_path):
     state = dict(tiny.state_dict())
     del state["blocks.1.mlp.fc1.weight"]
     save_file(state, str(tmp_path / "missing.safetensors"))
-    with pytest.raises(EdgeError, match="'blocks.1.mlp.fc1.weight' is missing"):
+    with pytest.raises(EdgeError, match="missing 1: 'blocks.1.mlp.fc1.weight'"):
         create_model(SPEC, weights=tmp_path / "missing.safetensors")
     state = {**tiny.state_dict(), "blocks.2.norm1.weight": torch.ones(192)}
     save_file(state, str(tmp_path / "extra.safetensors"))
-    with pytest.raises(EdgeError, match="unexpected tensor 'blocks.2.norm1.weight'"):
+    with pytest.raises(EdgeError, match="unexpected 1: 'blocks.2.norm1.weight'"):
         create_model(SPEC, weights=tmp_path / "extra.safetensors")
 
 
@@ -82,3 +82,65 @@ def test_corrupt_files(tmp_path):
     torch.save([torch.ones(1)], tmp_path / "list.pt")
     with pytest.raises(EdgeError, match="is not a state dict"):
         read_state_dict(tmp_path / "list.pt")
+
+
+@pytest.mark.parametrize("key", ["state_dict", "model", "state_dict_ema", "model_ema"])
+@pytest.mark.parametrize("prefix", ["", "module.", "model."])
+def test_a_checkpoint_as_training_code_saves_it_loads(tiny, tmp_path, key, prefix):
+    """Weights under a checkpoint key and a wrapper's prefix (DistributedDataParallel's module., Lightning's model.)."""
+    state = {f"{prefix}{k}": v for k, v in tiny.state_dict().items()}
+    torch.save({key: state, "epoch": 3, "optimizer": {"lr": 0.1}}, tmp_path / "w.pth")
+    loaded = create_model(SPEC, weights=tmp_path / "w.pth")
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), tiny(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])
+def test_a_hub_snapshot_folder_loads(tiny, tmp_path, name):
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "config.json").write_text("{}")
+    if name.endswith(".safetensors"):
+        save_safetensors(tiny.state_dict(), snapshot / name)
+    else:
+        torch.save(tiny.state_dict(), snapshot / name)
+    loaded = create_model(SPEC, weights=snapshot)
+    assert torch.equal(loaded.pos_embed, tiny.pos_embed)
+    (snapshot / name).unlink()
+    with pytest.raises(EdgeError, match="holds no weights file") as e:
+        create_model(SPEC, weights=snapshot)
+    assert "model.safetensors or pytorch_model.bin" in str(e.value)
+
+
+def test_position_embeddings_are_resampled_to_another_img_size(tiny, tmp_path):
+    """Weights of a 32-px model (4x4 patches of 8) into the same model at 48 px (6x6): timm's resampling."""
+    from timm.layers import resample_abs_pos_embed
+
+    save_safetensors(tiny.state_dict(), tmp_path / "w.safetensors")
+    bigger = create_model(SPEC, weights=tmp_path / "w.safetensors", img_size=48)
+    assert bigger.pos_embed.shape == (1, 1 + 36, 192)
+    expected = resample_abs_pos_embed(tiny.pos_embed, (6, 6), num_prefix_tokens=1)
+    torch.testing.assert_close(bigger.pos_embed, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(bigger.blocks[0].attn.qkv.weight, tiny.blocks[0].attn.qkv.weight, rtol=0, atol=0)
+    assert bigger(torch.randn(1, 3, 48, 48)).shape == (1, 1000)
+
+
+def test_every_missing_and_unexpected_name_is_listed(tiny, tmp_path):
+    state = {k: v for k, v in tiny.state_dict().items() if not k.startswith("blocks.1.")}
+    state["extra.weight"] = torch.ones(3)
+    save_file(state, str(tmp_path / "w.safetensors"))
+    with pytest.raises(EdgeError) as e:
+        create_model(SPEC, weights=tmp_path / "w.safetensors")
+    message = str(e.value)
+    assert "missing 12: 'blocks.1.norm1.weight'" in message and "and 6 more" in message
+    assert "unexpected 1: 'extra.weight'" in message
+
+
+def test_a_file_that_is_no_checkpoint_exits_2_naming_it(tmp_path, capsys):
+    from edge.cli import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes about this model\n")
+    assert main(["eval", "fmnist-deit-tiny", "--weights", str(notes), "--data", "fmnist-mini"]) == 2
+    err = capsys.readouterr().err
+    assert f"weights file {notes} is not a weights file edge can read" in err and "bug" not in err

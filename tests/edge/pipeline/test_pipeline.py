@@ -285,7 +285,8 @@ def test_printed_default_recipe_is_the_default(tmp_path, capsys):
     path.write_text(capsys.readouterr().out)
     printed, default = load_recipe(path), load_recipe(None)
     assert printed.as_dict() | {"source": None} == default.as_dict() | {"source": None}
-    assert default.model == "fmnist-deit-tiny" and default.data == "fmnist" and default.fallback_data == "fmnist-mini"
+    # the bundled model's own data (Fashion-MNIST, falling back to fmnist-mini): edge.pipeline.run.resolve_data
+    assert default.model == "fmnist-deit-tiny" and default.data is None and default.fallback_data is None
     assert default.evaluate.samples is None  # the whole test split
     assert default.variants[0].plan is None
 
@@ -465,11 +466,25 @@ def test_data_fallback_and_overrides(weights, tmp_path):
                                                    "fallback_data: fmnist-mini"))
     loaded = load_recipe(recipe)
     data, notice = resolve_data(loaded)
-    assert data == "fmnist-mini" and "absent" in notice and "fallback_data" in notice
+    assert data == "fmnist-mini" and "absent" in notice
     strict = with_overrides(loaded, data=str(tmp_path / "absent"), threads=1)
     assert strict.fallback_data is None and strict.threads == 1
     with pytest.raises(EdgeError, match="key data"):
         resolve_data(strict)
+
+
+def test_a_recipe_naming_a_missing_folder_stops_the_run_with_exit_2(weights, tmp_path, capsys):
+    """No silent fallback: a recipe's own data that cannot be read ends the run before any step, naming it."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe_text(weights).replace("data: fmnist-mini", f"data: {tmp_path / 'photos'}"))
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "photos") in err and "key data" in err
+    assert not (tmp_path / "run").exists()
+    other = tmp_path / "other.yaml"   # a model that is not bundled, and no data at all: refused, naming the key
+    other.write_text(recipe_text(weights).replace("data: fmnist-mini\n", ""))
+    assert main(["pipeline", "--recipe", str(other), "--out", str(tmp_path / "run")]) == 2
+    assert "names no data for" in capsys.readouterr().err
 
 
 def test_pareto_front():
