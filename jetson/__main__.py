@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--power-mode", help="nvpmodel mode by name (e.g. 15W, MAXN_SUPER) for the run, put back after")
     runner.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")
     runner.add_argument("--nvpmodel-conf", type=Path, default=RunOptions.nvpmodel_conf,
-                        help="the nvpmodel configuration that maps mode names to ids")
+                        help="the nvpmodel configuration that maps mode names to ids (default: the one nvpmodel "
+                             "reads, as `nvpmodel -q --verbose` names it; else /etc/nvpmodel.conf)")
     runner.add_argument("--variant", dest="variants", action="append", default=[], metavar="ID",
                         help="only this variant (NAME or NAME.PRECISION; repeatable)")
     runner.add_argument("--cache-dir", type=Path, help="engine cache (default: ~/.cache/edge-jetson or "
@@ -94,7 +95,8 @@ def add_check_parser(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--cuda", choices=BINDINGS, help="check only this CUDA binding")
     check.add_argument("--power-mode", help="the power mode the run will ask for (checks it and the sudo rights)")
     check.add_argument("--lock-clocks", action="store_true", help="the run will lock the clocks (checks sudo rights)")
-    check.add_argument("--nvpmodel-conf", type=Path, help="the nvpmodel configuration (default /etc/nvpmodel.conf)")
+    check.add_argument("--nvpmodel-conf", type=Path, help="the nvpmodel configuration (default: the one nvpmodel "
+                                                          "reads, else /etc/nvpmodel.conf)")
     check.add_argument("--energy", choices=ENERGY, default="auto", help="off: tegrastats is not needed")
     check.add_argument("--min-memory-mib", type=_positive_int, default=MIN_AVAILABLE_MIB,
                        help="memory that must be available (default: the 2 GiB builder workspace)")

@@ -203,9 +203,9 @@ def check_tegrastats(options: CheckOptions) -> Check:
 
 
 def check_power_modes(options: CheckOptions) -> Check:
-    from jetson.power import NVPMODEL_CONF, read_power_modes, resolve_power_mode
+    from jetson.power import nvpmodel_conf_in_use, read_power_modes, resolve_power_mode
 
-    conf = options.nvpmodel_conf or NVPMODEL_CONF
+    conf = options.nvpmodel_conf or nvpmodel_conf_in_use()
     try:
         modes = read_power_modes(conf)
     except JetsonError as e:

@@ -44,6 +44,7 @@ SUDOERS_FILE = "/etc/sudoers.d/edge-jetson"
 
 _MODE_HEADER = re.compile(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([^\s>]+)\s*>")
 _QUERY_NAME = re.compile(r"NV Power Mode:\s*(\S+)")
+_CONFIG_FILE = re.compile(r"Config file:\s*(\S+)")  # `nvpmodel -q --verbose`: "NVPM VERB: Config file: PATH"
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 #: `jetson_clocks --show`'s GPU line (do_igpu: the GPU's devfreq min_freq, max_freq, cur_freq in Hz)
 _SHOW_GPU = re.compile(r"^GPU MinFreq=(\d+) MaxFreq=(\d+) CurrentFreq=(\d+)", re.M)
@@ -105,6 +106,29 @@ def read_power_modes(conf: Path = NVPMODEL_CONF) -> dict[str, int]:
         raise JetsonError(f"cannot read the nvpmodel configuration {conf}: {e.strerror}",
                           fix="run on a Jetson with JetPack (it installs /etc/nvpmodel.conf)") from e
     return parse_nvpmodel_conf(text, where=str(conf))
+
+
+def nvpmodel_conf_in_use() -> Path:
+    """The configuration nvpmodel itself reads: `nvpmodel -q --verbose` names it ("NVPM VERB: Config file: PATH";
+    any user may ask), else :data:`NVPMODEL_CONF`, where JetPack links the module's own."""
+    try:
+        said = run_tool(["nvpmodel", "-q", "--verbose"])
+    except JetsonError:
+        return NVPMODEL_CONF
+    match = _CONFIG_FILE.search(said)
+    return Path(match.group(1)) if match else NVPMODEL_CONF
+
+
+def power_modes_for(asked: str, conf: Path | None = None) -> tuple[dict[str, int], Path]:
+    """The modes of ``conf`` (default: the configuration nvpmodel reads) for ``--power-mode asked``; a JetsonError
+    naming ``asked`` when they cannot be read."""
+    conf = conf or nvpmodel_conf_in_use()
+    try:
+        return read_power_modes(conf), conf
+    except JetsonError as e:
+        raise JetsonError(f"--power-mode {asked}: {e.what}", expected="the module's nvpmodel configuration, which "
+                          "maps mode names to ids", found=e.found,
+                          fix=f"{e.fix}; or pass --nvpmodel-conf with the module's configuration") from e
 
 
 def resolve_power_mode(name: str, modes: Mapping[str, int], *, where: str = str(NVPMODEL_CONF)) -> PowerMode:
@@ -267,7 +291,7 @@ class DeviceSettings:
     """
 
     def __init__(self, power_mode: str | None = None, lock_clocks: bool = False, *,
-                 conf: Path = NVPMODEL_CONF) -> None:
+                 conf: Path | None = None) -> None:
         self.power_mode = power_mode
         self.lock_clocks = lock_clocks
         self.conf = conf
@@ -281,7 +305,8 @@ class DeviceSettings:
     def __enter__(self) -> SettingsRecord:
         check_power_rights(self.power_mode, self.lock_clocks)
         if self.power_mode is not None:
-            self._target = resolve_power_mode(self.power_mode, read_power_modes(self.conf), where=str(self.conf))
+            modes, conf = power_modes_for(self.power_mode, self.conf)
+            self._target = resolve_power_mode(self.power_mode, modes, where=str(conf))
             self._original = query_power_mode()
         self._raise_on_signals()
         try:

@@ -68,7 +68,6 @@ from jetson.engine import BUILDERS, PYTHON_BUILDER
 from jetson.errors import JetsonError
 from jetson.interrupt import Interruptions
 from jetson.power import (
-    NVPMODEL_CONF,
     DeviceSettings,
     Interrupted,
     check_not_under_sudo,
@@ -105,7 +104,7 @@ class RunOptions:
     threads: int | None = None
     layer_runs: int = 20
     force: bool = False
-    nvpmodel_conf: Path = NVPMODEL_CONF
+    nvpmodel_conf: Path | None = None  # None: the configuration nvpmodel reads (jetson.power.nvpmodel_conf_in_use)
     builder: str = PYTHON_BUILDER
     trtexec: str | None = None       # the trtexec binary (default: on PATH, else JetPack's)
 

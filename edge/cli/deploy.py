@@ -75,7 +75,8 @@ def register(subparsers) -> None:
                         help="nvpmodel mode by name for the run (e.g. 15W), put back after")
     parser.add_argument("--lock-clocks", action="store_true", help="jetson_clocks for the run, restored after")
     parser.add_argument("--nvpmodel-conf", type=Text(),
-                        help="the device's nvpmodel configuration (default: /etc/nvpmodel.conf)")
+                        help="the device's nvpmodel configuration (default: the one nvpmodel reads there, as "
+                             "`nvpmodel -q --verbose` names it; else /etc/nvpmodel.conf)")
     parser.add_argument("--remote-dir", type=Text(),
                         help="the bundle's folder on the device (default: edge-bundles/NAME in "
                                              "the login user's home)")

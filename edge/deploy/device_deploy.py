@@ -10,20 +10,31 @@ module's record), ``deploy.log`` (what the runner printed) and ``results/`` (jet
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import secrets
 import shutil
 import signal
+import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from edge.deploy.ssh import SSH_FAILED, Connection, DeployError, Host, SshOptions, remote_words, ssh_failure
+from edge.deploy.ssh import (
+    SHORT_COMMAND_S,
+    SSH_FAILED,
+    Connection,
+    DeployError,
+    Host,
+    SshOptions,
+    remote_words,
+    ssh_failure,
+)
 from edge.deploy.untrusted import REFUSED, check_results, checked_members, plain_result_file
 from edge.fileio import write_json_atomic
 from jetson import archive as archive_module
@@ -37,6 +48,11 @@ RECORD, LOG, RESULTS = "deploy.json", "deploy.log", "results"
 # run's results even when another deploy's runner starts the moment the lock is free
 RUNNER_LOCK = ".edge-runner.lock"
 WAITING = "edge deploy: waiting for the runner an earlier deploy started in this folder to finish"
+# and a deploy holds DEPLOY_LOCK in the remote folder from its copy to its fetch (flock, through an SSH session of
+# its own that ends when the deploy ends or its client goes away): a second deploy of the same folder waits for
+# it, instead of copying over files the first one's runner is checking (both were refused)
+DEPLOY_LOCK = ".edge-deploy.lock"
+WAITING_DEPLOY = "waiting: another edge deploy is copying, running or fetching in {folder} on this device"
 NO_REMOTE_DIR = 90  # the exit status of the listing command when the remote folder cannot be written
 RUNNER_EXIT = {1: "some variants failed (the others ran)", 2: "the runner refused the bundle or an option",
                3: "the runner hit a bug"}
@@ -93,6 +109,46 @@ class DeviceDeploy:
 
     def __post_init__(self) -> None:
         self.connection = Connection(self.host, self.ssh)
+
+    @contextlib.contextmanager
+    def folder_lock(self) -> Iterator[None]:
+        """Hold :data:`DEPLOY_LOCK` in the remote folder for the block, waiting (and saying so) while another
+        deploy holds it. A device without ``flock`` is not locked (as the runner's lock)."""
+        self.stage = "copy"  # the folder is taken for the copy (and what follows)
+        folder = remote_words(self.remote_dir)
+        lock = remote_words(DEPLOY_LOCK)
+        hold = remote_words("sh", "-c", "echo locked; exec cat >/dev/null")
+        command = (f"mkdir -p -- {folder} && test -w {folder} && cd -- {folder} || exit {NO_REMOTE_DIR}; "
+                   f"if command -v flock >/dev/null; then flock -n {lock} true || echo waiting; "
+                   f"exec flock {lock} {hold}; else echo locked; exec cat >/dev/null; fi")
+        with tempfile.TemporaryFile() as errors:
+            holder = self.connection.hold(command, errors)
+            assert holder.stdin is not None and holder.stdout is not None
+            try:
+                for line in holder.stdout:
+                    if line.strip() == b"waiting":
+                        self.say(WAITING_DEPLOY.format(folder=self.remote_dir))
+                    elif line.strip() == b"locked":
+                        break
+                else:  # the session ended before the lock was taken
+                    holder.wait()
+                    errors.seek(0)
+                    stderr = errors.read().decode(errors="replace")
+                    if holder.returncode == SSH_FAILED:
+                        raise ssh_failure(self.host, stderr, self.ssh)
+                    raise DeployError("remote dir", f"{self.host}: cannot write the remote folder {self.remote_dir!r}",
+                                      found=stderr.strip()[-800:] or f"exit {holder.returncode}",
+                                      fix="pass --remote-dir a folder the login user may write (a relative one is "
+                                          "under their home)")
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    holder.stdin.close()  # the remote cat ends, flock lets go
+                try:
+                    holder.wait(timeout=SHORT_COMMAND_S)
+                except subprocess.TimeoutExpired:
+                    holder.kill()
+                    holder.wait()
 
     def say(self, message: str) -> None:
         self.progress(f"{self.host}: {message}")
@@ -326,20 +382,24 @@ class DeviceDeploy:
         """Copy (unless done already), run, fetch; a failure is recorded (never raised) and the results
         are fetched whenever the runner ran."""
         try:
-            if upload:
-                self.upload()
-            if before_run is not None:
-                before_run(self)
-            try:
-                self.run_runner()
-            except DeployError as e:
-                self.fetch_after_failure()
-                said = self.device_said()
-                if said:
-                    raise DeployError(e.kind, e.what, found=said, fix=e.fix) from e
-                raise
-            self.stage = "fetch"
-            self.fetch()
+            with self.folder_lock():  # another deploy of this folder waits until this one has fetched
+                if upload:
+                    before = self.copy
+                    self.upload()
+                    if before and not self.copy.get("sent") and not self.copy.get("removed"):
+                        self.copy = before  # checked again under the lock: as it was sent before
+                if before_run is not None:
+                    before_run(self)
+                try:
+                    self.run_runner()
+                except DeployError as e:
+                    self.fetch_after_failure()
+                    said = self.device_said()
+                    if said:
+                        raise DeployError(e.kind, e.what, found=said, fix=e.fix) from e
+                    raise
+                self.stage = "fetch"
+                self.fetch()
             self.status = "ok"
             self.say(f"done: {self.out / RESULTS}")
         except DeployError as e:

@@ -44,16 +44,20 @@ def deploy_fleet(devices: list[DeviceDeploy], *, share_engines: bool) -> None:
 
     def run_group(group: list[DeviceDeploy]) -> None:
         leader, *followers = group
-        leader.deploy(upload=False)
-        _each(followers, lambda f: f.deploy(upload=False, before_run=lambda f: share(leader, f)))
+        # each copy is checked again under the folder lock (DeviceDeploy.folder_lock; it sends nothing when the
+        # folder is as _prepare left it): the lock is held one step at a time, so two entries for one device's
+        # folder cannot wait for each other
+        leader.deploy()
+        _each(followers, lambda f: f.deploy(before_run=lambda f: share(leader, f)))
 
     _each(groups.values(), run_group)
 
 
 def _prepare(device: DeviceDeploy) -> None:
     try:
-        device.upload()
-        device.probe()
+        with device.folder_lock():
+            device.upload()
+            device.probe()
     except DeployError as e:
         device.fail(e)
         device.write_record()

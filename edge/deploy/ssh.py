@@ -151,6 +151,12 @@ class Connection:
                               found=_tail(done.stderr))
         return done
 
+    def hold(self, command: str, stderr: IO[bytes]) -> subprocess.Popen:
+        """``command`` with pipes both ways: it reads the returned process's ``stdin`` (closing it ends the command)
+        and writes lines to its ``stdout``; its stderr to ``stderr``."""
+        return subprocess.Popen([*self.options.argv(self.host), command], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr)
+
     def pipe_in(self, command: str, stderr: IO[bytes]) -> subprocess.Popen:
         """``command`` reading its stdin from the returned process's ``stdin``; its stderr to ``stderr``."""
         return subprocess.Popen([*self.options.argv(self.host), command], stdin=subprocess.PIPE,

@@ -12,7 +12,7 @@ import pytest
 from edge.bundle import BundleConfig, make_bundle
 from edge.cli import main
 from edge.deploy import RunnerOptions, checked_source, deploy, parse_host, read_hosts
-from edge.deploy.device_deploy import RUNNER_LOCK, DeviceDeploy
+from edge.deploy.device_deploy import DEPLOY_LOCK, RUNNER_LOCK, DeviceDeploy
 from edge.errors import EdgeError
 from jetson.bundle import read_bundle
 from jetson.energy import Window, rail_energy
@@ -51,7 +51,8 @@ def test_end_to_end_pipeline_bundle_deploy_report(sshd, pipeline_run, tmp_path, 
     device = server.devices[0]
     run = Path(shutil.copytree(pipeline_run, tmp_path / "run"))
     bundle = tmp_path / "bundle"
-    assert main(["bundle", str(run), "--out", str(bundle), "--precision", "fp32", "--warmup", "2", "--iterations",
+    assert main(["bundle", str(run), "--out", str(bundle), "--precision", "fp32", "--gate-data", "fmnist-mini",
+                 "--warmup", "2", "--iterations",
                  "20", "--duration", "0.35", "--energy-duration", "0.35", "--warmup-time", "0", "--idle", "0.3"]) == 0
     capsys.readouterr()
     remote = device.home / "remote" / "x y;touch PWNED"
@@ -124,7 +125,7 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
     server = sshd({})
     device = server.devices[0]
     make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "made" / "bundle",
-                BundleConfig(precisions=("fp32",), protocol=PROTOCOL), tar=True)
+                BundleConfig(check_data="fmnist-mini", precisions=("fp32",), protocol=PROTOCOL), tar=True)
     archive = tmp_path / "bundle.tar.gz"
     (tmp_path / "made" / "bundle.tar.gz").rename(archive)  # only the archive is left on the host
     shutil.rmtree(tmp_path / "made")
@@ -134,7 +135,8 @@ def test_a_tar_gz_bundle_is_copied_whole_unpacked_on_the_device_and_checked(sshd
     assert first["copy"]["archive"] == str(archive) and first["copy"]["bytes_sent"] == archive.stat().st_size
     assert not (tmp_path / "bundle").exists()  # never unpacked here
     hidden = {p.name for p in remote.iterdir() if p.name.startswith(".")}
-    assert hidden == {RUNNER_LOCK}  # the uploaded archive, the runner's output and the results' tar removed
+    assert hidden == {RUNNER_LOCK, DEPLOY_LOCK}  # the uploaded archive, the runner's output and the results' tar
+    # removed; the two lock files stay (empty)
     assert statuses(tmp_path / "out" / device.host.label / "results") == {"a.fp32": "done"}
     # a file damaged on the device: the archive is sent and unpacked again, and checked; then nothing is sent
     (remote / "jetson" / "runner.py").write_text("damaged")

@@ -170,8 +170,9 @@ def _cwd(pid: str) -> Path | None:
 
 def test_a_second_deploy_while_the_first_runner_still_runs_waits_for_it_and_recomputes_nothing(sshd, bundle,
                                                                                               tmp_path):
-    """The first deploy's client is gone but its runner still benchmarks: a second deploy does not benchmark beside
-    it (the two would share the GPU and the power rails); it waits for the lock, then finds every variant done."""
+    """The first deploy's runner still benchmarks: a second deploy does not benchmark beside it (the two would share
+    the GPU and the power rails); it waits (for the first deploy's folder lock while that deploy's client is there,
+    for the runner's lock when it is gone), then finds every variant done."""
     server = sshd({"FAKE_DEVICE_PAUSE_AT": "10"})
     device = server.devices[0]
     remote = device.home / "bundle"
@@ -181,16 +182,17 @@ def test_a_second_deploy_while_the_first_runner_still_runs_waits_for_it_and_reco
     marker = device.home / "paused"
     wait_for(marker.exists, "the first runner to reach its benchmark")
     second: dict = {}
+    heard: list[str] = []
     waiting = threading.Thread(target=lambda: second.update(only(deploy(bundle, [device.host], options,
-                                                                        out=tmp_path / "second"))))
+                                                                        out=tmp_path / "second",
+                                                                        progress=heard.append))))
     waiting.start()
-    wait_for(lambda: runners_holding_or_waiting(DEVICE_USER, remote) == 2, "the second runner to wait for the lock")
+    wait_for(lambda: any("waiting: another edge deploy" in m for m in heard), "the second deploy to wait for the first")
+    assert runners_holding_or_waiting(DEVICE_USER, remote) == 1  # the first's runner only: none beside it
     marker.unlink()  # the first runner goes on and finishes; then the second takes the lock
     first.join(timeout=120)
     waiting.join(timeout=120)
     assert second["status"] == "ok", second["error"]
-    log = (tmp_path / "second" / device.host.label / "deploy.log").read_text()
-    assert "waiting for the runner an earlier deploy started in this folder" in log
     assert statuses(tmp_path / "first" / device.host.label / "results") == {"a.fp32": "done", "b.fp32": "done"}
     assert statuses(tmp_path / "second" / device.host.label / "results") == {"a.fp32": "cached", "b.fp32": "cached"}
 
