@@ -26,7 +26,8 @@ def fake_jetson(tmp_path, monkeypatch) -> FakeJetson:
 def bundle(tmp_path) -> Path:
     """Two variants (a and b), fp32, a short protocol."""
     graphs = [tiny_onnx(tmp_path / "a.onnx"), tiny_onnx(tmp_path / "b.onnx")]
-    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=Protocol(
+    make_bundle(graphs, tmp_path / "bundle", BundleConfig(check_data="fmnist-mini", precisions=("fp32",),
+                                                          protocol=Protocol(
         warmup=2, warmup_s=None, iterations=20, duration_s=None, energy_duration_s=None, idle_s=0.3)))
     return tmp_path / "bundle"
 

@@ -140,7 +140,8 @@ def test_ort_engines_pass_the_gate_for_real(bundle):
 def two_graphs(tmp_path) -> Path:
     """Variants a (batch 1) and b (static batch 3: the gate's 32 images in 11 chunks, the last one padded)."""
     graphs = [tiny_onnx(tmp_path / "a.onnx"), tiny_onnx(tmp_path / "b.onnx", batch="3")]
-    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=Protocol(
+    make_bundle(graphs, tmp_path / "bundle", BundleConfig(check_data="fmnist-mini", precisions=("fp32",),
+                                                          protocol=Protocol(
         warmup=2, warmup_s=None, iterations=20, duration_s=None, energy_duration_s=None, idle_s=0.3)))
     return tmp_path / "bundle"
 
@@ -240,7 +241,7 @@ def test_edge_bundle_gate_images_sets_the_count(tmp_path, capsys):
 
     graph = tiny_onnx(tmp_path / "a.onnx", batch="4")
     assert main(["bundle", str(graph), "--out", str(tmp_path / "bundle"), "--precision", "fp32",
-                 "--gate-images", "6", "--json"]) == 0
+                 "--gate-images", "6", "--gate-data", "fmnist-mini", "--json"]) == 0
     gate = json.loads(capsys.readouterr().out)["variants"][0]["gate"]
     assert gate["images"] == 6 and gate["thresholds"] == THRESHOLDS["fp32"].to_json()
     assert np.load(tmp_path / "bundle" / gate["reference"]["logits"]).shape == (6, 4)  # 2 chunks of 4, padded
@@ -248,7 +249,7 @@ def test_edge_bundle_gate_images_sets_the_count(tmp_path, capsys):
 
 def test_no_tf32_bundles_take_the_strict_fp32_thresholds(tmp_path):
     make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle",
-                BundleConfig(precisions=("fp32",), tf32=False, gate_images=4))
+                BundleConfig(check_data="fmnist-mini", precisions=("fp32",), tf32=False, gate_images=4))
     assert read_bundle(tmp_path / "bundle").variants[0].gate.thresholds == THRESHOLDS["fp32-no-tf32"]
 
 

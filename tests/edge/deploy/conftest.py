@@ -43,7 +43,8 @@ def bundle(tmp_path) -> Path:
     b.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones(8, np.float32), "b1"))
     onnx.save(b, str(tmp_path / "b.onnx"))
     graphs = [tiny_onnx(tmp_path / "a.onnx"), tmp_path / "b.onnx"]
-    make_bundle(graphs, tmp_path / "bundle", BundleConfig(precisions=("fp32",), protocol=PROTOCOL))
+    make_bundle(graphs, tmp_path / "bundle", BundleConfig(check_data="fmnist-mini", precisions=("fp32",),
+                                                          protocol=PROTOCOL))
     return tmp_path / "bundle"
 
 

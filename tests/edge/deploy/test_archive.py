@@ -22,7 +22,7 @@ from tests.edge.trt.test_build import tiny_onnx
 @pytest.fixture
 def packed(tmp_path) -> Path:
     """``bundle.tar.gz`` of a one-variant bundle, as `edge bundle --tar` writes it."""
-    make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle", BundleConfig(
+    make_bundle([tiny_onnx(tmp_path / "a.onnx")], tmp_path / "bundle", BundleConfig(check_data="fmnist-mini",
         precisions=("fp32",), protocol=Protocol(warmup=1, warmup_s=None, iterations=2, duration_s=None)), tar=True)
     return tmp_path / "bundle.tar.gz"
 

@@ -71,7 +71,8 @@ def bundle(graphs, tmp_path_factory) -> Path:
     """Both graphs in one bundle at fp32 and fp16, with the accuracy gate's files and the TensorRT rules on."""
     out = tmp_path_factory.mktemp("plugin-e2e-bundle") / "bundle"
     make_bundle([graphs[NAME], graphs[TWIN]], out,
-                BundleConfig(precisions=PRECISIONS, protocol=PROTOCOL, gate_images=GATE_IMAGES))
+                BundleConfig(check_data="fmnist-mini", precisions=PRECISIONS, protocol=PROTOCOL,
+                             gate_images=GATE_IMAGES))
     return out
 
 

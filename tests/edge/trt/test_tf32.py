@@ -50,7 +50,7 @@ def test_trtexec_gets_no_tf32_on_both_sides():
 
 def test_bundle_build_configs_carry_tf32(tmp_path):
     graph = tiny_onnx(tmp_path / "m.onnx")
-    make_bundle([graph], tmp_path / "on", BundleConfig(precisions=("fp32",)))
-    make_bundle([graph], tmp_path / "off", BundleConfig(precisions=("fp32",), tf32=False))
+    make_bundle([graph], tmp_path / "on", BundleConfig(check_data="fmnist-mini", precisions=("fp32",)))
+    make_bundle([graph], tmp_path / "off", BundleConfig(check_data="fmnist-mini", precisions=("fp32",), tf32=False))
     assert [v.build.tf32 for v in read_bundle(tmp_path / "on").variants] == [True]
     assert [v.build.tf32 for v in read_bundle(tmp_path / "off").variants] == [False]
