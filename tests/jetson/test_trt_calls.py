@@ -173,6 +173,9 @@ def test_ctrl_c_during_edge_build_cancels_the_build_and_raises_after_it(tmp_path
 
     trt = make_fake_tensorrt("10.3", build_seconds=30.0)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    # SIGINT as a Python started at a terminal has it: a test command started in the background by a shell without
+    # job control runs with SIGINT ignored (POSIX), and Python then leaves it ignored
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
     main_thread = threading.main_thread().ident
     timer = threading.Timer(0.3, lambda: signal.pthread_kill(main_thread, signal.SIGINT))  # Ctrl-C, at the main thread
     timer.start()
@@ -180,10 +183,11 @@ def test_ctrl_c_during_edge_build_cancels_the_build_and_raises_after_it(tmp_path
         with pytest.raises(KeyboardInterrupt):
             build_engine(tiny_onnx(tmp_path / "m.onnx"), tmp_path / "m.engine", BuildConfig(),
                          display=lambda phase: None, device=FAKE_DEVICE)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, started_with)
     assert trt.calls[-1] == ("build cancelled",) and not (tmp_path / "m.engine").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
 def test_a_jetson_whose_device_tree_is_masked_says_engines_are_not_shared(tmp_path, monkeypatch):
