@@ -38,7 +38,8 @@ from edge.trt.dims import dims_list
 from edge.trt.features import TensorRTFeatures, detect_features, load_tensorrt
 from edge.trt.manifest import MANIFEST_VERSION, layers_path, manifest_path
 from jetson.bundle import DEFAULT_TACTIC_DRAM_MIB
-from jetson.engine import network_flags, parser_errors
+from jetson.engine import load_plugin_library, network_flags, parser_errors
+from jetson.errors import JetsonError
 from jetson.interrupt import Interruptions
 from jetson.trt_log import stderr_logger
 
@@ -263,7 +264,11 @@ def _load_plugins(builder: tensorrt.Builder, logger: tensorrt.ILogger, plugins: 
         if not Path(path).is_file():
             raise EdgeError(f"plugin library {path} does not exist", expected="a TensorRT plugin .so",
                             fix="build it (plugins/) or check the path")
-        builder.get_plugin_registry().load_library(str(path))
+        try:  # once per process, as the device runner does: the registry refuses creators registered already
+            load_plugin_library(trt, builder.get_plugin_registry(), path)
+        except JetsonError as e:
+            raise EdgeError(e.what, found=e.found, fix="build it for this TensorRT and GPU (plugins/), or check "
+                                                        "the path") from e
         loaded.append(str(path))
     return loaded
 

@@ -436,3 +436,23 @@ def test_tf32_is_not_a_removed_weak_typing_flag(fake_trt):
     features = detect_features(new)
     assert features.weak_typing_flags == () and features.always_strongly_typed
     assert not detect_features(fake_trt("10.3")).always_strongly_typed
+
+
+def test_two_builds_with_one_plugin_library_in_one_process_register_it_once(tmp_path, fake_trt):
+    """TensorRT's plugin registry is process-wide and refuses creators registered already (loadLibrary returns
+    nullptr, include/NvInferRuntimeCommon.h at v10.3.0): a second build in the same process reuses the first
+    registration; a library TensorRT refuses is named."""
+    library = tmp_path / "libmy_plugin.so"
+    library.write_bytes(b"not really a library")
+    trt = fake_trt("10.3")
+    build(tmp_path, BuildConfig(plugins=(str(library),)))
+    build(tmp_path, BuildConfig(plugins=(str(library),)))
+    assert trt.calls.count(("load_library", str(library))) == 1
+    from tests.fake_tensorrt import FAKE_NVCC_MAGIC
+
+    first, second = tmp_path / "libfirst.so", tmp_path / "libsecond.so"  # two libraries with one creator
+    for path in (first, second):
+        path.write_bytes(FAKE_NVCC_MAGIC + b'{"creators": ["TokenDepthwiseConv"]}')
+    build(tmp_path, BuildConfig(plugins=(str(first),)))
+    with pytest.raises(EdgeError, match="TensorRT could not load the plugin library .*libsecond.so"):
+        build(tmp_path, BuildConfig(plugins=(str(second),)))
