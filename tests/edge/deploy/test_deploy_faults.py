@@ -1,6 +1,6 @@
-"""Two faults of ``edge deploy`` tried as a new user would (issue 43), over real SSH (tests/edge/deploy/sshd.py):
-an unknown power mode named on the terminal with the device's modes, and two deploys of one bundle to one
-device started together (one runs, the other waits for it)."""
+"""Faults of ``edge deploy`` tried as a new user would (issue 43), over real SSH (tests/edge/deploy/sshd.py): an
+unknown power mode named on the terminal with the device's modes, two deploys of one bundle to one device started
+together (one runs, the other waits for it), and ssh never reading the caller's stdin."""
 
 import os
 import subprocess
