@@ -188,14 +188,14 @@ def _write_precision(source: SourceGraph, precision: str, out: Path, config: Bun
     if precision == "fp16":
         from edge.precision.fp16_ranges import RangeCheck
 
-        result = quantize_file(source.path, out, "fp16", check_data=config.check_data or config.data,
+        result = quantize_file(source.path, out, "fp16", check_data=gate_data(config, source.path),
                                ranges=RangeCheck(data=config.data, samples=config.samples),
                                input_options=config.input_options, progress=progress)
         return {"conversion": "edge.quantize fp16", "check": result["check"]}
     from edge.precision.int8 import Int8Config
 
     result = quantize_file(source.path, out, "int8", int8=Int8Config(data=config.data, samples=config.samples),
-                           check_data=config.check_data or config.data, input_options=config.input_options,
+                           check_data=gate_data(config, source.path), input_options=config.input_options,
                            progress=progress)
     return {"conversion": "edge.quantize int8 (Q/DQ)", "calibration": result["calibration"], "check": result["check"]}
 
@@ -357,6 +357,16 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
     return manifest
 
 
+def gate_data(config: BundleConfig, graph: Path) -> str | None:
+    """The images every accuracy gate of ``graph`` reads, the host's and the device's alike: ``--gate-data``, else
+    ``--data``, else (a graph of a bundled model) that model's check set; None: resolved where images are needed
+    (a graph that records no preprocessing is gated on random inputs; any other is refused naming --gate-data)."""
+    from edge.models import bundled_source
+
+    bundled = bundled_source(graph)
+    return config.check_data or config.data or (bundled.check_data if bundled is not None else None)
+
+
 def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: Callable[[str], None]):
     """The accuracy gate's files of ``graph`` (its images, its float32 outputs), shared by its precisions."""
     if not config.gate_images:
@@ -365,7 +375,7 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
 
     progress(f"{graph.name}: accuracy gate: {config.gate_images} images and the source graph's outputs")
     try:
-        return write_gate(graph.name, graph.path, out, config.check_data or config.data, config.gate_images)
+        return write_gate(graph.name, graph.path, out, gate_data(config, graph.path), config.gate_images)
     except JetsonError as e:  # the gate's own rules (jetson.accuracy_gate): bad input, not a bug of edge
         raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
 

@@ -51,7 +51,7 @@ def edge(*args: str, cwd: Path, expect: int = 0) -> subprocess.CompletedProcess:
     return done
 
 
-def test_every_verb_runs_on_the_users_model_and_folder_and_reads_no_fashion_mnist(user, tmp_path, sshd):
+def test_every_verb_runs_on_the_users_model_and_folder_and_reads_no_fashion_mnist(user, tmp_path, sshd):  # noqa: F811
     w, data = ["--weights", str(user / "vit.safetensors")], ["--data", str(user / "images")]
     run = tmp_path
     edge("analyze", MODEL, *w, *data, "--samples", "20", "--out", str(run / "analysis"), cwd=run)
@@ -60,7 +60,7 @@ def test_every_verb_runs_on_the_users_model_and_folder_and_reads_no_fashion_mnis
         edge("compress", MODEL, *w, *data, "--plan", plan, "--samples", "40", "--out", str(run / name), cwd=run)
     planned = edge("plan", MODEL, *w, *data, "--backend", "estimate", "--budget", "0.8x", "--samples", "40",
                    "--holdout", "20", "--out", str(run / "plan"), "--json", cwd=run)
-    assert json.loads(planned.stdout)["chosen"]["plan"]
+    assert json.loads(planned.stdout)["result"]["chosen"]["plan"]
     edge("finetune", str(run / "dwconv"), *data, "--max-steps", "2", "--batch-size", "8", "--eval-samples", "20",
          "--out", str(run / "tuned"), cwd=run)
     edge("export", str(run / "tuned"), *data, "--out", str(run / "tuned.onnx"), cwd=run)
@@ -91,3 +91,24 @@ def test_a_model_that_is_not_bundled_needs_data_and_the_error_names_the_flag(use
         done = edge(*args, cwd=tmp_path, expect=2)
         assert "--data is needed" in done.stderr and "fix: pass --data DIR" in done.stderr
         assert not (tmp_path / "c").exists() and not (tmp_path / "a").exists()
+
+
+def test_every_span_kind_and_auto_linear_on_the_users_folder(user, tmp_path):
+    """Block approximation's every kind (identity, skip, affine and the trained mlp and resmlp translators) and
+    the planner's auto-linear, each with its default options, on the 224-px model and the RGB folder."""
+    w, data = ["--weights", str(user / "vit.safetensors")], ["--data", str(user / "images")]
+    for name, plan in (("spans", "identity:0-1,skip:2-3,affine:4-5,mlp:6-7,resmlp:8-9"), ("auto", "auto-linear:2")):
+        edge("compress", MODEL, *w, *data, "--plan", plan, "--samples", "40", "--out", str(tmp_path / name),
+             cwd=tmp_path)
+        assert (tmp_path / name / "edge-model.json").is_file()
+
+
+def test_wpac_refuses_a_head_that_is_not_the_folders_classes(user, tmp_path):
+    """A 1000-class head on a 10-class folder: the folder's labels would index other classes. Refused with the fix;
+    the label-free criterion runs."""
+    done = edge("compress", "timm:deit_tiny_patch16_224", "--data", str(user / "images"), "--plan",
+                "wpac:keep=0.5:blocks=11", "--samples", "20", "--out", str(tmp_path / "w"), cwd=tmp_path, expect=2)
+    assert "head has 1000 outputs" in done.stderr and "criterion=magnitude" in done.stderr
+    assert not (tmp_path / "w").exists()
+    edge("compress", "timm:deit_tiny_patch16_224", "--data", str(user / "images"), "--plan",
+         "wpac:keep=0.5:criterion=magnitude:blocks=11", "--samples", "20", "--out", str(tmp_path / "w"), cwd=tmp_path)

@@ -135,7 +135,7 @@ EXCLUDED = {
     (DIST, "torchrun --nproc_per_node 8 -m edge finetune runs/rm4 --data ~/imagenet --dilute --epochs 30 "
      "--batch-size 1024 --out runs/rm4-dil"):
         "8 GPUs and ImageNet; tests/edge/test_distributed.py runs edge finetune (and --dilute) "
-        "under torchrun --nproc_per_node 2 on the CPU",
+        "under torchrun --nproc_per_node 2 on the CPU, on an image folder streamed from disk too",
     (DIST, "torchrun --nproc_per_node 8 -m edge compress timm:deit_small_patch16_224 --weights deit_small.safetensors "
      "--plan dwconv:auto=6:init=lsq --data ~/imagenet --samples 50000 --out runs/deit-dw6"):
         "8 processes on ImageNet; tests/edge/test_distributed.py runs edge compress and every calibration "

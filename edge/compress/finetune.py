@@ -487,6 +487,8 @@ def finetune_record(session: Session, artifact: Path | None, student_name: str |
         "history": progress.history,
         "command": task.config.command or [sys.argv[0], *sys.argv[1:]],
         "wall_time_s": round(progress.elapsed, 1),
+        # of this sitting's steps (a resumed run: since it resumed), the seconds spent waiting for a batch
+        "data_wait_s": round(loop.data_wait, 2),
         "hardware": hardware(loop.runtime.device),
         "precision": {"train_amp": loop.runtime.amp_name, "weights": "float32", "eval": "float32"},
         "edge": __version__,

@@ -115,6 +115,7 @@ class Loop:
     desc: str                         # the progress bar's name: train, finetune
     activity: str                     # what diverges in the error: training, fine-tuning
     find_unused: bool = False         # some steps leave trainable parameters without a gradient (DDP)
+    data_wait: float = 0.0            # seconds this run's steps waited for their batch (data loading not hidden)
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,10 @@ def run(loop: Loop, task: Task, progress: Progress) -> Progress:
     batches = loop.data.training_batches(loop.spec, stream)
     with bar(total=loop.schedule.last, initial=progress.step, desc=loop.desc, unit="step") as shown:
         while progress.step < loop.schedule.last:
-            result = train_step(loop, task, forward, progress.step, next(batches))
+            waited = time.perf_counter()
+            batch = next(batches)
+            loop.data_wait += time.perf_counter() - waited
+            result = train_step(loop, task, forward, progress.step, batch)
             progress.step += 1
             progress.elapsed = time.perf_counter() - started
             epoch_done = progress.step % loop.schedule.per_epoch == 0
