@@ -43,7 +43,8 @@ def test_quantize_of_a_1000_class_head_reports_no_top1_agreement(tmp_path, capsy
     graph = tmp_path / "wide.onnx"
     assert main(["export", WIDE, "--out", str(graph), "--data", "fmnist-mini"]) == 0
     capsys.readouterr()
-    assert main(["quantize", str(graph), "--precision", "fp16", "--out", str(tmp_path / "w16.onnx"), "--json"]) == 0
+    assert main(["quantize", str(graph), "--precision", "fp16", "--data", "fmnist-mini", "--out",
+                 str(tmp_path / "w16.onnx"), "--json"]) == 0
     check = json.loads(capsys.readouterr().out)["check"]
     assert check["outputs"] == "features" and "top1_agreement" not in check and "--probe" in check["note"]
 

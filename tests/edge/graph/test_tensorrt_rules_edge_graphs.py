@@ -59,7 +59,7 @@ def _write_graphs(name: str, plan: str | None, folder) -> dict:
     export(model, paths["export"], source=TINY, plan=plan, data_config=data_config(model),
            config=ExportConfig(verify=False))
     clean_file(paths["export"], paths["clean"])
-    quantize_file(paths["clean"], paths["fp16"], "fp16", gate=_structure_only())
+    quantize_file(paths["clean"], paths["fp16"], "fp16", gate=_structure_only(), check_data="fmnist-mini")
     quantize_file(paths["clean"], paths["int8"], "int8", gate=_structure_only(),
                   int8=Int8Config(data="fmnist-mini", samples=SAMPLES, cache_dir=str(folder / "cache")))
     return paths
@@ -72,7 +72,8 @@ def _write_variants(clean, folder) -> dict:
     from edge.precision.quantize import quantize_file
 
     paths = {kind: folder / f"reference.{kind}.onnx" for kind in ("fp16-softmax32", "int8-skip", "int8-fp32")}
-    quantize_file(clean, paths["fp16-softmax32"], "fp16", fp16=Fp16Config(softmax="float32"), gate=_structure_only())
+    quantize_file(clean, paths["fp16-softmax32"], "fp16", fp16=Fp16Config(softmax="float32"), gate=_structure_only(),
+                  check_data="fmnist-mini")
     for kind, options in (("int8-skip", {"placement": "skip"}), ("int8-fp32", {"float_precision": "float32"})):
         quantize_file(clean, paths[kind], "int8", gate=_structure_only(),
                       int8=Int8Config(data="fmnist-mini", samples=SAMPLES, cache_dir=str(folder / "cache"), **options))
