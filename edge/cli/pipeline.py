@@ -38,6 +38,9 @@ def register(subparsers) -> None:
     add_out_folder(parser, "output folder (reused: cached steps are not redone)", required=False)
     add_data_option(parser, None, "override the recipe's data (no fallback then)")
     add_field(parser, "--threads", Recipe, default=None, help="override the recipe's threads")
+    parser.add_argument("--full-split", action="store_true",
+                        help="every graph's accuracy on the whole test split (default: the original and the planned "
+                             "model; the other graphs on the recipe's evaluate.subset, 2,000 images)")
     parser.add_argument("--redo", action="append", default=[], choices=STEPS,
                         help="run this step again even where cached (repeatable)")
     parser.add_argument("--print-recipe", nargs="?", const="default", metavar="NAME", choices=["default", *named_recipes()],
@@ -54,7 +57,8 @@ def run(args) -> int:
         return 0
     if not args.out:
         raise EdgeError("edge pipeline needs --out DIR", fix="e.g. edge pipeline --out runs/pipeline")
-    recipe = with_overrides(load_recipe(args.recipe), data=args.data, threads=args.threads)
+    recipe = with_overrides(load_recipe(args.recipe), data=args.data, threads=args.threads,
+                            full_split=args.full_split)
     report = run_pipeline(recipe, args.out, redo=tuple(args.redo))
     lines = summary_lines(report)
     lines.append(f"wrote {args.out}/report.html, report.md, report.json")
@@ -87,6 +91,8 @@ def summary_lines(report: dict) -> list[str]:
                  f"{'Orin est.':>9}  plan")
     for v in rows:
         verdict = "reference" if v["name"] == latency["reference"] else v["speedup"]["verdict"]
+        if v["speedup"].get("noisy") and v["name"] != latency["reference"]:
+            verdict += f", noisy ({100 * v['speedup']['process_spread']:.1f} % across timing processes)"
         estimate = estimates.get(v["name"])
         orin_cell = f"{estimate['speedup']:.2f}x" if estimate else "-"
         accuracy = f"{100 * v['accuracy']:.2f}%" + ("\N{DAGGER}" if v["samples"] != report["variants"][0]["samples"]
@@ -100,11 +106,15 @@ def summary_lines(report: dict) -> list[str]:
                  f"deviation {100 * aa['deviation']:.1f} % "
                  + (f"> {100 * bound:.0f} %: too noisy to rank variants that close; rerun with --redo profile on a "
                     "quieter machine" if latency["noisy"] else f"<= {100 * bound:.0f} %"))
-    subsets = [p for p in report["precision"] if p["samples"] != report["variants"][0]["samples"]]
+    first = report["variants"][0]
+    subsets = [v for v in rows if v["samples"] != first["samples"]]
     if subsets:
-        lines.append(f"\N{DAGGER} accuracy on {subsets[0]['samples']:,} of the float32 rows' "
-                     f"{report['variants'][0]['samples']:,} test images (balanced); against float32 on the same "
-                     "images: " + ", ".join(f"{p['name']} {p['accuracy_delta_pt_vs_fp32']:+.2f} pt" for p in subsets))
+        label = subsets[0].get("images") or f"{subsets[0]['samples']:,} images"
+        lines.append(f"\N{DAGGER} accuracy on a {label} of the test split (balanced; the others: "
+                     f"{first.get('images') or first['samples']}), paired with the same images: "
+                     + ", ".join(f"{v['name']} {v.get('accuracy_delta_pt_vs_fp32', v['accuracy_delta_pt']):+.2f} pt "
+                                 f"vs {'float32' if 'accuracy_delta_pt_vs_fp32' in v else latency['reference']}"
+                                 for v in subsets) + "; `--full-split`: every graph on the whole split")
     if orin:
         lines.append(f"Orin est.: speedup on a {orin['device']} ({orin['power_mode']}), estimated, not measured: "
                      f"{orin['note']}")

@@ -26,3 +26,14 @@ ORT_LOG = "onnxruntime.log"  # OUT/onnxruntime.log: ONNX Runtime's notes, kept o
 
 def clean_name(graph: str) -> str:
     return graph.removesuffix(".onnx") + ".clean.onnx"
+
+
+def reference_variant(recipe) -> str:
+    """The variant the others' speedups are measured against: the first without a plan, else the first."""
+    return next((v.name for v in recipe.variants if v.plan is None), recipe.variants[0].name)
+
+
+def headline_variants(recipe) -> set[str]:
+    """The variants whose float32 accuracy is the headline, on ``evaluate.samples`` (the whole test split): the
+    reference (the original) and the planned model."""
+    return {reference_variant(recipe), *([recipe.plan.name] if recipe.plan is not None else [])}

@@ -41,7 +41,10 @@ class AnalysisKeys:
 class EvaluateKeys:
     """The evaluate section's key that only the pipeline has (the rest are ``EvaluateConfig`` fields)."""
 
-    samples: int | None = option(None, minimum=1)  # None: the whole test split; N: a seeded balanced subset
+    samples: int | None = option(None, minimum=1)  # the headline graphs: None: the whole test split; N: a subset
+    # every other graph (method variants, FP16, INT8): a fixed, seeded, class-balanced subset of the test split
+    # (labelled "subset (N)" with its 95 % interval); None: the whole split (edge pipeline --full-split)
+    subset: int | None = option(2000, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,9 @@ class PrecisionKeys:
     # INT8 graph with a float16 rest takes ~15 ms a call at batch 1, so 500 images cost seconds per graph
     gate_images: int = option(500, minimum=1, maximum=MAX_SAMPLES)
     static_gate_images: int = option(100, minimum=1, maximum=MAX_SAMPLES)
-    # FP16/INT8 accuracy: on this many of the float32 graphs' test images (balanced), beside float32 on the same
-    # ones; None: all of them. On a CPU ONNX Runtime runs these graphs slower than float32 (INT8 Q/DQ up to 5x)
-    test_images: int | None = option(1000, minimum=1)
+    # FP16/INT8 accuracy: on this many (balanced) of evaluate.subset's images, beside float32 on the same ones;
+    # None: all of evaluate.subset's. On a CPU ONNX Runtime runs these graphs slower than float32 (INT8 up to 5x)
+    test_images: int | None = option(None, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ SECTIONS = {
     "analysis": Section("edge.analysis.analyze:AnalysisConfig", ("enabled", "samples"), own=AnalysisKeys),
     "export": Section("edge.export:ExportConfig", ("batch", "opset")),
     # the recipe's own defaults: bigger evaluation batches than `edge eval`, more timed runs than `edge profile`
-    "evaluate": Section("edge.check.accuracy:EvaluateConfig", ("batch_size", "samples"), own=EvaluateKeys,
+    "evaluate": Section("edge.check.accuracy:EvaluateConfig", ("batch_size", "samples", "subset"), own=EvaluateKeys,
                         # 64: measured fastest for ONNX Runtime on the reference model here (2 threads: 37.5 s
                         # per 10,000 images against 44 s at 500; the activations of a batch stay in cache)
                         defaults={"batch_size": 64}),
@@ -478,9 +481,15 @@ def default_recipe_text(name: str = "default") -> str:
     return named_recipe(name).read_text()
 
 
-def with_overrides(recipe: Recipe, *, data: str | None = None, threads: int | None = None) -> Recipe:
-    """The recipe with command-line overrides: ``--data`` (no fallback then) and ``--threads``."""
+def with_overrides(recipe: Recipe, *, data: str | None = None, threads: int | None = None,
+                   full_split: bool = False) -> Recipe:
+    """The recipe with command-line overrides: ``--data`` (no fallback then), ``--threads`` and ``--full-split``
+    (every graph's accuracy on the whole test split: ``evaluate.subset`` and ``precision.test_images`` null)."""
     changes: dict = {}
+    if full_split:
+        changes["evaluate"] = dataclasses.replace(recipe.evaluate, subset=None)
+        if recipe.precision is not None:
+            changes["precision"] = dataclasses.replace(recipe.precision, test_images=None)
     if data is not None:
         changes.update(data=data, fallback_data=None)
     if threads is not None:

@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import json
+import math
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,8 @@ from edge import __version__
 from edge.errors import EdgeError, plural
 from edge.fileio import write_atomic, write_json_atomic
 from edge.pipeline import device_report
-from edge.pipeline.layout import ARTIFACT, BATCHED, BUNDLE, DEPLOYED, PLAN, REPORT, VARIANT_STEPS, VARIANTS, clean_name
+from edge.pipeline.layout import (ARTIFACT, BATCHED, BUNDLE, DEPLOYED, PLAN, REPORT, VARIANT_STEPS, VARIANTS,
+                                  clean_name, headline_variants)
 from edge.profile.sidebyside import AA_SUFFIX
 
 FORMAT = "edge-pipeline-report"
@@ -107,6 +109,9 @@ def variant_entry(run, latency: dict) -> dict:
         "per_class_accuracy": evaluation["per_class_accuracy"],
         "accuracy_data": evaluation["data"],
         "accuracy_graph": evaluation["graph"],
+        "images": evaluation.get("images"),   # "full split (10,000)" or "subset (2,000)"
+        "ci95": wilson_interval(evaluation["correct"], evaluation["samples"]),
+        "same_images": evaluation.get("same_images"),   # a subset variant: the reference's figures on its images
         "graphs": graphs,
         "verification": _verification(export, clean, records["verify"].result),
         "latency": timed["latency"],   # this variant's calls in the side-by-side run (report["latency"])
@@ -122,6 +127,16 @@ def variant_entry(run, latency: dict) -> dict:
         "orin_estimate": estimate,
         "steps": {name: record.summary() for name, record in records.items()},
     }
+
+
+def wilson_interval(correct: int, images: int, z: float = 1.959964) -> list[float]:
+    """The 95 % (Wilson score) interval of an accuracy of ``correct`` out of ``images``."""
+    if not images:
+        return [0.0, 1.0]
+    p = correct / images
+    centre = (p + z * z / (2 * images)) / (1 + z * z / images)
+    half = z * math.sqrt(p * (1 - p) / images + z * z / (4 * images * images)) / (1 + z * z / images)
+    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
 
 
 def gate_figures(quantized: dict) -> dict:
@@ -144,6 +159,7 @@ def precision_entry(run, latency: dict, variants: dict[str, dict], estimate) -> 
     return {
         "name": run.name, "variant": run.base.variant.name, "precision": run.precision, "plan": base["plan"],
         "accuracy": evaluation["accuracy"], "correct": evaluation["correct"], "samples": evaluation["samples"],
+        "images": evaluation.get("images"), "ci95": wilson_interval(evaluation["correct"], evaluation["samples"]),
         "accuracy_data": evaluation["data"], "same_images": same,
         "accuracy_delta_pt_vs_fp32": round(100 * (evaluation["accuracy"] - same[run.base.variant.name]["accuracy"]), 4),
         "top1_agreement_with_fp32": same[run.base.variant.name]["top1_agreement"],
@@ -164,6 +180,7 @@ def latency_summary(latency, ctx) -> dict:
         "reference": result["reference"],
         "aa_control": {**result["aa_control"], "median_ms": aa["latency"]["median_ms"]},
         "noisy": result["noisy"],
+        "spread": result.get("spread"),   # each ratio's spread across its timing processes: flagged above tolerance
         "method": result["method"],
         "settings": result["settings"],
         "iterations_per_round": result["iterations_per_round"],
@@ -242,14 +259,15 @@ def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None
     variants = [variant_entry(run, latency.result) for run in runs]
     reference = latency.result["reference"]
     baseline = next(v["accuracy"] for v in variants if v["name"] == reference)
-    for v in variants:
-        v["accuracy_delta_pt"] = round(100 * (v["accuracy"] - baseline), 4)
+    for v in variants:   # a subset variant against the reference on the same images (paired)
+        same = (v.get("same_images") or {}).get(reference)
+        v["accuracy_delta_pt"] = round(100 * (v["accuracy"] - (same["accuracy"] if same else baseline)), 4)
     front = pareto_front({v["name"]: (v["latency"]["median_ms"], v["accuracy"]) for v in variants})
     for v in variants:
         v["pareto"] = v["name"] in front
     by_name = {v["name"]: v for v in variants}
     precision_rows = [precision_entry(run, latency.result, by_name, ctx.recipe.estimate) for run in precisions]
-    for row in precision_rows:   # against the reference on the same images (a subset: precision.test_images)
+    for row in precision_rows:   # against the reference on the same images (evaluate.subset's)
         row["accuracy_delta_pt"] = round(100 * (row["accuracy"] - row["same_images"][reference]["accuracy"]), 4)
     records = [r for per in ctx.records.values() for r in per.values()]
     records += [r for r in (planned, bundle) if r is not None]
@@ -262,6 +280,8 @@ def build_report(ctx, runs, analysis, latency, ort_log: dict, notice: str | None
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "recipe": ctx.recipe.as_dict(),
         "data": {"requested": ctx.recipe.data, "used": ctx.data, "fallback_notice": notice},
+        "evaluate": {"test_split": len(ctx.test_set), "headline": sorted(headline_variants(ctx.recipe)),
+                     "subset": ctx.recipe.evaluate.subset},
         "hardware": hardware(),
         "versions": versions(),
         "threads": ctx.recipe.threads,
@@ -299,7 +319,8 @@ def _steps_cell(steps: dict) -> str:
     return "all cached" if not ran else ("all ran" if len(ran) == len(steps) else f"ran: {', '.join(ran)}")
 
 
-COLUMNS = ("variant", "plan", "params", "MFLOPs", "accuracy %", "delta pt", "median ms", "p10-p90 ms", "CV %",
+COLUMNS = ("variant", "plan", "params", "MFLOPs", "accuracy % [95 %]", "test images", "delta pt", "median ms",
+           "p10-p90 ms", "CV %",
            "speedup [95 % interval]", "vs reference", "nodes (clean)", "max abs err", "Pareto", "steps")
 
 
@@ -308,7 +329,21 @@ def speedup_cell(speedup: dict) -> str:
 
 
 def _verdict_cell(report: dict, v: dict) -> str:
-    return "reference" if v["name"] == report["latency"]["reference"] else v["speedup"]["verdict"]
+    if v["name"] == report["latency"]["reference"]:
+        return "reference"
+    return v["speedup"]["verdict"] + (f"; noisy: {100 * v['speedup']['process_spread']:.1f} % across timing "
+                                      f"{report['latency'].get('spread', {}).get('groups', 'processes')}"
+                                      if v["speedup"].get("noisy") else "")
+
+
+def accuracy_cell(v: dict) -> str:
+    """``89.84 [89.25, 90.41]``: the accuracy and its 95 % interval, in percent (a report without it: the figure)."""
+    ci = v.get("ci95")
+    return f"{100 * v['accuracy']:.2f}" + (f" [{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]" if ci else "")
+
+
+def images_cell(v: dict) -> str:
+    return v.get("images") or f"{v['samples']:,}"
 
 
 def table_rows(report: dict) -> list[tuple[str, ...]]:
@@ -317,7 +352,7 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
         s = v["latency"]
         deployed = v["graphs"][DEPLOYED]
         rows.append((v["name"], v["plan"] or "(original)", f"{v['params']:,}", f"{v['flops'] / 1e6:.1f}",
-                     f"{100 * v['accuracy']:.2f}", _fmt(v["accuracy_delta_pt"], "+.2f"), f"{s['median_ms']:.3f}",
+                     accuracy_cell(v), images_cell(v), _fmt(v["accuracy_delta_pt"], "+.2f"), f"{s['median_ms']:.3f}",
                      f"{s['p10_ms']:.3f}-{s['p90_ms']:.3f}", f"{100 * s['cv']:.1f}",
                      speedup_cell(v["speedup"]), _verdict_cell(report, v),
                      f"{deployed['nodes_before_clean']} -> {deployed['nodes_after_clean']}",
@@ -365,11 +400,35 @@ def latency_conditions(report: dict) -> list[str]:
                      "(`edge pipeline --out OUT --redo profile`).")
     else:
         lines.append(f"{control}, within the {100 * s['aa_tolerance']:.0f} % bound.")
-        ranked = sorted((v for v in report["variants"] if v["name"] != lat["reference"]),
-                        key=lambda v: -v["speedup"]["speedup"])
+        others = [v for v in report["variants"] if v["name"] != lat["reference"]]
+        ranked = sorted((v for v in others if not v["speedup"].get("noisy")), key=lambda v: -v["speedup"]["speedup"])
+        noisy = [v for v in others if v["speedup"].get("noisy")]
         lines.append("By speedup: " + ", ".join(f"`{v['name']}` {v['speedup']['speedup']:.3f}x "
                                                 f"({v['speedup']['verdict']})" for v in ranked) + ".")
+        if noisy:
+            spread = lat.get("spread") or {}
+            lines.append(f"Not ranked, noisy (their speedup moved more than {100 * spread.get('tolerance', 0.05):.0f} "
+                         f"% between the {spread.get('count', '')} timing {spread.get('groups', 'processes')}): "
+                         + ", ".join(f"`{v['name']}` {v['speedup']['speedup']:.3f}x (spread "
+                                     f"{100 * v['speedup']['process_spread']:.1f} %)" for v in noisy) + ".")
     return lines
+
+
+def accuracy_conditions(report: dict) -> str:
+    """Which test images each graph's accuracy is on: the headline's and the subset's, with the recipe keys."""
+    first, rec = report["variants"][0], report["recipe"]
+    images = {v.get("images") or f"{v['samples']:,}" for v in report["variants"] + report["precision"]}
+    sentence = (f"Accuracy: ONNX Runtime on each variant's cleaned dynamic-batch graph, batch "
+                f"{rec['evaluate']['batch_size']}, on test images of `{first['accuracy_data']}`")
+    if len(images) <= 1:
+        return sentence + f": {images_cell(first)} for every graph; 95 % intervals (Wilson)."
+    headline = ", ".join(f"`{n}`" for n in (report.get("evaluate") or {}).get("headline", [first["name"]]))
+    subset = next(v for v in report["variants"] + report["precision"] if images_cell(v) != images_cell(first))
+    return (sentence + f": the headline ({headline}, float32) on the {images_cell(first)}; every other graph on the "
+            f"same seeded, class-balanced {images_cell(subset)} of it, marked so wherever its accuracy appears, its "
+            "delta paired with the reference's accuracy on those images (`edge pipeline --full-split`, or the recipe "
+            "keys `evaluate.subset` and `precision.test_images` null: every graph on the whole split); 95 % intervals "
+            "(Wilson).")
 
 
 def conditions(report: dict) -> list[str]:
@@ -378,8 +437,7 @@ def conditions(report: dict) -> list[str]:
     lines = [
         f"Model `{rec['model']}`; data `{report['data']['used']}`"
         + (f" (fallback: {report['data']['fallback_notice']})" if report["data"]["fallback_notice"] else "") + ".",
-        f"Accuracy: ONNX Runtime on each variant's cleaned dynamic-batch graph, {first['samples']:,} images of "
-        f"`{first['accuracy_data']}`, batch {rec['evaluate']['batch_size']}.",
+        accuracy_conditions(report),
         *latency_conditions(report),
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} CPUs), Python {hw['python']}, torch {hw['torch']}, "
         f"edge {report['edge']}.",
@@ -492,7 +550,7 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
     for p in rows:
         gate = p["gate"][BATCHED]
         fp32 = p.get("same_images", {}).get(p["variant"])   # None in a report written before the paired figures
-        table.append((p["name"], f"{100 * p['accuracy']:.2f}", _fmt(fp32 and 100 * fp32["accuracy"], ".2f"),
+        table.append((p["name"], accuracy_cell(p), images_cell(p), _fmt(fp32 and 100 * fp32["accuracy"], ".2f"),
                       f"{p['accuracy_delta_pt_vs_fp32']:+.2f}", _pct(p.get("top1_agreement_with_fp32")),
                       _pct(gate.get("top1_agreement")), _fmt(gate.get("rel_l2"), ".2e"),
                       {True: "passed", False: "below: not bundled"}.get(gate.get("passed"), "-"),
@@ -502,9 +560,8 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
     calibrated = next((p["calibration"] for p in rows if p["calibration"]), None)
     whole = first["samples"] == report["variants"][0]["samples"]
     images = (f"the same {first['samples']:,} test images as the float32 rows" if whole else
-              f"{first['samples']:,} of the float32 rows' {report['variants'][0]['samples']:,} test images (a "
-              "seeded, class-balanced subset: on a CPU these graphs run slower than float32; recipe key "
-              "`precision.test_images`, null for all)")
+              f"the {images_cell(first)} of the test images (seeded, class-balanced, the method variants' too; "
+              "`--full-split`: all of them)")
     lines = [f"Each graph made by `edge quantize` (the library's defaults"
              + (f"; INT8 calibrated on {calibrated['samples']} training images of `{calibrated['data']}`" if calibrated
                 else "") + f") from the variant's cleaned float32 graphs. Accuracy with ONNX Runtime on {images}, "
@@ -519,7 +576,8 @@ def precision_section(report: dict) -> tuple[str, list[str], list] | None:
                      "accepted so that its accuracy shows what the gate saw, and leaves it out of the bundle. A "
                      "training-free plan has closer logits than the original, so rounding flips more of its answers: "
                      "fine-tune it first (`edge finetune`), or ship its FP16.")
-    return "Precision", lines, [(("graph", "accuracy %", "float32 on the same images %", "vs float32 pt",
+    return "Precision", lines, [(("graph", "accuracy % [95 %]", "test images", "float32 on the same images %",
+                                  "vs float32 pt",
                                   "top-1 agreement with float32", "gate top-1 agreement", "gate rel L2", "gate",
                                   "speedup here [95 %]", "Orin est. ms"), table)]
 
@@ -625,9 +683,9 @@ def speed_chart_png(report: dict) -> bytes:
     labelled = set()
     for v in rows:
         s, y = v["speedup"], 100 * v["accuracy"]
-        subset = v["samples"] != first["samples"]   # FP16/INT8 on precision.test_images of the test images
-        label = (f"measured here, FP16/INT8 (accuracy on {v['samples']:,} of those images)" if subset
-                 else "measured here (ONNX Runtime, CPU)")
+        subset = v["samples"] != first["samples"]   # on evaluate.subset of the test images
+        label = (f"measured here, accuracy on the {images_cell(v)} (method variants, FP16/INT8)" if subset
+                 else f"measured here (ONNX Runtime, CPU), accuracy on the {images_cell(first)}")
         ax.errorbar([s["speedup"]], [y], xerr=[[s["speedup"] - s["low"]], [s["high"] - s["speedup"]]],
                     fmt="s" if subset else "o", color="#55a868" if subset else "#4c72b0", capsize=3, markersize=6,
                     label=None if label in labelled else label)
@@ -646,7 +704,7 @@ def speed_chart_png(report: dict) -> bytes:
     ax.set_xlabel(f"speedup over `{report['latency']['reference']}` (here: measured, batch "
                   f"{first['profile']['batch']}, "
                   f"whiskers: 95 % interval; Orin: estimated)")
-    ax.set_ylabel(f"top-1 accuracy (%), {first['samples']:,} test images")
+    ax.set_ylabel("top-1 accuracy (%), test images as the legend says")
     ax.set_title("accuracy vs speed: measured here and estimated for the Orin Nano", fontsize=10)
     ax.grid(alpha=0.3)
     buffer = io.BytesIO()
@@ -682,7 +740,7 @@ def _img(png: bytes, caption: str) -> str:
 def html_report(report: dict, out: Path) -> str:
     report = {**STORY_KEYS, **report}
     esc = html.escape
-    text_columns = {0, 1, 10, 14}
+    text_columns = {COLUMNS.index(c) for c in ("variant", "plan", "test images", "vs reference", "steps")}
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
     body = []
     for v, row in zip(report["variants"], table_rows(report)):

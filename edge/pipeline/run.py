@@ -37,7 +37,8 @@ from torch import nn
 from edge.errors import EdgeError, plural
 from edge.fileio import atomic_folder, sha256_file
 from edge.pipeline.cache import StepCache, StepRecord
-from edge.pipeline.layout import ARTIFACT, BATCHED, BUNDLE, DEPLOYED, ORT_LOG, PLAN, STEPS, VARIANTS, clean_name
+from edge.pipeline.layout import (ARTIFACT, BATCHED, BUNDLE, DEPLOYED, ORT_LOG, PLAN, STEPS, VARIANTS, clean_name,
+                                  headline_variants, reference_variant)
 from edge.pipeline.recipe import Recipe, Variant
 from edge.progress import log
 
@@ -318,8 +319,14 @@ class VariantRun:
         return run
 
     def evaluate(self, cleaned: StepRecord) -> StepRecord:
-        graph = clean_name(BATCHED)
-        return evaluate_graph(self.ctx, self.variant.name, self.folder, graph, cleaned.outputs[graph])
+        """Accuracy of the cleaned dynamic-batch graph: a headline variant on ``evaluate.samples`` (the whole split),
+        any other on ``evaluate.subset``, paired there with the reference's figures on the same images."""
+        graph, name = clean_name(BATCHED), self.variant.name
+        reference = reference_variant(self.ctx.recipe)
+        against = None
+        if name not in headline_variants(self.ctx.recipe) and "evaluate" in self.ctx.records.get(reference, {}):
+            against = {reference: self.ctx.records[reference]["evaluate"]}
+        return evaluate_graph(self.ctx, name, self.folder, graph, cleaned.outputs[graph], against)
 
     def estimate(self) -> StepRecord | None:
         """The variant's latency on a Jetson Orin Nano as edge.latency.orin estimates it, at every precision."""
@@ -351,17 +358,17 @@ class VariantRun:
 
 
 def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: str,
-                   against: dict[str, StepRecord] | None = None) -> StepRecord:
-    """Top-1 accuracy of ``folder/graph`` (a dynamic-batch graph) with ONNX Runtime on the test split (the
-    recipe's ``evaluate.samples``), keeping every image's prediction. ``against``: for a converted graph, float32
-    variants' evaluations by name (its own and the reference): evaluated on ``precision.test_images`` of their
-    images, with each one's accuracy on those images and the share of them it answers alike (paired figures)."""
+                   against: dict[str, StepRecord] | None = None, converted: bool = False) -> StepRecord:
+    """Top-1 accuracy of ``folder/graph`` (a dynamic-batch graph) with ONNX Runtime on its test images
+    (:func:`test_indices`), keeping every image's prediction. ``against``: float32 variants' evaluations by name
+    (a converted graph's own variant and the reference; a subset variant's reference), each one's accuracy on
+    this graph's images and the share of them it answers alike (paired figures)."""
     recipe = ctx.recipe
-    picked = test_indices(ctx, against is not None)
+    picked = test_indices(ctx, label, converted)
     inputs = {"graph": digest, "data": ctx.test_hash, "batch_size": recipe.evaluate.batch_size,
-              "samples": recipe.evaluate.samples, "seed": recipe.seed, "predictions": True,
-              "against": None if against is None else {"evaluations": {n: r.key for n, r in against.items()},
-                                                         "test_images": recipe.precision.test_images}}
+              "images": None if picked is None else hashlib.sha256(picked.numpy().tobytes()).hexdigest(),
+              "seed": recipe.seed, "predictions": True,
+              "against": None if against is None else {"evaluations": {n: r.key for n, r in against.items()}}}
 
     def work() -> dict:
         from edge.check.accuracy import evaluate
@@ -374,36 +381,51 @@ def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: s
         classifier = OnnxClassifier(folder / graph, threads=recipe.threads)
         result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
                           batch_size=recipe.evaluate.batch_size, predictions=True)
-        if against is not None:
-            evaluated = test_indices(ctx)   # the float32 graphs' images: their predictions are in this order
-            result["same_images"] = {name: same_images(record, evaluated, picked, dataset.labels,
+        if against is not None:   # each float32 graph's predictions are in the order of its own images
+            result["same_images"] = {name: same_images(record, test_indices(ctx, name), picked, dataset.labels,
                                                        result["predictions"]) for name, record in against.items()}
+        result["images"] = images_label(len(dataset), len(ctx.test_set))
         return {**result, "graph": graph, "backend": "onnxruntime"}
 
     return step(ctx, label, "evaluate", folder, inputs, work)
 
 
-def test_indices(ctx: Context, converted: bool = False):
-    """The test images a graph is evaluated on (sorted indices into the test split; None: all of them): for a
-    float32 graph ``evaluate.samples`` of them (seeded, balanced); for a converted one (``converted``)
-    ``precision.test_images`` of those, balanced again (FP16/INT8 on a CPU run several times slower)."""
+def images_label(images: int, split: int) -> str:
+    """How the report names a graph's test images: ``full split (10,000)`` or ``subset (2,000)``."""
+    return f"full split ({split:,})" if images == split else f"subset ({images:,})"
+
+
+def _balanced(ctx: Context, pool, wanted: int | None, key: str, among: str):
+    """``wanted`` class-balanced, seeded indices of ``pool`` (sorted; None: all of the split), ``pool`` itself (None:
+    all) when it holds no more; an EdgeError naming the recipe's ``key`` when the classes cannot be balanced."""
     from edge.data import balanced_indices
 
-    recipe, labels = ctx.recipe, ctx.test_set.labels
-    picked = None
-    if recipe.evaluate.samples is not None:
-        picked = balanced_indices(labels, recipe.evaluate.samples, recipe.seed, ctx.test_set.num_classes).sort().values
-    wanted = recipe.precision.test_images if converted else None
-    pool = picked if picked is not None else torch.arange(len(labels))
-    if wanted is None or wanted >= len(pool):
-        return picked
+    labels = ctx.test_set.labels
+    every = torch.arange(len(labels)) if pool is None else pool
+    if wanted is None or wanted >= len(every):
+        return pool
     try:
-        chosen = balanced_indices(labels[pool], wanted, recipe.seed, ctx.test_set.num_classes).sort().values
+        return every[balanced_indices(labels[every], wanted, ctx.recipe.seed, ctx.test_set.num_classes).sort().values]
     except EdgeError as e:
-        raise EdgeError(f"precision.test_images {wanted}: no class-balanced set of {wanted} among the "
-                        f"{len(pool)} test images the float32 graphs are evaluated on", found=str(e),
-                        fix="lower precision.test_images in the recipe, or set it to null (all of them)") from e
-    return pool[chosen]
+        raise EdgeError(f"{key} {wanted}: no class-balanced set of {wanted} among {among}", found=str(e),
+                        fix=f"lower {key} in the recipe, or set it to null (all of them)") from e
+
+
+def test_indices(ctx: Context, name: str, converted: bool = False):
+    """The test images graph ``name`` is evaluated on (sorted indices into the test split; None: all of them): a
+    headline float32 graph (:func:`headline_variants`) ``evaluate.samples`` of them (seeded, balanced); every
+    other graph a fixed balanced ``evaluate.subset`` of those, the same for all; a converted one (``converted``)
+    ``precision.test_images`` of that subset, balanced again. Every set lies within the headline's images, so a
+    float32 graph's predictions give its figures on any other graph's images."""
+    recipe = ctx.recipe
+    split = f"the {len(ctx.test_set):,} test images"
+    headline = _balanced(ctx, None, recipe.evaluate.samples, "evaluate.samples", split)
+    if name in headline_variants(recipe) and not converted:
+        return headline
+    subset = _balanced(ctx, headline, recipe.evaluate.subset, "evaluate.subset", "the headline's test images")
+    if not converted or recipe.precision is None:
+        return subset
+    return _balanced(ctx, subset, recipe.precision.test_images, "precision.test_images", "evaluate.subset's images")
 
 
 def same_images(record: StepRecord, evaluated, picked, labels, predicted: list[int]) -> dict:
@@ -477,7 +499,7 @@ class PrecisionRun:
         quantized = self.quantize(cleaned)
         names = (self.base.variant.name, reference_variant(self.ctx.recipe))
         evaluate_graph(self.ctx, self.name, self.folder, BATCHED, quantized.outputs[BATCHED],
-                       against={name: self.ctx.records[name]["evaluate"] for name in names})
+                       against={name: self.ctx.records[name]["evaluate"] for name in names}, converted=True)
         return quantized
 
 
@@ -487,11 +509,6 @@ def quantize_summary(result: dict) -> dict:
     return {"precision": result["precision"], "check": result["check"], "gate": result.get("gate"),
             "calibration": result.get("calibration"), "placement": config.get("placement"),
             "bytes": result["bytes"], "nodes": result["nodes"]}
-
-
-def reference_variant(recipe: Recipe) -> str:
-    """The variant the others' speedups are measured against: the first without a plan, else the first."""
-    return next((v.name for v in recipe.variants if v.plan is None), recipe.variants[0].name)
 
 
 def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
@@ -649,7 +666,10 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
             runs.append(PlannedRun(ctx, variant, planned))
         else:
             runs.append(VariantRun(ctx, variant))
-    cleaned = [run.run() for run in runs]
+    reference = reference_variant(recipe)   # first: the other variants' subset figures are paired with its own
+    order = sorted(range(len(runs)), key=lambda i: runs[i].variant.name != reference)
+    done = {i: runs[i].run() for i in order}
+    cleaned = [done[i] for i in range(len(runs))]
     by_name = {run.variant.name: (run, record) for run, record in zip(runs, cleaned)}
     precisions = []
     if recipe.precision is not None:

@@ -225,12 +225,45 @@ def _contention(parts: list[dict]) -> dict:
             "busy": None if other is None else other > BUSY_SHARE, "processes": len(found)}
 
 
+#: A ratio whose timing processes (or, all in one process, session sets) disagree by more than this share of its
+#: median is flagged noisy: the report does not rank it against the others
+NOISY_SPREAD = 0.05
+
+
+def group_speedups(parts: list[dict], reference: str) -> tuple[str, dict[str, list[float]]]:
+    """Each timing process's own speedup of every backend against ``reference`` (the median over its rounds of
+    the round's paired ratio); with one process, each session set's. ``(what the groups are, name -> speedups)``."""
+    if len(parts) > 1:
+        kind, groups = "processes", [p["timed"]["round_medians"] for p in parts]
+    else:
+        timed = parts[0]["timed"]
+        sets = np.asarray(timed["round_sets"])
+        kind = "session sets"
+        groups = [{n: np.asarray(v)[sets == s] for n, v in timed["round_medians"].items()} for s in np.unique(sets)]
+    return kind, {name: [float(np.median(np.asarray(g[reference]) / np.asarray(g[name]))) for g in groups]
+                  for name in groups[0]}
+
+
+def with_spread(summary: dict, parts: list[dict], reference: str) -> dict:
+    """``summary`` with every speedup's spread across its timing processes (``process_spread``: (max - min) /
+    median of their speedups) and the flag ``noisy`` above :data:`NOISY_SPREAD`."""
+    kind, speedups = group_speedups(parts, reference)
+    for name, result in summary["variants"].items():
+        values = speedups[name]
+        spread = (max(values) - min(values)) / float(np.median(values)) if len(values) > 1 else 0.0
+        result["speedup"].update(by_group=[round(v, 4) for v in values], process_spread=round(spread, 4),
+                                 noisy=bool(spread > NOISY_SPREAD))
+    return {**summary, "spread": {"groups": kind, "count": len(next(iter(speedups.values()))),
+                                  "tolerance": NOISY_SPREAD}}
+
+
 def finish(parts: list[dict], reference: str, config: SideBySideConfig) -> dict:
-    """:func:`summarize` of the pooled parts, with the settings, seconds, contention, clock, hardware and version."""
+    """:func:`summarize` of the pooled parts with each ratio's spread across the parts (:func:`with_spread`), the
+    settings, seconds, contention, clock, hardware and version."""
     from edge import __version__
     from edge.runtime import hardware
 
-    return {**summarize(pooled(parts), reference, config), "settings": asdict(config),
+    return {**with_spread(summarize(pooled(parts), reference, config), parts, reference), "settings": asdict(config),
             "seconds": sum(p["seconds"] for p in parts), "contention": _contention(parts),
             "clock": "time.perf_counter (host, synchronous calls)", "hardware": hardware(), "edge": __version__}
 

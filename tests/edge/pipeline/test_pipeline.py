@@ -352,7 +352,7 @@ def test_bad_story_sections_exit_2_naming_the_key(case, weights, tmp_path, capsy
 
 
 STORY = """plan: {budget: 0.7, samples: 32, holdout: 32}
-precision: {variants: [planned, original], precisions: [fp16, int8], samples: 32, test_images: 100}
+precision: {variants: [planned, original], precisions: [fp16, int8], samples: 32}
 estimate: {}
 bundle: {variants: [planned, original], precisions: [fp32, fp16, int8], samples: 32, gate_images: 8}
 """
@@ -370,7 +370,7 @@ def story_run(tmp_path_factory, weights):
     root = tmp_path_factory.mktemp("story")
     recipe = root / "recipe.yaml"
     recipe.write_text(recipe_text(weights, extra=STORY).replace("analysis: {samples: 40}", "analysis: {enabled: false}")
-                      + METHOD_VARIANTS)
+                      .replace("evaluate: {samples: 200,", "evaluate: {samples: 200, subset: 120,") + METHOD_VARIANTS)
     out = root / "out"
     assert main(["pipeline", "--recipe", str(recipe), "--out", str(out)]) == 0
     return recipe, out, json.loads((out / "report.json").read_text())
@@ -392,13 +392,13 @@ def test_story_report_holds_plan_methods_precision_estimate_bundle_and_next_comm
     rows = {p["name"]: p for p in report["precision"]}
     assert sorted(rows) == ["original.fp16", "original.int8", "planned.fp16", "planned.int8"]
     for row in rows.values():
-        assert row["samples"] == 100 and 0 <= row["accuracy"] <= 1   # precision.test_images of the 200
+        assert row["samples"] == 120 and 0 <= row["accuracy"] <= 1   # evaluate.subset of the 200
         same = row["same_images"]   # the float32 graph and the reference on those images: paired figures
         assert set(same) == {row["variant"], "original"}
-        assert row["accuracy_delta_pt_vs_fp32"] == pytest.approx(
-            100 * (row["accuracy"] - same[row["variant"]]["accuracy"]), abs=1e-9)
+        assert row["accuracy_delta_pt_vs_fp32"] == pytest.approx(   # the report rounds to 1e-4 pt
+            100 * (row["accuracy"] - same[row["variant"]]["accuracy"]), abs=1e-4)
         assert row["accuracy_delta_pt"] == pytest.approx(100 * (row["accuracy"] - same["original"]["accuracy"]),
-                                                         abs=1e-9)
+                                                         abs=1e-4)
         assert row["top1_agreement_with_fp32"] >= 0.9
         for graph in ("model.onnx", "model.batched.onnx"):
             gate = row["gate"][graph]
@@ -585,11 +585,11 @@ def test_converted_graphs_are_compared_with_float32_on_the_same_images(story_run
     _, out, report = story_run
     test = load_dataset("fmnist-mini", "test")
     pool = balanced_indices(test.labels, 200, 0, test.num_classes).sort().values
-    picked = pool[balanced_indices(test.labels[pool], 100, 0, test.num_classes).sort().values]
+    picked = pool[balanced_indices(test.labels[pool], 120, 0, test.num_classes).sort().values]   # evaluate.subset
     for row in report["precision"]:
         folder = out / "variants" / row["variant"]
         converted = json.loads((folder / row["precision"] / "evaluate.done.json").read_text())
-        assert converted["result"]["data"] == "fmnist-mini:test[100]"
+        assert converted["result"]["data"] == "fmnist-mini:test[120]"
         float32 = OnnxClassifier(folder / "model.batched.clean.onnx", threads=1)
         spec = InputSpec.from_data_config(float32.data_config())
         answers = float32(ArrayPreprocess(spec)(test.images[picked])).argmax(-1)
@@ -599,20 +599,81 @@ def test_converted_graphs_are_compared_with_float32_on_the_same_images(story_run
         assert row["correct"] == int((ours == test.labels[picked]).sum())
 
 
+def test_the_headline_is_on_its_images_every_other_graph_on_the_subset_marked_with_its_interval(story_run, capsys):
+    """The original and the planned model on evaluate.samples (200 here), the method variants and FP16/INT8 on the
+    subset (120) inside them, labelled so in report.json, report.md and on the terminal, with 95 % intervals; a
+    method variant's delta is paired with the original's accuracy on the same 120 images."""
+    from edge.pipeline.report import markdown
+
+    recipe, out, report = story_run
+    by_name = {v["name"]: v for v in report["variants"] + report["precision"]}
+    assert report["evaluate"] == {"test_split": 2000, "headline": ["original", "planned"], "subset": 120}
+    for name in ("original", "planned"):
+        assert by_name[name]["samples"] == 200 and by_name[name]["images"] == "subset (200)"
+    for name in ("lin", "dw", "rm", "w", "planned.fp16", "original.int8"):
+        assert by_name[name]["samples"] == 120 and by_name[name]["images"] == "subset (120)", name
+    low, high = by_name["lin"]["ci95"]
+    assert low < by_name["lin"]["accuracy"] < high and high - low > 0.05   # 120 images: a wide interval
+    original_here = by_name["lin"]["same_images"]["original"]
+    assert original_here["correct"] <= 120
+    assert by_name["lin"]["accuracy_delta_pt"] == pytest.approx(100 * (by_name["lin"]["accuracy"]
+                                                                       - original_here["accuracy"]), abs=1e-3)
+    text = markdown(report)
+    assert "subset (120)" in text and "the headline (`original`, `planned`, float32)" in text
+    assert f"{100 * low:.2f}, {100 * high:.2f}]" in text
+    assert main(["pipeline", "--recipe", str(recipe), "--out", str(out)]) == 0   # cached: the terminal's lines
+    terminal = capsys.readouterr().out
+    assert "\N{DAGGER} accuracy on a subset (120) of the test split" in terminal
+
+
+class _TestSplit:
+    def __init__(self, labels):
+        self.labels, self.num_classes = labels, int(labels.max()) + 1
+
+    def __len__(self):
+        return len(self.labels)
+
+
+def _indices_context(labels, samples=None, subset=None, test_images=None):
+    from types import SimpleNamespace
+
+    variants = [SimpleNamespace(name="original", plan=None), SimpleNamespace(name="lin", plan="linear:1-3")]
+    recipe = SimpleNamespace(evaluate=SimpleNamespace(samples=samples, subset=subset), variants=variants, plan=None,
+                             precision=SimpleNamespace(test_images=test_images), seed=0)
+    return SimpleNamespace(recipe=recipe, test_set=_TestSplit(labels))
+
+
 def test_precision_test_images_without_a_balanced_subset_names_the_recipe_key():
     """A test split too uneven for a class-balanced subset of precision.test_images (a user's image folder):
     the error names the key and the fix, not the sampler's own --samples."""
-    from types import SimpleNamespace
-
     from edge.pipeline.run import test_indices
 
     labels = torch.tensor([0] + [1] * 50 + [2] * 50)   # one image of class 0: 30 balanced images need 10 of it
-    recipe = SimpleNamespace(evaluate=SimpleNamespace(samples=None), precision=SimpleNamespace(test_images=30),
-                             seed=0)
-    ctx = SimpleNamespace(recipe=recipe, test_set=SimpleNamespace(labels=labels, num_classes=3))
-    assert test_indices(ctx) is None                      # float32 graphs: every image
-    with pytest.raises(EdgeError, match=r"precision.test_images 30: no class-balanced set of 30 among the 101") as e:
-        test_indices(ctx, converted=True)
+    ctx = _indices_context(labels, test_images=30)
+    assert test_indices(ctx, "original") is None and test_indices(ctx, "lin") is None   # float32: every image
+    with pytest.raises(EdgeError, match=r"precision.test_images 30: no class-balanced set of 30 among") as e:
+        test_indices(ctx, "original.int8", converted=True)
     assert "set it to null" in str(e.value) and "class 0 has 1 samples" in str(e.value)
-    recipe.precision.test_images = 3                      # one per class: there is one of class 0
-    assert sorted(labels[test_indices(ctx, converted=True)].tolist()) == [0, 1, 2]
+    ctx.recipe.precision.test_images = 3                  # one per class: there is one of class 0
+    assert sorted(labels[test_indices(ctx, "original.int8", converted=True)].tolist()) == [0, 1, 2]
+    ctx = _indices_context(labels, subset=30)
+    with pytest.raises(EdgeError, match=r"evaluate.subset 30: no class-balanced set of 30 among"):
+        test_indices(ctx, "lin")
+
+
+def test_the_headline_takes_the_whole_split_and_every_other_graph_one_balanced_subset_within_it():
+    """The original (and the planned model) on evaluate.samples, the method variants and the FP16/INT8 graphs on
+    one fixed class-balanced evaluate.subset inside those images (so float32's predictions pair with any of them)."""
+    from edge.pipeline.run import images_label, test_indices
+
+    labels = torch.arange(300) % 3
+    ctx = _indices_context(labels, subset=60)
+    assert test_indices(ctx, "original") is None
+    subset = test_indices(ctx, "lin")
+    assert len(subset) == 60 and torch.bincount(labels[subset]).tolist() == [20, 20, 20]
+    assert torch.equal(test_indices(ctx, "original.fp16", converted=True), subset)
+    assert torch.equal(test_indices(ctx, "lin"), subset)          # fixed: the same images every time
+    ctx = _indices_context(labels, samples=150, subset=60)        # a subset of the headline's own subset
+    headline = test_indices(ctx, "original")
+    assert len(headline) == 150 and set(test_indices(ctx, "lin").tolist()) <= set(headline.tolist())
+    assert images_label(60, 300) == "subset (60)" and images_label(10000, 10000) == "full split (10,000)"

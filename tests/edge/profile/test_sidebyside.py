@@ -161,3 +161,38 @@ def test_a_slice_of_session_sets_is_those_sets_of_the_whole_run_and_the_parts_po
 def test_side_by_side_refuses_a_reference_it_does_not_time():
     with pytest.raises(InternalError, match="the reference 'z' is not among"):
         side_by_side(_factories(["a"], []), "z", SideBySideConfig(warmup=0, rounds=2, sessions=1, iterations=1))
+
+
+def _part(medians: dict[str, list[float]], first_set: int) -> dict:
+    """A timing process's part: its rounds' medians per backend (two rounds per session set)."""
+    rounds = len(next(iter(medians.values())))
+    timed = {"latencies": {n: list(v) for n, v in medians.items()}, "round_medians": medians,
+             "round_sets": [first_set + r // 2 for r in range(rounds)],
+             "describe": {n: {"backend": "fake", "batch": 1} for n in medians},
+             "weight_bytes": dict.fromkeys(medians, 7), "iterations": 1, "creation_orders": [], "turn_orders": []}
+    return {"timed": timed,
+            "contention": {"other_cpu_share": 0.0, "own_cpu_share": 1.0, "seconds": 1.0, "busy": False},
+            "seconds": 1.0}
+
+
+def test_a_ratio_whose_timing_processes_disagree_by_more_than_5_percent_is_flagged_noisy():
+    """Each process's own speedup (median of its rounds' paired ratios); their spread, (max - min) / median, above
+    5 % flags the ratio; with one process, its session sets play the processes' part."""
+    from edge.profile.sidebyside import NOISY_SPREAD, group_speedups
+
+    aa = "ref" + AA_SUFFIX
+    parts = [_part({"ref": [10.0, 10.0], "steady": [5.0, 5.0], "moving": [5.0, 5.0], aa: [10.0, 10.0]}, 0),
+             _part({"ref": [10.0, 10.0], "steady": [5.05, 5.05], "moving": [5.5, 5.5], aa: [10.0, 10.0]}, 1),
+             _part({"ref": [10.0, 10.0], "steady": [5.0, 5.0], "moving": [5.0, 5.0], aa: [10.0, 10.0]}, 2)]
+    kind, speedups = group_speedups(parts, "ref")
+    assert kind == "processes" and speedups["moving"] == pytest.approx([2.0, 10 / 5.5, 2.0])
+    summary = finish(parts, "ref", SideBySideConfig(resamples=200))
+    steady, moving = summary["variants"]["steady"]["speedup"], summary["variants"]["moving"]["speedup"]
+    assert steady["process_spread"] == pytest.approx((2.0 - 10 / 5.05) / 2.0, abs=1e-4) and not steady["noisy"]
+    assert moving["process_spread"] == pytest.approx((2.0 - 10 / 5.5) / 2.0, abs=1e-4)
+    assert moving["process_spread"] > NOISY_SPREAD
+    assert moving["noisy"] and summary["spread"] == {"groups": "processes", "count": 3, "tolerance": NOISY_SPREAD}
+    assert summary["variants"]["ref"]["speedup"]["process_spread"] == 0.0
+    one = _part({n: [x for p in parts for x in p["timed"]["round_medians"][n]] for n in ("ref", "moving", aa)}, 0)
+    kind, speedups = group_speedups([one], "ref")
+    assert kind == "session sets" and speedups["moving"] == pytest.approx([2.0, 10 / 5.5, 2.0])
