@@ -144,11 +144,11 @@ def markdown(result: dict) -> str:
         f"- Same plan in every run: {c['same_plan']} (`{c['plans'][0]}`); same accuracy for every graph: "
         f"{c['same_accuracies']}; largest speedup spread between runs: {100 * c['largest_spread']:.1f} % "
         f"(limit 5 %); A/A controls {', '.join(f'{a:.3f}' for a in c['aa_control'])}.", "",
-        f"- Ratios a run flagged noisy (its timing processes more than 5 % apart; the report does not rank them): "
+        "- Ratios a run flagged noisy (its timing processes more than 5 % apart; the report does not rank them): "
         + (", ".join(f"{n} (runs {', '.join(str(i + 1) for i, f in enumerate(fl) if f)})"
                      for n, fl in c.get("flagged", {}).items()) or "none")
         + f"; every unflagged speedup within 5 % across the runs: {c.get('unflagged_within_5pct')}.",
-        *([f"- Beyond 5 % across runs: " + ", ".join(f"{n} ({100 * g['spread']:.1f} %"
+        *(["- Beyond 5 % across runs: " + ", ".join(f"{n} ({100 * g['spread']:.1f} %"
                                                        + (", flagged" if any(g.get("flagged", [])) else "") + ")"
                                                        for n, g in c["graphs"].items() if g["spread"] > SPREAD_LIMIT)
            + ".", ""] if not c["speedups_within_5pct"] else [""]),

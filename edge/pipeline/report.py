@@ -432,7 +432,6 @@ def accuracy_conditions(report: dict) -> str:
 
 
 def conditions(report: dict) -> list[str]:
-    first = report["variants"][0]
     hw, rec, ort_log = report["hardware"], report["recipe"], report["onnxruntime_log"]
     lines = [
         f"Model `{rec['model']}`; data `{report['data']['used']}`"
