@@ -400,18 +400,32 @@ def latency_conditions(report: dict) -> list[str]:
                      "(`edge pipeline --out OUT --redo profile`).")
     else:
         lines.append(f"{control}, within the {100 * s['aa_tolerance']:.0f} % bound.")
-        others = [v for v in report["variants"] if v["name"] != lat["reference"]]
-        ranked = sorted((v for v in others if not v["speedup"].get("noisy")), key=lambda v: -v["speedup"]["speedup"])
+        others = sorted((v for v in report["variants"] if v["name"] != lat["reference"]),
+                        key=lambda v: -v["speedup"]["speedup"])
+        lines.append("By speedup: " + ranking(others) + ".")
         noisy = [v for v in others if v["speedup"].get("noisy")]
-        lines.append("By speedup: " + ", ".join(f"`{v['name']}` {v['speedup']['speedup']:.3f}x "
-                                                f"({v['speedup']['verdict']})" for v in ranked) + ".")
         if noisy:
             spread = lat.get("spread") or {}
-            lines.append(f"Not ranked, noisy (their speedup moved more than {100 * spread.get('tolerance', 0.05):.0f} "
-                         f"% between the {spread.get('count', '')} timing {spread.get('groups', 'processes')}): "
-                         + ", ".join(f"`{v['name']}` {v['speedup']['speedup']:.3f}x (spread "
-                                     f"{100 * v['speedup']['process_spread']:.1f} %)" for v in noisy) + ".")
+            lines.append(f"Noisy (the speedup moved more than {100 * spread.get('tolerance', 0.05):.0f} % between the "
+                         f"{spread.get('count', '')} timing {spread.get('groups', 'processes')}; `=` above: not told "
+                         "apart): " + ", ".join(f"`{v['name']}` {100 * v['speedup']['process_spread']:.1f} %"
+                                               for v in noisy) + ".")
     return lines
+
+
+def ranking(rows: list[dict]) -> str:
+    """Rows by speedup, fastest first: ``a 2.445x > b 1.311x = c 1.215x``; ``=`` where two neighbours differ by less
+    than the larger of their spreads across timing processes (a noisy ratio is not ranked within its spread)."""
+    parts = []
+    for i, v in enumerate(rows):
+        s = v["speedup"]
+        if i:
+            before = rows[i - 1]["speedup"]
+            within = before["speedup"] / s["speedup"] - 1 <= max(before.get("process_spread", 0.0),
+                                                                  s.get("process_spread", 0.0))
+            parts.append("=" if within else ">")
+        parts.append(f"`{v['name']}` {s['speedup']:.3f}x ({s['verdict']})")
+    return " ".join(parts)
 
 
 def accuracy_conditions(report: dict) -> str:

@@ -677,3 +677,14 @@ def test_the_headline_takes_the_whole_split_and_every_other_graph_one_balanced_s
     headline = test_indices(ctx, "original")
     assert len(headline) == 150 and set(test_indices(ctx, "lin").tolist()) <= set(headline.tolist())
     assert images_label(60, 300) == "subset (60)" and images_label(10000, 10000) == "full split (10,000)"
+
+
+def test_the_ranking_does_not_order_speedups_within_their_spread_across_timing_processes():
+    from edge.pipeline.report import ranking
+
+    def row(name, speedup, spread):
+        return {"name": name, "speedup": {"speedup": speedup, "verdict": "faster", "process_spread": spread}}
+
+    rows = [row("a", 2.4, 0.12), row("b", 1.31, 0.17), row("c", 1.2, 0.02), row("d", 1.1, 0.02)]
+    assert ranking(rows) == ("`a` 2.400x (faster) > `b` 1.310x (faster) = `c` 1.200x (faster) > `d` 1.100x (faster)")
+    assert ranking([row("a", 1.2, 0.0), row("b", 1.2, 0.0)]).count("=") == 1   # equal speedups: not told apart
