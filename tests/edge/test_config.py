@@ -78,7 +78,8 @@ def test_every_numeric_recipe_key_has_a_range():
                 (ranged if bounds(f) is not None else unranged).add(f"{key}.{f.name}")
     assert unranged == set()
     assert ranged == {"calibration.samples", "calibration.holdout", "analysis.samples", "export.batch", "export.opset",
-                      "evaluate.batch_size", "evaluate.samples", "profile.warmup", "profile.iterations",
+                      "evaluate.batch_size", "evaluate.samples", "evaluate.subset", "profile.warmup",
+                      "profile.iterations",
                       "profile.rounds", "profile.sessions", "profile.processes", "profile.turn_ms",
                       "profile.aa_tolerance",
                       "plan.budget", "plan.batch", "plan.samples", "plan.holdout", "plan.shortlist", "plan.refresh",
