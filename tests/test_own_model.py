@@ -99,6 +99,7 @@ def test_the_guide_runs_on_the_users_model_and_folder_reading_no_fashion_mnist_t
          "--out", str(tmp_path / "deployed"), cwd=tmp_path)
 
 
+@pytest.mark.slow   # a minute of 224-px fits: `bash scripts/test.sh -m slow` (the guide's test covers the rest)
 def test_every_span_kind_and_auto_linear_on_the_users_folder(user, tmp_path):
     """Block approximation's every kind (identity, skip, affine and the trained mlp and resmlp translators) and
     the planner's auto-linear, each with its default options, on the 224-px model and the RGB folder."""
