@@ -361,15 +361,21 @@ def _registered(trt: types.ModuleType) -> dict[str, Any]:
     return _REGISTERED.setdefault(trt, {})
 
 
+def _not_yet_loaded(trt: types.ModuleType, path: str | Path) -> str | None:
+    """The key (real path) under which this process registers the library ``path``; None when it already has; a
+    JetsonError when the file is missing."""
+    if not Path(path).is_file():
+        raise JetsonError(f"the plugin library {path} does not exist", fix="make the bundle again")
+    key = os.path.realpath(path)
+    return None if key in _registered(trt) else key
+
+
 def load_plugin_library(trt: types.ModuleType, registry: Any, path: str | Path) -> None:
     """Register the creators of one of edge's plugin libraries (``IPluginRegistry::loadLibrary``: it calls the
     library's ``getCreators``), once per process; a JetsonError naming the library when TensorRT refuses it
     (a null handle)."""
-    if not Path(path).is_file():
-        raise JetsonError(f"the plugin library {path} does not exist", fix="make the bundle again")
-    loaded = _registered(trt)
-    key = os.path.realpath(path)
-    if key in loaded:
+    loaded, key = _registered(trt), _not_yet_loaded(trt, path)
+    if key is None:
         return
     handle = registry.load_library(str(path))
     if handle is None:
@@ -386,11 +392,8 @@ def open_static_plugin_library(trt: types.ModuleType, path: str | Path) -> None:
     loaded, and export no ``getCreators`` for ``loadLibrary`` to call. So they are opened as trtexec opens its
     ``--staticPlugins`` (``dlopen(path, RTLD_LAZY | RTLD_GLOBAL)``, samples/common/sampleEngines.cpp at v10.3.0,
     ~1701) and as Polygraphy and TensorRT's Python samples do (``ctypes.CDLL``)."""
-    if not Path(path).is_file():
-        raise JetsonError(f"the plugin library {path} does not exist", fix="make the bundle again")
-    loaded = _registered(trt)
-    key = os.path.realpath(path)
-    if key in loaded:
+    loaded, key = _registered(trt), _not_yet_loaded(trt, path)
+    if key is None:
         return
     try:
         loaded[key] = _dlopen(str(path))

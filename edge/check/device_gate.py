@@ -11,6 +11,7 @@ still compared, but no images stand behind the top-1 agreement. Every variant ma
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,22 +61,21 @@ def _input_spec(model: onnx.ModelProto):
     return InputSpec(*config["input_size"], config["mean"], config["std"], config["interpolation"])
 
 
-def _dataset_images(model: onnx.ModelProto, data: str | None, count: int, source: str) -> np.ndarray | None:
-    """``count`` test images of ``data`` preprocessed as the graph records, in its input's shape; None when the
-    graph records no preprocessing or its input holds another number of values per image."""
+def _dataset_images(model: onnx.ModelProto, data: str | None, count: int,
+                    source: str) -> tuple[np.ndarray, str] | None:
+    """Up to ``count`` test images of ``data`` (None: a bundled model's check set, else refused naming --gate-data)
+    preprocessed as the graph records, in its input's shape, and the data set's name; None when the graph records
+    no preprocessing or its input holds another number of values per image."""
     from edge.data import load_dataset
+    from edge.models import data_for
 
     inputs = _float_inputs(model)
     spec = _input_spec(model)
     if len(inputs) != 1 or spec is None:
         return None
-    from edge.models import data_for
-
     data = data_for(data, source, "--gate-data", check=True)
     dataset = load_dataset(data, "test")
     if len(dataset) < count:   # a default larger than the data: what there is, said
-        import sys
-
         print(f"note: --gate-images {count}: {dataset.name} holds {len(dataset)} test images: the accuracy gate "
               f"uses all {len(dataset)}", file=sys.stderr)
         count = len(dataset)
@@ -83,18 +83,18 @@ def _dataset_images(model: onnx.ModelProto, data: str | None, count: int, source
     shape = _sample_shape(inputs[0])
     if int(np.prod(images.shape[1:])) != int(np.prod(shape)):
         return None
-    return images.reshape(count, *shape)
+    return images.reshape(count, *shape), data
 
 
 def gate_inputs(model: onnx.ModelProto, source: str, data: str | None, count: int, seed: int = 0) \
         -> tuple[dict[str, np.ndarray], str]:
-    """The gate's inputs by name (``count`` per input) and what they are (``DATA:test`` or ``random``)."""
-    images = _dataset_images(model, data, count, source)
+    """The gate's inputs by name (``count`` per input, fewer when the data holds fewer) and what they are
+    (``DATA:test`` or ``random``)."""
+    found = _dataset_images(model, data, count, source)
     inputs = _float_inputs(model)
-    if images is not None:
-        from edge.models import data_for
-
-        return {inputs[0].name: images}, f"{data_for(data, source, check=True)}:test"
+    if found is not None:
+        images, name = found
+        return {inputs[0].name: images}, f"{name}:test"
     rng = np.random.default_rng(seed)
     feeds = {}
     for value in inputs:

@@ -79,9 +79,9 @@ def run(args) -> int:
         onnx_input_spec(args.a, options)                   # raises, naming the options the graphs need
     from edge.models import bundled_source, data_for
 
-    known = args.data or bundled_source(args.a) or bundled_source(args.b)
-    data = load_dataset(data_for(args.data, args.a if bundled_source(args.a) else args.b, check=True), "test") \
-        if known else None
+    source = next((side for side in (args.a, args.b) if bundled_source(side)), args.a)   # a bundled model's images
+    data = load_dataset(data_for(args.data, source, check=True), "test") \
+        if args.data or bundled_source(source) else None
     if data is None:
         print(f"edge verify: note: no --data for {args.a}: compared on random inputs only (pass --data DIR to add "
               "real images)", file=sys.stderr)

@@ -22,10 +22,10 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-import sys
 from pathlib import Path
 
 import torch
@@ -88,7 +88,7 @@ class FolderTransform:
 
 
 class _Files(torch.utils.data.Dataset):
-    """Keys -> ``(tensor, label, error)``: ``key`` an index, or ``(index, seed)`` to seed the transform's random
+    """Keys -> ``(tensor, label, error)``, ``error`` None or ``(path, what the decoder said)``: ``key`` an index, or ``(index, seed)`` to seed the transform's random
     draws (Python's, NumPy's and torch's, restored after) for that one image."""
 
     def __init__(self, paths: Sequence[Path], labels: torch.Tensor, transform: FolderTransform) -> None:
@@ -105,10 +105,10 @@ class _Files(torch.utils.data.Dataset):
                 x = self.transform(path)
             else:
                 x = _seeded(lambda: self.transform(path), seed)
-            return x, int(self.labels[index]), ""
+            return x, int(self.labels[index]), None
         except (OSError, ValueError, SyntaxError) as e:  # PIL raises these for a file it cannot decode
             spec = self.transform.spec
-            return torch.zeros(spec.channels, spec.height, spec.width), -1, f"{path}: {e}"
+            return torch.zeros(spec.channels, spec.height, spec.width), -1, (str(path), str(e))
 
 
 def _seeded(work, seed: int):
@@ -128,13 +128,14 @@ def _seeded(work, seed: int):
 
 def _collate(items):
     xs, ys, errors = zip(*items)
-    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), [e for e in errors if e]
+    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), [e for e in errors if e is not None]
 
 
 def _checked(batch) -> Batch:
     x, y, errors = batch
     if errors:
-        raise EdgeError(f"image {errors[0].split(': ', 1)[0]} cannot be read", found=errors[0].split(": ", 1)[-1],
+        path, said = errors[0]
+        raise EdgeError(f"image {path} cannot be read", found=said,
                         fix="remove or replace the file (edge stops at an unreadable image rather than skip it)")
     return x, y
 
@@ -156,7 +157,7 @@ class ImageFolderDataset(ImageSet):
             if str(root) not in _NOTED:
                 _NOTED.add(str(root))
                 print(f"note: {root} has no {' or '.join(c + '/' for c in candidates)} folder: its images serve as "
-                    f"the {split} split (and as every other split asked for)", file=sys.stderr)
+                      f"the {split} split (and as every other split asked for)", file=sys.stderr)
         classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
         if not classes:
             raise EdgeError(f"--data {root} has no class folders",
@@ -196,7 +197,6 @@ class ImageFolderDataset(ImageSet):
         order = list(range(len(self))) if indices is None else indices.tolist()
         keys = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
         return self._loader(preprocess, keys, batch_size)
-
 
     def training_batches(self, spec: InputSpec, stream: TrainingStream):
         steps: deque = deque()   # (epoch, share) of each step the sampler has handed to the loader, in order

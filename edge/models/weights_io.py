@@ -109,12 +109,12 @@ def _without_wrapper(state: dict[str, torch.Tensor], own: set[str]) -> dict[str,
     return state
 
 
-def _timm_filtered(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    """timm's own conversion of a ViT checkpoint for ``model`` (position embeddings resampled to its grid, other
-    layouts of timm's ViTs); ``state`` itself for any other module, or when it already fits."""
+def _timm_filtered(model: nn.Module, own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                   source: str) -> dict[str, torch.Tensor]:
+    """timm's own conversion of a ViT checkpoint for ``model`` (its state ``own``: position embeddings resampled
+    to its grid, other layouts of timm's ViTs); ``state`` itself for any other module, or when it already fits."""
     from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-    own = model.state_dict()
     if not isinstance(model, VisionTransformer) or all(k in own and tuple(v.shape) == tuple(own[k].shape)
                                                        for k, v in state.items()):
         return state
@@ -137,7 +137,7 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str, 
     prefix and let timm convert a ViT checkpoint (:func:`_timm_filtered`)."""
     own = model.state_dict()
     if convert:
-        state = _timm_filtered(model, _without_wrapper(state, set(own)), source)
+        state = _timm_filtered(model, own, _without_wrapper(state, set(own)), source)
     missing = [name for name in own if name not in state]
     extra = sorted(set(state) - set(own))
     shapes = [f"{name!r}: {tuple(state[name].shape)} where the model has {tuple(t.shape)}" for name, t in own.items()

@@ -261,4 +261,4 @@ def data_for(given: str | None, model: str | Path | None, flag: str = "--data", 
     raise EdgeError(f"{flag} is needed for {model}: it is not a model bundled with edge, so edge has no images of "
                     "its own for it", expected="your images: a folder with train/ and val/ (or test/), one "
                                                "sub-folder per class, e.g. ~/images/train/cat/1.jpg",
-                    fix=f"pass {flag} DIR {fix_also} (docs/your-own-model.md)".replace("  ", " "))
+                    fix=" ".join(filter(None, (f"pass {flag} DIR", fix_also, "(docs/your-own-model.md)"))))

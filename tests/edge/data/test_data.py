@@ -107,3 +107,43 @@ def test_image_folder_without_classes(tmp_path):
     (tmp_path / "x.png").write_bytes(b"")
     with pytest.raises(EdgeError, match="has no class folders"):
         load_dataset(str(tmp_path), "test")
+
+
+SMALL = InputSpec(3, 32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), crop_pct=1.0)
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_an_unreadable_image_stops_with_its_path_in_the_calling_process_or_a_worker(tmp_path, monkeypatch, workers):
+    from tests.rgb_folder import make_rgb_folder
+
+    monkeypatch.setenv("EDGE_DATA_WORKERS", workers)
+    make_rgb_folder(tmp_path, train=2, val=2, size=16, classes=2)
+    broken = tmp_path / "val" / "class_01" / "0001.jpg"
+    broken.write_bytes(b"not a jpeg at all")
+    data = load_dataset(str(tmp_path), "test")
+    with pytest.raises(EdgeError, match=f"image {broken} cannot be read") as e:
+        data.inputs(SMALL)
+    assert "remove or replace the file" in str(e.value)
+
+
+def test_a_folders_training_batches_do_not_depend_on_workers_and_resume_at_a_step(tmp_path, monkeypatch):
+    """Each image's augmentation is seeded by its step and row: the same batches with or without a worker process,
+    and a run resumed at step 3 draws what the whole run drew there."""
+    from edge.data import TrainingStream
+    from tests.rgb_folder import make_rgb_folder
+
+    make_rgb_folder(tmp_path, train=5, val=1, size=24, classes=2)
+    data = load_dataset(str(tmp_path), "train")
+
+    def draws(start, workers):
+        monkeypatch.setenv("EDGE_DATA_WORKERS", str(workers))
+        stream = TrainingStream(4, 7, True, start, 5, lambda n: slice(0, n))
+        return list(data.training_batches(SMALL, stream))
+
+    whole, threaded = draws(0, 0), draws(0, 1)
+    assert [e for e, *_ in whole] == [0, 0, 0, 1, 1] and all(share == 1.0 for *_, share in whole)
+    for (_, x, y, _), (_, x2, y2, _) in zip(whole, threaded):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    resumed = draws(3, 0)
+    assert torch.equal(resumed[0][1], whole[3][1]) and torch.equal(resumed[0][2], whole[3][2])
+    assert not torch.equal(whole[0][1], whole[3][1][: len(whole[0][1])])   # augmented afresh each epoch
