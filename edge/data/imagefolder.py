@@ -88,8 +88,9 @@ class FolderTransform:
 
 
 class _Files(torch.utils.data.Dataset):
-    """Keys -> ``(tensor, label, error)``, ``error`` None or ``(path, what the decoder said)``: ``key`` an index, or ``(index, seed)`` to seed the transform's random
-    draws (Python's, NumPy's and torch's, restored after) for that one image."""
+    """Keys -> ``(tensor, label, error)``, ``error`` None or ``(path, what the decoder said)``: ``key`` an index,
+    or ``(index, seed)`` to seed the transform's random draws (Python's, NumPy's and torch's, restored after) for
+    that one image."""
 
     def __init__(self, paths: Sequence[Path], labels: torch.Tensor, transform: FolderTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
