@@ -17,7 +17,8 @@ the CUDA cores for the rest) at the power mode's GPU clock, and the bandwidth at
 with its source) by :func:`calibrate`; ``launch`` is fixed (:data:`LAUNCH_US`, an assumption: a
 CUDA-graph kernel launch on Orin costs a few microseconds; no published figure was found).
 
-The hardware (JETSON-TENSORRT.md in the project's reference notes; NVIDIA's Orin Nano Super data):
+The hardware (NVIDIA's Jetson Orin Nano Super Developer Kit data sheet, December 2024, and its
+announcement, :data:`_SUPER_BLOG`; the power modes' clocks are JetPack 6.2's nvpmodel Super modes, :data:`MODES`):
 8 SMs, 1024 CUDA cores and 32 Tensor Cores; dense FP16 Tensor Core work 16 384 FLOP per clock
 (16.7 TFLOPS at 1020 MHz), INT8 twice that, TF32 half, FP32 CUDA cores 2048 FLOP per clock; 128-bit
 LPDDR5: 68 GB/s at 2133 MHz memory clock (15 W and the original, pre-Super modes), 102 GB/s at 3200
