@@ -73,7 +73,7 @@ def run(args) -> int:
 
 
 def summary_lines(report: dict) -> list[str]:
-    from edge.pipeline.report import speedup_cell
+    from edge.pipeline.report.tables import speedup_cell
 
     latency, plan, orin = report["latency"], report["plan"], report["orin_estimate"]
     lines = []

@@ -30,8 +30,8 @@ def run_pipeline(recipe: Recipe, out, *, redo: tuple[str, ...] = ()) -> dict:
 
 
 def add_device_results(run_dir, fetched) -> Path:
-    """See :func:`edge.pipeline.report.add_device_results`."""
-    from edge.pipeline.report import add_device_results as add
+    """See :func:`edge.pipeline.report.write.add_device_results`."""
+    from edge.pipeline.report.write import add_device_results as add
 
     return add(run_dir, fetched)
 

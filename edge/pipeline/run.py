@@ -638,7 +638,8 @@ def run_pipeline(recipe: Recipe, out: str | Path, *, redo: tuple[str, ...] = ())
     from edge.compress.artifact import source_state_sha256
     from edge.compress.load import load_model
     from edge.models import model_info
-    from edge.pipeline.report import build_report, write_reports
+    from edge.pipeline.report.model import build_report
+    from edge.pipeline.report.write import write_reports
     from edge.runtime import set_threads
 
     start = time.perf_counter()

@@ -14,7 +14,10 @@ from edge.pipeline import STEPS, add_device_results, device_report, load_recipe
 from edge.pipeline.cache import StepCache
 from edge.pipeline.layout import VARIANT_STEPS
 from edge.pipeline.recipe import parse_recipe
-from edge.pipeline.report import html_report, markdown, pareto_front, table_rows
+from edge.pipeline.report.html_page import html_report
+from edge.pipeline.report.markdown import markdown
+from edge.pipeline.report.model import pareto_front
+from edge.pipeline.report.tables import table_rows
 from tests.conftest import TINY, needs_fmnist
 
 
@@ -535,7 +538,7 @@ def test_a_graph_beyond_tolerance_exits_1_and_is_reported(first_run, tmp_path, m
 
 def test_a_report_of_an_earlier_edge_renders_again(first_run):
     """`edge deploy --report` renders a run's report again: one written before the story's keys existed too."""
-    from edge.pipeline.report import STORY_KEYS
+    from edge.pipeline.report.model import STORY_KEYS
 
     _, out, report = first_run
     earlier = {k: v for k, v in report.items() if k not in STORY_KEYS}
@@ -603,7 +606,7 @@ def test_the_headline_is_on_its_images_every_other_graph_on_the_subset_marked_wi
     """The original and the planned model on evaluate.samples (200 here), the method variants and FP16/INT8 on the
     subset (120) inside them, labelled so in report.json, report.md and on the terminal, with 95 % intervals; a
     method variant's delta is paired with the original's accuracy on the same 120 images."""
-    from edge.pipeline.report import markdown
+    from edge.pipeline.report.markdown import markdown
 
     recipe, out, report = story_run
     by_name = {v["name"]: v for v in report["variants"] + report["precision"]}
@@ -680,7 +683,7 @@ def test_the_headline_takes_the_whole_split_and_every_other_graph_one_balanced_s
 
 
 def test_the_ranking_does_not_order_speedups_within_their_spread_across_timing_processes():
-    from edge.pipeline.report import ranking
+    from edge.pipeline.report.conditions import ranking
 
     def row(name, speedup, spread):
         return {"name": name, "speedup": {"speedup": speedup, "verdict": "faster", "process_spread": spread}}
