@@ -37,7 +37,7 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "bundle": ("edge.bundle", "jetson", "edge.precision", "calib", "edge.graph", "edge.check", "edge.trt",
                "edge.data"),
 }
-EVERY_STEP = ("edge.pipeline.run",)  # where each step's work is written
+EVERY_STEP = ("edge.pipeline.run", "edge.pipeline.steps")  # where each step's work is written: runner and steps
 #: the packages of this repository (beside edge): their imports are followed, others' are not
 FIRST_PARTY = ("edge", "calib", "jetson")
 

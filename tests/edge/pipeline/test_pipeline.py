@@ -649,7 +649,7 @@ def _indices_context(labels, samples=None, subset=None, test_images=None):
 def test_precision_test_images_without_a_balanced_subset_names_the_recipe_key():
     """A test split too uneven for a class-balanced subset of precision.test_images (a user's image folder):
     the error names the key and the fix, not the sampler's own --samples."""
-    from edge.pipeline.run import test_indices
+    from edge.pipeline.steps.evaluate import test_indices
 
     labels = torch.tensor([0] + [1] * 50 + [2] * 50)   # one image of class 0: 30 balanced images need 10 of it
     ctx = _indices_context(labels, test_images=30)
@@ -667,7 +667,7 @@ def test_precision_test_images_without_a_balanced_subset_names_the_recipe_key():
 def test_the_headline_takes_the_whole_split_and_every_other_graph_one_balanced_subset_within_it():
     """The original (and the planned model) on evaluate.samples, the method variants and the FP16/INT8 graphs on
     one fixed class-balanced evaluate.subset inside those images (so float32's predictions pair with any of them)."""
-    from edge.pipeline.run import images_label, test_indices
+    from edge.pipeline.steps.evaluate import images_label, test_indices
 
     labels = torch.arange(300) % 3
     ctx = _indices_context(labels, subset=60)
