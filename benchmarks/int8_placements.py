@@ -144,7 +144,7 @@ def census(path: Path) -> dict:
     import onnx
 
     from calib.placement import _float_view, _producers, _readers_through_casts, _reads_weight, residual_adds
-    from edge.graph.tensorrt_rules import check_model, errors
+    from edge.check.tensorrt_rules import check_model, errors
     from edge.precision.fp16 import float32_output_dqs, head_nodes
 
     model = onnx.load(str(path))

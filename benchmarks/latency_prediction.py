@@ -14,7 +14,7 @@ change the graph's shape, so the latency does not depend on it). Per batch size:
 2. every plan's whole model exported (static batch), plus the original and a byte-identical copy
    of it (the A/A control);
 3. the part graphs and the whole models all timed in ONE side-by-side run on ONNX Runtime
-   (edge.latency.measure.time_graphs: interleaved rounds, sessions created afresh), so that the
+   (edge.profile.graphs.time_graphs: interleaved rounds, sessions created afresh), so that the
    load of this shared 2-core machine, which moved whole-model latency by up to 2x between
    minutes of one afternoon, hits the table and the models alike; the table is made from the
    part graphs' medians (edge.latency.table) exactly as ``--latency-table`` makes it;
@@ -45,10 +45,10 @@ from edge.compress.load import load_model  # noqa: E402
 from edge.export import ExportConfig, export  # noqa: E402
 from edge.latency import LatencyTable, model_parts, predict_model  # noqa: E402
 from edge.latency.grid import GridConfig, export_grid, grid_parts  # noqa: E402
-from edge.latency.measure import TimingConfig, time_graphs  # noqa: E402
 from edge.latency.table import here  # noqa: E402
 from edge.models import data_config  # noqa: E402
 from edge.profile.contention import CpuContention  # noqa: E402
+from edge.profile.graphs import TimingConfig, time_graphs  # noqa: E402
 from edge.progress import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@
 
 For each plan folder (``edge plan --out``) and the original: ``python -m edge export`` at each batch (static,
 verified against PyTorch) and ``python -m edge clean``, each its own process; then, per batch and ``--runs``
-times, a fresh process (``python -m edge.latency.fresh``) times every graph of that batch side by side with an
+times, a fresh process (``python -m edge.profile.fresh``) times every graph of that batch side by side with an
 A/A copy of the original (:func:`edge.profile.sidebyside.side_by_side`: session sets created afresh in rotated
 order, a seeded random order each round; a speedup is the median over rounds of the per-round ratio of
 medians, with its 95 % bootstrap interval). Nothing is timed in this process and nothing else may run on the
@@ -93,7 +93,7 @@ def main() -> int:
     for batch, calls in zip(args.batches, args.calls):
         graphs = graphs_at(batch, plans, args.model, args.work)
         for attempt in range(1, args.runs + 1):
-            out = run([sys.executable, "-m", "edge.latency.fresh", "--reference", "original", "--threads",
+            out = run([sys.executable, "-m", "edge.profile.fresh", "--reference", "original", "--threads",
                        str(args.threads), "--warmup", str(args.warmup), "--iterations", str(calls * args.rounds),
                        "--rounds", str(args.rounds), "--sessions", str(args.sessions), "--seed", str(attempt - 1),
                        *(f"{n}={p}" for n, p in graphs.items())])

@@ -10,7 +10,7 @@ original). The independent figure, made only with the CLI, each step its own pro
 1. ``python -m edge export PLAN/model`` and ``python -m edge export MODEL`` (the original, with the plan's
    ``--weights`` / ``--img-size``) at the plan's batch, then ``python -m edge clean`` of each, into ``--work``;
 2. ``--runs`` times, a fresh process times the two cleaned graphs side by side with an A/A copy of the
-   original (``python -m edge.latency.fresh``: :func:`edge.profile.sidebyside.side_by_side`, the library
+   original (``python -m edge.profile.fresh``: :func:`edge.profile.sidebyside.side_by_side`, the library
    function of side-by-side profiling): the plan's threads and warm-up, 40 rounds in 10 session sets of 20
    calls per graph (``--rounds/--sessions/--calls``; ``--same-protocol``: the protocol ``plan.json`` records).
    A first run with the planner's own protocol (200 calls in 20 rounds, 5 session sets: 5 s per graph at
@@ -121,7 +121,7 @@ def independent_run(graphs: dict[str, Path], planner: dict, protocol: dict | Non
                     "seed": seed}
     flags = [f"--{key}={protocol[key]}" for key in ("threads", "warmup", "iterations", "rounds", "sessions", "seed")
              if key in protocol]
-    done = run([sys.executable, "-m", "edge.latency.fresh", "--reference", "original", *flags,
+    done = run([sys.executable, "-m", "edge.profile.fresh", "--reference", "original", *flags,
                 *(f"{name}={path}" for name, path in graphs.items())])
     summary = json.loads(done.stdout)
     plan, original = summary["graphs"]["plan"], summary["graphs"]["original"]
@@ -184,7 +184,7 @@ def main() -> int:
     record = {"plan_folder": str(plan), "planner": planner, "independent": {
                   "graphs": {name: str(path) for name, path in graphs.items()},
                   "made_by": "python -m edge export, then python -m edge clean (each its own process)",
-                  "timed_by": "python -m edge.latency.fresh (a fresh process per run; side by side, A/A copy)",
+                  "timed_by": "python -m edge.profile.fresh (a fresh process per run; side by side, A/A copy)",
                   "protocol": "the plan's (plan.json)" if args.same_protocol else
                   {"rounds": args.rounds, "sessions": args.sessions, "calls_per_round": args.calls,
                    "seed": "the run's index"},

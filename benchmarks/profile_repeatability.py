@@ -6,11 +6,11 @@ Issue 32 asks three fresh main-job runs for every speedup within 5 % of the othe
 slow (7 minutes) and remakes every graph; this times one run's graphs again (the files its profile step timed,
 ``RUN/profile.done.json``), each repeat in new processes, so that only the timing varies:
 
-- ``one``: all session sets in one new process (``python -m edge.latency.fresh ... --settings ...``, as the
+- ``one``: all session sets in one new process (``python -m edge.profile.fresh ... --settings ...``, as the
   profile step ran before it split them);
 - ``double``: the same with twice the rounds and twice the session sets (twice the time);
 - ``split``: one session set per new process, their timings pooled
-  (:func:`edge.latency.fresh.time_fresh_settings` with ``processes`` = ``sessions``: what the profile step
+  (:func:`edge.profile.fresh.time_fresh_settings` with ``processes`` = ``sessions``: what the profile step
   runs now).
 
 Per protocol and graph: each repeat's speedup and the spread (largest over smallest, minus 1). Nothing else
@@ -63,7 +63,7 @@ def recorded_command(run: Path) -> tuple[list[str], dict, dict[str, Path]]:
 
 
 def repeat(protocol: str, options: list[str], settings: dict, graphs: dict[str, Path]) -> dict:
-    from edge.latency.fresh import time_fresh_settings
+    from edge.profile.fresh import time_fresh_settings
     from edge.profile.sidebyside import SideBySideConfig
 
     reference, threads, seed = (options[options.index(flag) + 1] for flag in ("--reference", "--threads", "--seed"))

@@ -33,7 +33,7 @@ import jetson
 from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
-from edge.graph.tensorrt_support import DEFAULT_TENSORRT
+from edge.check.tensorrt_support import DEFAULT_TENSORRT
 from edge.precision.calibration import InputOptions
 from edge.trt.builder import check_tactic_memory
 from jetson.accuracy_gate import DEFAULT_GATE_IMAGES
@@ -396,11 +396,11 @@ def host_gate(graph: Path, variant: str) -> dict | None:
 
 
 def _check_tensorrt_rules(graph: Path, variant: str, config: BundleConfig, progress: Callable[[str], None]) -> None:
-    """The TensorRT parser rules on a packed graph (edge.graph.tensorrt_rules): a graph breaking one is refused
+    """The TensorRT parser rules on a packed graph (edge.check.tensorrt_rules): a graph breaking one is refused
     with the findings, before a device spends minutes on a build that fails; with the check off, it is said.
     edge's plugin nodes are the rules' ``plugin`` rule's (a note when well formed: the bundle ships their library
     whenever a graph holds one)."""
-    from edge.graph.tensorrt_rules import check_file, refusal
+    from edge.check.tensorrt_rules import check_file, refusal
 
     report = check_file(graph, config.tensorrt)
     if report["passed"]:

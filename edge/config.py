@@ -101,7 +101,7 @@ def checked_value(value, hint, where: str, name: str, limits: Bounds | None = No
     """``value`` (from YAML or JSON) checked against a config field's type ``hint`` and range ``limits``, as the
     field takes it (a list as a tuple, an integer for a float field as a float); else ``error`` (the caller's
     EdgeError: this base module imports none) "``where`` has the wrong type" or "is out of range" (the range
-    described for ``name``), with ``expected`` and ``found``. The recipe and ``edge.latency.fresh --settings``
+    described for ``name``), with ``expected`` and ``found``. The recipe and ``edge.profile.fresh --settings``
     check their values with it."""
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
     base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint

@@ -9,8 +9,8 @@
 * ``metadata_props``: source model, plan, edge version, input size, mean/std, interpolation;
 * checked with ``onnx.checker`` (full check) and against PyTorch with ONNX Runtime before the
   file is written (atomically); a failing export writes nothing. The inputs compared: seeded random
-  ones, and real test images (:func:`real_inputs`: from Fashion-MNIST, an IDX folder or an image
-  folder, each read with the model's own preprocessing).
+  ones, and real test images (the caller's: ``edge.data``'s ``ImageSet.inputs``, read with the model's own
+  preprocessing).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from torch import nn
 from edge.check.compare import Tolerance, ort_session
 from edge.check.torch_compare import compare_with_torch, verification_inputs
 from edge.config import MAX_BATCH, option
-from edge.data import InputSpec
 from edge.errors import EdgeError
 from edge.fileio import write_atomic
 from edge.models.attention import explicit_attention
@@ -49,15 +48,6 @@ class ExportConfig:
 
 def output_name(model: nn.Module) -> str:
     return "logits" if getattr(model, "num_classes", 0) else "features"
-
-
-def real_inputs(dataset, data_config: dict, n: int = REAL_IMAGES) -> torch.Tensor:
-    """The first ``n`` images of ``dataset`` as the model takes them: arrays (Fashion-MNIST, IDX folders)
-    through :class:`ArrayPreprocess`, image files (an ImageFolder) through timm's eval transform."""
-    spec = InputSpec.from_data_config(data_config)
-    preprocess = dataset.preprocess_for(spec)
-    images, _ = next(iter(dataset.batches(n, preprocess)))
-    return images
 
 
 def export_bytes(model: nn.Module, input_size: tuple[int, int, int], config: ExportConfig) -> bytes:

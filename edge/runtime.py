@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
+from torch import nn
 
 from edge import __version__
 
@@ -19,6 +22,28 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise EdgeError(f"--device {device} asked for, but torch sees no CUDA GPU",
                         found=f"torch {torch.__version__} (CUDA {torch.version.cuda})", fix="use --device cpu")
     return torch.device(device)
+
+
+@contextmanager
+def computing_on(model: nn.Module,
+                 device: torch.device | str | None) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    """``model`` on ``device`` for the passes inside the block, back where it was after (also on an error).
+
+    Yields ``put``, which puts a batch where the model is. The parameters move in place, so hooks on the
+    model's modules still fire; statistics gathered by them are added to float64 sums on the CPU (each
+    accumulator's ``update`` brings its terms home), and every fit and weight change after the block runs on
+    the CPU as it would without a GPU: only the passes over the images move. ``device`` None: as it is.
+    """
+    home = next(model.parameters()).device
+    target = torch.device(device) if device is not None else home
+    if target == home:
+        yield lambda batch: batch
+        return
+    model.to(target)
+    try:
+        yield lambda batch: batch.to(target, non_blocking=True)
+    finally:
+        model.to(home)
 
 
 def cpu_has_bf16() -> bool:

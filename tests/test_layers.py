@@ -68,7 +68,8 @@ def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file
 
 
 # tests of the whole tree, not one module
-CROSS_CUTTING = {"test_docker.py", "test_golden.py", "test_layers.py", "test_own_model.py", "test_readme.py"}
+CROSS_CUTTING = {"test_design.py", "test_docker.py", "test_golden.py", "test_layers.py", "test_own_model.py",
+                 "test_readme.py"}
 
 
 def test_tests_mirror_the_package_tree():

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from edge import __version__
@@ -54,7 +55,7 @@ def similarity_maps(moments: BlockMoments) -> dict:
 
 
 def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out: str | Path,
-            batch_size: int = AnalysisConfig.batch_size) -> dict:
+            batch_size: int = AnalysisConfig.batch_size, device: torch.device | None = None) -> dict:
     """Collect statistics over ``calibration`` and write ``out/analysis.json`` plus PNG heatmaps."""
     import numpy as np
 
@@ -62,7 +63,7 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
     out.mkdir(parents=True, exist_ok=True)
     info = model_info(model)
     start = time.perf_counter()
-    moments = collect_block_moments(model, calibration, spec, batch_size=batch_size)
+    moments = collect_block_moments(model, calibration, spec, batch_size=batch_size, device=device)
     maps = similarity_maps(moments)
     result = {
         "model": model_name,
@@ -78,7 +79,7 @@ def analyze(model: nn.Module, model_name: str, calibration, spec: InputSpec, out
         "block_redundancy": maps["all"]["block_redundancy"],
         "cls": maps["cls"],
         "seconds": round(time.perf_counter() - start, 2),
-        "hardware": hardware(),
+        "hardware": hardware(device),
         "edge": __version__,
     }
     pictures = {}

@@ -34,6 +34,7 @@ from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.progress import bar
+from edge.runtime import computing_on
 
 
 @dataclass
@@ -50,7 +51,7 @@ class WelfordMap:
 
     def update(self, samples: torch.Tensor) -> None:
         """Add ``samples`` (``[n, *shape]``) one at a time (Welford's update)."""
-        for x in samples.detach():
+        for x in samples.detach().cpu():   # the sums live on the CPU
             x = x.to(torch.float64)   # one sample at a time: no float64 copy of the whole batch
             self.count += 1
             delta = x - self.mean
@@ -143,7 +144,8 @@ def attention_maps(modules: dict[int, nn.Module], on_map):
 
 @torch.no_grad()
 def collect_attention_stats(model: nn.Module, images, spec: InputSpec, *, blocks: tuple[int, ...] | None = None,
-                            batch_size: int = 32, desc: str = "attention statistics") -> AttentionStats:
+                            batch_size: int = 32, desc: str = "attention statistics",
+                            device: torch.device | None = None) -> AttentionStats:
     """Stream ``images`` through ``model``; Welford mean/std of every head's attention map, per block.
 
     Under torchrun: this process's share of ``images``, merged over all processes.
@@ -167,10 +169,11 @@ def collect_attention_stats(model: nn.Module, images, spec: InputSpec, *, blocks
     index = {b: i for i, b in enumerate(order)}
     model.eval()
     preprocess = images.preprocess_for(spec)
-    with attention_maps(modules, lambda b, maps: stats.maps[index[b]].update(maps)), \
+    with computing_on(model, device) as put, \
+            attention_maps(modules, lambda b, maps: stats.maps[index[b]].update(maps)), \
             bar(total=len(images), desc=desc, unit="img") as progress:
         for x, _ in images.batches(batch_size, preprocess):
-            model.forward_features(x)
+            model.forward_features(put(x))
             stats.samples += int(x.shape[0])
             progress.update(int(x.shape[0]))
     return stats.all_reduce()
@@ -208,7 +211,7 @@ def save_attention_plot(stats: AttentionStats, title: str, path) -> None:
 
 
 def analyze_attention(model: nn.Module, model_name: str, calibration, spec: InputSpec, out,
-                      batch_size: int = 32) -> dict:
+                      batch_size: int = 32, device: torch.device | None = None) -> dict:
     """Score every head over ``calibration``; write ``out/attention.json`` and ``out/attention_std.png``."""
     import time
     from pathlib import Path
@@ -219,9 +222,9 @@ def analyze_attention(model: nn.Module, model_name: str, calibration, spec: Inpu
 
     out = Path(out)
     start = time.perf_counter()
-    stats = collect_attention_stats(model, calibration, spec, batch_size=batch_size)
+    stats = collect_attention_stats(model, calibration, spec, batch_size=batch_size, device=device)
     result = {"model": model_name, "data": calibration.name, **stats.scores(),
-              "seconds": round(time.perf_counter() - start, 2), "hardware": hardware(), "edge": __version__}
+              "seconds": round(time.perf_counter() - start, 2), "hardware": hardware(device), "edge": __version__}
     short = model_name if len(model_name) <= 40 else model_name[:37] + "..."
     save_attention_plot(stats, f"{short}: attention-map variation ({stats.samples} samples)",
                         out / "attention_std.png")

@@ -29,6 +29,7 @@ from edge.analysis.moments import PairMoments
 from edge.data.preprocess import InputSpec
 from edge.models.info import ModelInfo, model_info
 from edge.progress import bar
+from edge.runtime import computing_on
 
 
 @dataclass
@@ -77,8 +78,9 @@ def pooled_token(tokens: torch.Tensor, info: ModelInfo) -> torch.Tensor:
 
 @torch.no_grad()
 def collect_block_moments(model: nn.Module, images, spec: InputSpec, *, batch_size: int = 64,
-                          desc: str = "analyze") -> BlockMoments:
-    """Stream the representations of ``images`` (a data set) through the model into float64 moments.
+                          desc: str = "analyze", device: torch.device | None = None) -> BlockMoments:
+    """Stream the representations of ``images`` (a data set) through the model into float64 moments (the
+    passes on ``device``, the moments on the CPU: :func:`edge.runtime.computing_on`).
 
     Under torchrun: this process's share of ``images``, summed over all processes.
     """
@@ -89,10 +91,11 @@ def collect_block_moments(model: nn.Module, images, spec: InputSpec, *, batch_si
                            PairMoments.zeros(reps, dim), 0)
     preprocess = images.preprocess_for(spec)
     model.eval()
-    with block_outputs(model) as captured, bar(total=len(images), desc=desc, unit="img") as progress:
+    with computing_on(model, device) as put, block_outputs(model) as captured, \
+            bar(total=len(images), desc=desc, unit="img") as progress:
         for x, _ in images.batches(batch_size, preprocess):
             captured.clear()
-            model.forward_features(x)
+            model.forward_features(put(x))
             n = x.shape[0]
             if prefix:
                 moments.prefix.update([t[:, :prefix] for t in captured], images=n)

@@ -50,11 +50,12 @@ class PairMoments:
         x = torch.stack([r.reshape(-1, self.dim) for r in reps]).to(torch.float64)  # [R, rows, D]
         self.count += int(x.shape[1])
         self.sample_count += int(images if images is not None else x.shape[1])
-        self.sums += x.sum(1)
+        self.sums += x.sum(1).cpu()   # the sums live on the CPU; the products where the rows are
         flat = x.permute(1, 0, 2).reshape(x.shape[1], -1)  # [rows, R*D]
-        self.grams += (flat.T @ flat).reshape(self.num_reps, self.dim, self.num_reps, self.dim).permute(0, 2, 1, 3)
+        grams = (flat.T @ flat).reshape(self.num_reps, self.dim, self.num_reps, self.dim).permute(0, 2, 1, 3)
+        self.grams += grams.cpu()
         unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        self.cosine_sums += torch.einsum("ird,jrd->ij", unit, unit)
+        self.cosine_sums += torch.einsum("ird,jrd->ij", unit, unit).cpu()
 
     def all_reduce(self) -> PairMoments:
         """Sum every process's moments into this one (in place; nothing changes in one process)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from edge.cli.common import (
     add_calibration_options,
     add_command,
+    add_device_option,
     add_field,
     add_model_options,
     add_number,
@@ -40,6 +41,7 @@ def register(subparsers) -> None:
     add_model_options(parser)
     add_calibration_options(parser, AnalysisConfig)
     add_field(parser, "--batch-size", AnalysisConfig, help="images per forward pass")
+    add_device_option(parser, "the passes over the images")
     parser.add_argument("--attention", action="store_true",
                         help="also score every head's attention-map variation (Sigma_h, Sigma_b)")
     parser.add_argument("--entropy", action="store_true",
@@ -57,24 +59,25 @@ def run(args) -> int:
     from edge.compress.load import load_model
     from edge.data import InputSpec, calibration_set
     from edge.models import data_config, data_for
-    from edge.runtime import set_threads
+    from edge.runtime import resolve_device, set_threads
 
     set_threads(args.threads)
+    args.device = resolve_device(args.device)
     model = load_model(args.model, weights=args.weights, img_size=args.img_size)
     if args.nose is not None:
-        from edge.analysis.entropy import nose_candidates
+        from edge.analysis.nose import nose_candidates
 
         nose_candidates(model, args.nose)   # refuse an impossible K before anything is written
     calibration = calibration_set(data_for(args.data, args.model), args.samples, args.seed)
     result = analyze(model, args.model, calibration, InputSpec.from_data_config(data_config(model)), args.out,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, device=args.device)
     attention_line = ""
     if args.attention:
         from edge.analysis.attention import analyze_attention
 
         result["attention"] = analyze_attention(model, args.model, calibration,
                                                 InputSpec.from_data_config(data_config(model)), args.out,
-                                                batch_size=args.batch_size)
+                                                batch_size=args.batch_size, device=args.device)
         sigma = result["attention"]["sigma_block"]
         order = sorted(range(len(sigma)), key=sigma.__getitem__)
         attention_line = (f"\nblocks by Sigma_b, lowest first (dwconv candidates): "
@@ -92,7 +95,8 @@ def run(args) -> int:
 
 def _entropy(args, model, calibration, result: dict) -> str:
     """Run --entropy / --nose into ``result``; the human lines they add."""
-    from edge.analysis.entropy import analyze_entropy, analyze_nose
+    from edge.analysis.entropy import analyze_entropy
+    from edge.analysis.nose import analyze_nose
     from edge.data import InputSpec
     from edge.models import data_config
 
@@ -100,14 +104,15 @@ def _entropy(args, model, calibration, result: dict) -> str:
     lines = ""
     if args.entropy:
         entropy = result["entropy"] = analyze_entropy(model, args.model, calibration, spec, args.out,
-                                                      tokens=args.entropy_tokens, batch_size=args.batch_size)
+                                                      tokens=args.entropy_tokens, batch_size=args.batch_size,
+                                                      device=args.device)
         table = "  ".join(f"{row['blocks'][0]}:{_number(row['attention'])}/{_number(row['mlp'])}"
                           for row in entropy["blocks"])
         lines += (f"\nentropy attention/MLP per block ({args.entropy_tokens} tokens): {table}"
                   f"\nwrote {args.out}/entropy.json and entropy.png")
     if args.nose is not None:
         nose = result["nose"] = analyze_nose(model, args.model, calibration, spec, args.out, args.nose,
-                                             batch_size=args.batch_size)
+                                             batch_size=args.batch_size, device=args.device)
         lines += (f"\nNOSE chose {nose['chosen']} (greedy order, min |TE| to the pre-logits features) in "
                   f"{nose['seconds']:.1f} s\nwrote {args.out}/nose.json and nose.png")
     return lines

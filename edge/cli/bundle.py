@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from edge.cli.common import add_command, emit
-from edge.cli.options import ChoiceList, Data, ExistingFile, ExistingPath, OutputFolder, config_type
+from edge.cli.options import ChoiceList, Data, ExistingFile, ExistingPath, OutputFolder, Text, config_type
 from edge.errors import plural
 
 EXAMPLES = """  edge bundle runs/demo --out bundles/demo        # every variant of a pipeline run, fp32 + fp16
   edge bundle runs/demo --out bundles/demo-int8 --precision fp16,int8 --data fmnist --samples 500 --tar
   edge bundle runs/ref.onnx runs/small.onnx --out bundles/two --precision fp16 --iterations 500
   edge bundle their.onnx --out bundles/their --precision fp32,fp16,int8 --input-size 1x28x28 --mean 0.286 --std 0.353
+  # ship graphs edge quantize already made (and gated) instead of making them again
+  edge bundle runs/m.onnx --graph int8=runs/m.int8.onnx --out bundles/m --precision fp32,int8
   # on the device: cd demo && python3 -m jetson run   (or: edge deploy bundles/demo --host user@jetson)"""
 
 
 def register(subparsers) -> None:
     from edge.bundle import BundleConfig
-    from edge.graph.tensorrt_support import PARSERS
+    from edge.check.tensorrt_support import PARSERS
     from edge.cli.quantize import add_input_options
     from jetson.bundle import PRECISIONS, Protocol
 
@@ -42,6 +44,11 @@ def register(subparsers) -> None:
                              "compared on; default: --data, else a bundled model's check set (fmnist-mini)")
     parser.add_argument("--samples", type=config_type(BundleConfig, "--samples"), default=BundleConfig.samples,
                         help="int8: calibration samples")
+    parser.add_argument("--graph", action="append", default=[], metavar="[NAME.]PRECISION=FILE",
+                        type=Text(_graph_item, keep_text=True),
+                        help="a graph `edge quantize` already made (and gated) at PRECISION (fp16, int8) from the "
+                             "input graph NAME (the file's stem; needed only with several inputs): shipped as it "
+                             "is instead of made again; again for each")
     add_input_options(parser)
     parser.add_argument("--workspace", type=config_type(BundleConfig, "--workspace", "workspace_mib"),
                         default=BundleConfig.workspace_mib, help="TensorRT workspace, MiB")
@@ -118,7 +125,7 @@ def run(args) -> int:
                           plugin_library=args.plugin_lib, protocol=protocol, tf32=args.tf32, tensorrt=args.trt,
                           check_tensorrt=args.check_tensorrt, gate_images=args.gate_images,
                           input_options=input_options(args))
-    graphs, source = bundle_inputs(args.inputs)
+    graphs, source = bundle_inputs(args.inputs, args.graph)
     manifest = make_bundle(graphs, args.out, config, source=source, tar=args.tar, force=args.force,
                            progress=lambda message: print(message, file=sys.stderr))
     ids = ", ".join(f"{v['name']}.{v['precision']}" for v in manifest["variants"])
@@ -128,9 +135,11 @@ def run(args) -> int:
     return 0
 
 
-def bundle_inputs(inputs: list[str]) -> tuple[list, dict]:
+def bundle_inputs(inputs: list[str], made: list[str] = ()) -> tuple[list, dict]:
     """The graphs the inputs name, in order (a pipeline run folder: each variant's cleaned graph, as
-    edge.pipeline lists them; an .onnx file: itself), and the manifest's source (its kind, the inputs)."""
+    edge.pipeline lists them; an .onnx file: itself), each with the graphs ``made`` (``--graph``) gives it,
+    and the manifest's source (its kind, the inputs)."""
+    import dataclasses
     from pathlib import Path
 
     from edge.bundle import SourceGraph, onnx_graph
@@ -147,4 +156,39 @@ def bundle_inputs(inputs: list[str]) -> tuple[list, dict]:
             raise EdgeError(f"{item} is neither a pipeline run folder nor an ONNX file",
                             fix="pass the --out folder of `edge pipeline`, or .onnx files")
     kind = "pipeline" if any(Path(i).is_dir() for i in inputs) else "onnx"
+    given = _made_graphs(made, [g.name for g in graphs])
+    graphs = [dataclasses.replace(g, made={**g.made, **given.get(g.name, {})}) for g in graphs]
     return graphs, {"kind": kind, "paths": [str(i) for i in inputs]}
+
+
+def _graph_item(item: str) -> tuple[str, str, str]:
+    """One ``--graph [NAME.]PRECISION=FILE`` value: (name or '', precision, path); refused when malformed."""
+    from edge.errors import EdgeError
+
+    key, sep, path = item.partition("=")
+    name, _, precision = key.rpartition(".")
+    if not sep or precision not in ("fp16", "int8") or not path:
+        raise EdgeError(f"--graph {item}", expected="[NAME.]PRECISION=FILE with PRECISION fp16 or int8, e.g. "
+                        "--graph int8=runs/m.int8.onnx")
+    return name, precision, path
+
+
+def _made_graphs(items: list[str], names: list[str]) -> dict[str, dict]:
+    """``--graph [NAME.]PRECISION=FILE`` values: input name -> {precision: path}."""
+    from pathlib import Path
+
+    from edge.errors import EdgeError
+
+    out: dict[str, dict] = {}
+    for item in items:
+        name, precision, path = _graph_item(item)
+        if not name and len(names) != 1:
+            raise EdgeError(f"--graph {item} names no input graph, and there are {len(names)}",
+                            expected=f"NAME.{precision}=FILE with NAME one of {', '.join(names)}")
+        name = name or names[0]
+        if name not in names:
+            raise EdgeError(f"--graph {item}: no input graph is called {name}", expected=f"one of {', '.join(names)}")
+        if not Path(path).is_file():
+            raise EdgeError(f"--graph {item}: {path} does not exist", expected="an ONNX file made by edge quantize")
+        out.setdefault(name, {})[precision] = Path(path)
+    return out

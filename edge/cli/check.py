@@ -10,12 +10,12 @@ EXAMPLES = """  edge check runs/ref.onnx                                  # Tens
 
 
 def register(subparsers) -> None:
-    from edge.graph.tensorrt_rules import RULES
-    from edge.graph.tensorrt_support import DEFAULT_TENSORRT, PARSERS
+    from edge.check.tensorrt_rules import RULES
+    from edge.check.tensorrt_support import DEFAULT_TENSORRT, PARSERS
 
     parser = add_command(
         subparsers, "check", "check ONNX graphs against what TensorRT's ONNX parser accepts (no TensorRT needed)",
-        "Rules (edge/graph/tensorrt_rules.py): " + ", ".join(RULES) + ".\n"
+        "Rules (edge/check/tensorrt_rules.py): " + ", ".join(RULES) + ".\n"
         "Operators, opsets and input types come from onnx-tensorrt's support table of the TensorRT\n"
         "release asked for; Q/DQ must be symmetric int8 with scales > 0 in their stored type, per\n"
         "tensor or per output channel of a weight (axis written); Gemm alpha = beta = 1. Each attention\n"
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
-    from edge.graph.tensorrt_rules import check_files
+    from edge.check.tensorrt_rules import check_files
 
     result = check_files(args.graphs, args.trt)
     lines = []

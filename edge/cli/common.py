@@ -72,6 +72,15 @@ def add_data_option(parser: argparse.ArgumentParser, default: str | None, help: 
     parser.add_argument(flag, type=Data(), default=default, metavar="DATA", help=help)
 
 
+def add_device_option(parser: argparse.ArgumentParser, what: str, default: str = "auto", hint: str = "") -> None:
+    """``--device``: where torch computes ``what`` (auto: a CUDA GPU when torch sees one, else the CPU)."""
+    from edge.cli.options import Device
+
+    parser.add_argument("--device", type=Device(hint=hint), default=default, help=f"where torch computes {what}: cpu, "
+                        f"cuda[:N] or auto (a CUDA GPU when there is one; default: {default}). Fits and "
+                        "statistics stay float64 on the CPU: the results match the CPU's to float32 rounding")
+
+
 def add_out_file(parser: argparse.ArgumentParser, help: str, suffix: str | None = None) -> None:
     parser.add_argument("--out", required=True, type=OutputFile(suffix), metavar="FILE", help=help)
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from edge.cli.common import add_calibration_options, add_command, add_field, add_model_options, add_out_folder, emit
+from edge.cli.common import (
+    add_calibration_options,
+    add_command,
+    add_device_option,
+    add_field,
+    add_model_options,
+    add_out_folder,
+    emit,
+)
 from edge.cli.options import Text
 
 EXAMPLES = """  # replace block 10 by a closed-form linear map from block 9's output (no training)
@@ -54,6 +62,7 @@ def register(subparsers) -> None:
     parser.add_argument("--plan", required=True, type=Text(parse_plan, keep_text=True), help=plan_grammar())
     add_calibration_options(parser, CompressConfig, samples_default=_samples_default())
     add_field(parser, "--holdout", CompressConfig, help="share of samples the planner scores on")
+    add_device_option(parser, "the passes over the calibration images and the fine-tune", CompressConfig.device)
     add_out_folder(parser, "output folder (written atomically)")
     add_field(parser, "--finetune-epochs", FinetuneConfig, "epochs", default=None,
               help="then distil the source model into the compressed one for N epochs of --data "
@@ -102,7 +111,7 @@ def _finetune(model, manifest: dict, args) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = FinetuneConfig(data=args.data, epochs=args.finetune_epochs, train=args.finetune_train, seed=args.seed,
-                            threads=args.threads, command=["edge", *sys.argv[1:]])
+                            threads=args.threads, device=args.device, command=["edge", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.untuned.", dir=out.parent) as tmp:
         finetune(save_artifact(model, Path(tmp) / "artifact", manifest), out, config, resume=args.resume,
                  student_name=f"{args.model} --plan {args.plan} (training-free, not kept)")
@@ -140,7 +149,7 @@ def run(args) -> int:
         source = {"model": args.model, "weights": str(Path(args.weights).resolve()) if args.weights else None,
                   "img_size": args.img_size}
         config = CompressConfig(plan=args.plan, data=args.data, samples=args.samples, seed=args.seed,
-                                holdout=args.holdout)
+                                holdout=args.holdout, device=args.device)
         model, manifest = compress(model, source, config)
     if manifest["planner"] and distributed.is_main():
         print(_table(manifest["planner"]), file=sys.stderr)

@@ -34,8 +34,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from edge.compress.load import load_model
-    from edge.data import load_dataset
-    from edge.export import ExportConfig, export, real_inputs
+    from edge.data import InputSpec, load_dataset
+    from edge.export import REAL_IMAGES, ExportConfig, export
     from edge.models import bundled_source, data_config, data_for
     from edge.progress import log
 
@@ -49,7 +49,8 @@ def run(args) -> int:
     config = data_config(model)
     real = None
     if args.verify and (args.data or bundled_source(args.model)):
-        real = real_inputs(load_dataset(data_for(args.data, args.model, check=True), "test"), config)
+        real = load_dataset(data_for(args.data, args.model, check=True), "test").inputs(
+            InputSpec.from_data_config(config), REAL_IMAGES)
     elif args.verify:
         log(f"note: no --data for {args.model}: verified on random inputs only (pass --data DIR to add real images)")
     report = export(model, args.out, source=args.model, plan=plan, data_config=config,

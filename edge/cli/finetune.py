@@ -35,7 +35,7 @@ EXAMPLES = """  # one epoch of distillation from fmnist-deit-tiny into its 6-blo
 
 def add_finetune_options(parser) -> None:
     """The recipe options beyond data, epochs and seed."""
-    from edge.compress.finetune import DILUTION_SCHEDULES, TRAINABLE, FinetuneConfig
+    from edge.compress.finetune_config import DILUTION_SCHEDULES, TRAINABLE, FinetuneConfig
 
     d = FinetuneConfig()
     parser.add_argument("--steps", type=config_type(FinetuneConfig, "--steps"),

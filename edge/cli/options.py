@@ -118,14 +118,14 @@ class Device(Kind):
 
     name = "device"
 
-    def __init__(self, choices: tuple[str, ...] = ("auto", "cpu", "cuda")) -> None:
-        self.choices = choices
+    def __init__(self, choices: tuple[str, ...] = ("auto", "cpu", "cuda"), hint: str = "") -> None:
+        self.choices, self.hint = choices, hint
 
     def __call__(self, text: str) -> str:
         base, _, index = text.partition(":")
         if base not in self.choices or (index and (base != "cuda" or not index.isdigit())):
             _fail(f"{text!r} is not a device (expected: {', '.join(self.choices)}"
-                  + (" or cuda:N" if "cuda" in self.choices else "") + ")")
+                  + (" or cuda:N" if "cuda" in self.choices else "") + ")" + (f"; {self.hint}" if self.hint else ""))
         return text
 
 

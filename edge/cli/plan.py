@@ -5,7 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from edge.cli.common import add_command, add_data_option, add_field, add_model_options, add_out_folder, emit
+from edge.cli.common import (
+    add_command,
+    add_data_option,
+    add_device_option,
+    add_field,
+    add_model_options,
+    add_out_folder,
+    emit,
+)
 from edge.cli.options import ExistingFile, Share, Text
 
 EXAMPLES = """  # twice as fast as the original on ONNX Runtime here (batch 1, 2 threads): measures the latency
@@ -29,7 +37,7 @@ EXAMPLES = """  # twice as fast as the original on ONNX Runtime here (batch 1, 2
 def register(subparsers) -> None:
     from edge.planner.job import PlanJobConfig, TargetConfig
     from edge.planner.objective import parse_batches, parse_weights
-    from edge.planner.search import SHAPE_RULES, SearchConfig
+    from edge.planner.plans import SHAPE_RULES, SearchConfig
 
     parser = add_command(subparsers, "plan", "find the plan across all methods that meets a latency budget",
                          "Candidate steps of every compression method (blocks replaced by linear maps, attention\n"
@@ -62,8 +70,10 @@ def register(subparsers) -> None:
                              "again for each batch of --batch")
     parser.add_argument("--backend", choices=["onnxruntime", "tensorrt", "estimate"], help="the target's backend "
                         "(default: the table's; without --table onnxruntime; estimate: the Orin Nano estimator)")
-    parser.add_argument("--device", type=Text(), metavar="NAME", help="the target device (default: the table's, "
-                        "else this machine's CPU)")
+    parser.add_argument("--target-device", type=Text(), metavar="NAME", help="the target device's name (default: "
+                        "the table's, else this machine's CPU)")
+    add_device_option(parser, "the search's passes over the images and the fine-tune", SearchConfig.device,
+                      hint="the target device's name is --target-device")
     parser.add_argument("--precision", choices=["fp32", "fp16", "int8"], help="the target's precision "
                         "(default: the table's, else fp32)")
     parser.add_argument("--batch", type=Text(parse_batches), metavar="N[,N...]", help="the target's batch, or "
@@ -115,17 +125,18 @@ def _bounds(config: type, name: str):
 def run(args) -> int:
     from edge.compress.load import load_model
     from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget
-    from edge.planner.search import SearchConfig
+    from edge.planner.plans import SearchConfig
     from edge.progress import log
-    from edge.runtime import set_threads
+    from edge.runtime import resolve_device, set_threads
 
     set_threads(args.train_threads)
+    resolve_device(args.device)   # a GPU asked for where there is none: said before any work
     search = SearchConfig(budget=args.budget, budget_ms=args.budget_ms, data=args.data, samples=args.samples,
                           holdout=args.holdout, seed=args.seed, shortlist=args.shortlist, refresh=args.refresh,
                           min_step=args.min_step, min_agreement=args.min_agreement,
-                          shape_rules=args.shape_rules)
+                          shape_rules=args.shape_rules, device=args.device)
     search.check()
-    target = TargetConfig(table=tuple(args.table or ()), backend=args.backend, device=args.device,
+    target = TargetConfig(table=tuple(args.table or ()), backend=args.backend, device=args.target_device,
                           precision=args.precision, batches=args.batch or (), batch_weights=args.batch_weights or (),
                           threads=args.threads, power_mode=args.power_mode)
     config = PlanJobConfig(search=search, target=target, iterations=args.iterations, measure=args.measure,

@@ -16,8 +16,8 @@ EXAMPLES = """  edge profile runs/ref.onnx --threads 2 --json          # ONNX Ru
 
 def register(subparsers) -> None:
     from edge.latency.grid import GRIDS, GridConfig
-    from edge.latency.measure import TimingConfig
     from edge.profile import ProfileConfig
+    from edge.profile.graphs import TimingConfig
 
     parser = add_command(subparsers, "profile", "measure latency: warm-up, iterations, percentiles, memory",
                          "Prints a trtexec-style summary on stderr and the full result (latency min/mean/median/\n"
@@ -99,7 +99,8 @@ def latency_table(args) -> int:
     from edge.compress.load import load_model
     from edge.errors import EdgeError
     from edge.latency.grid import GridConfig
-    from edge.latency.measure import TimingConfig, measure_table
+    from edge.latency.measure import measure_table
+    from edge.profile.graphs import TimingConfig
 
     if args.model.endswith((".onnx", ".engine")) or args.backend not in (None, "ort"):
         raise EdgeError(f"--latency-table needs a model or compressed artifact on ONNX Runtime, got {args.model!r}"

@@ -19,7 +19,7 @@ from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.models.zoo import data_config, data_for
-from edge.runtime import hardware
+from edge.runtime import hardware, resolve_device
 
 
 @dataclass
@@ -31,6 +31,9 @@ class CompressConfig:
     seed: int = option(0, minimum=0, maximum=MAX_SEED)
     holdout: float = option(0.2, above=0.0, below=1.0)  # share of the samples the planner scores on (auto plans)
     batch_size: int = option(64, minimum=1, maximum=MAX_BATCH)
+    # where the passes over the calibration images run: cpu, cuda[:N] or auto (edge.runtime.computing_on); the
+    # statistics, fits and the model stay on the CPU
+    device: str = "auto"
 
 
 def costs(model: nn.Module) -> dict:
@@ -66,7 +69,7 @@ def apply_plan(model: nn.Module, plan: Plan, config: CompressConfig, calibration
     spec = InputSpec.from_data_config(data_config(model))
     prepared = {m.name: m.prepare(model, plan.steps_of(m), plan) for m in used}
     context = BuildContext(model, info, spec, calibration, config.samples, config.seed, config.holdout,
-                           config.batch_size, prepared=prepared, cache=cache)
+                           config.batch_size, prepared=prepared, cache=cache, device=resolve_device(config.device))
     built: dict[str, Built] = {}
     for method in used:
         built[method.name] = result = _build(method, plan.steps_of(method), context, cache)
@@ -101,6 +104,7 @@ def compress(model: nn.Module, source: dict, config: CompressConfig, *,
     """
     start = time.perf_counter()
     distributed.init("cpu")
+    resolve_device(config.device)   # a GPU asked for where there is none: said before any work
     if any(method.is_applied(model) for method in methods()):
         raise EdgeError(f"{source.get('model')} is already compressed",
                         expected="an uncompressed model (plans index the original blocks)",
@@ -136,7 +140,7 @@ def compress(model: nn.Module, source: dict, config: CompressConfig, *,
         "after": after,
         "config": asdict(config),
         "seconds": round(time.perf_counter() - start, 2),
-        "hardware": hardware(),
+        "hardware": hardware(resolve_device(config.device)),
         "steps": steps,
     }
     for method in used:   # top-level entries a method adds (wpac:macs's sub-network order)

@@ -29,6 +29,7 @@ from torch import nn
 
 from edge._compat import ensure_torchvision_importable
 from edge.data.preprocess import InputSpec
+from edge.runtime import computing_on
 
 BATCH = 64   # the batch candidates are scored in
 EMBEDDING = ("patch_embed", "pos_drop", "patch_drop", "norm_pre")   # what runs before the blocks, with the tokens
@@ -77,9 +78,16 @@ def plain_vit(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def reference(model: nn.Module, inputs: torch.Tensor, batch_size: int = BATCH) -> Reference:
+def reference(model: nn.Module, inputs: torch.Tensor, batch_size: int = BATCH,
+              device: torch.device | None = None) -> Reference:
     """The original's outputs on ``inputs``; for a plain timm ViT in batches of :data:`BATCH` (those candidates are
-    scored in) also the tokens entering each block."""
+    scored in) also the tokens entering each block. Computed and kept on ``device`` (None: the model's), where
+    every candidate is then scored."""
+    with computing_on(model, device) as put:
+        return _reference(model, put(inputs), batch_size)
+
+
+def _reference(model: nn.Module, inputs: torch.Tensor, batch_size: int) -> Reference:
     if batch_size != BATCH or not plain_vit(model):
         return Reference(*outputs(model, inputs, batch_size), inputs)
     heads, tokens = [], []
@@ -96,8 +104,8 @@ def reference(model: nn.Module, inputs: torch.Tensor, batch_size: int = BATCH) -
     return Reference(*_joined(model, heads), inputs, BlockInputs(copy.deepcopy(model), tuple(tokens)))
 
 
-def reference_outputs(model: nn.Module, holdout, spec: InputSpec) -> Reference:
-    return reference(model, holdout.inputs(spec))
+def reference_outputs(model: nn.Module, holdout, spec: InputSpec, device: torch.device | None = None) -> Reference:
+    return reference(model, holdout.inputs(spec), device=device)
 
 
 def _same_tensor(a, b) -> bool:
@@ -142,7 +150,13 @@ def shared_blocks(model: nn.Module, original: nn.Module) -> int:
 
 @torch.no_grad()
 def candidate_outputs(model: nn.Module, ref: Reference) -> tuple[tuple[torch.Tensor | None, torch.Tensor], int]:
-    """(:func:`outputs` of ``model`` on the reference's inputs, how many blocks the cache spared: 0 for none)."""
+    """(:func:`outputs` of ``model`` on the reference's inputs, how many blocks the cache spared: 0 for none),
+    computed where the reference is."""
+    with computing_on(model, ref.inputs.device):
+        return _candidate_outputs(model, ref)
+
+
+def _candidate_outputs(model: nn.Module, ref: Reference) -> tuple[tuple[torch.Tensor | None, torch.Tensor], int]:
     cache = ref.blocks
     k = shared_blocks(model, cache.original) if cache is not None else 0
     if k == 0:

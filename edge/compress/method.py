@@ -36,9 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import nn
 
-from edge.compress.search import SearchSpace
+from edge.compress.moves import SearchSpace
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import ModelInfo
@@ -120,6 +121,7 @@ class BuildContext:
     removed: set[int] = field(default_factory=set)            # blocks replaced by methods built earlier
     prepared: dict[str, dict] = field(default_factory=dict)   # method name -> what its prepare did
     cache: BuildCache | None = None                           # kept across plans of this model (edge plan)
+    device: torch.device | None = None   # where the passes over the images run (edge.runtime.computing_on)
 
     def memo(self, name: str, make: Callable[[], Any]) -> Any:
         """``make()`` (a method's statistics of the unmodified model): once for every plan that shares the

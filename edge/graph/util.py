@@ -82,7 +82,6 @@ def infer_shapes(graph: gs.Graph) -> None:
     onnx-graphsurgeon does not infer shapes itself; its constant folding folds ``Shape`` only of
     tensors whose shape is annotated. Annotations already present are kept.
     """
-    import onnx
 
     model = gs.export_onnx(graph, do_type_check=False)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
@@ -128,16 +127,3 @@ def erf_gelu_nodes(graph: gs.Graph) -> set[int]:
             if source is not None and source is not add and source.op in ("Mul", "Div"):
                 protected.add(id(source))
     return protected
-
-
-def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
-    """Tensor name -> ONNX element type of every typed tensor of ``graph``: inputs, outputs, the intermediates
-    its ``value_info`` holds (run shape inference first to have them all), initializers and Constants."""
-    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)}
-    types.update({t.name: t.data_type for t in graph.initializer})
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":
-                    types[node.output[0]] = attribute.t.data_type
-    return types

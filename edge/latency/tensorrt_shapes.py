@@ -7,7 +7,7 @@ runs slower than the table said. The rules, each from a stated source:
 * ``attention-fusion``: TensorRT fuses MatMul -> Softmax -> MatMul into one attention kernel only
   for a head size H with ``16 <= H <= 256`` and ``H % 8 == 0`` in fp16 (bf16), and H in {16, 32, 64}
   with sequence lengths <= 512 in int8 (TensorRT developer guide, "Multi-Head Attention Fusion",
-  quoted in NVIDIA/TensorRT#2981 and #4167; the fp16 range is :data:`edge.graph.tensorrt_rules.FUSED_HEAD_SIZE`,
+  quoted in NVIDIA/TensorRT#2981 and #4167; the fp16 range is :data:`edge.check.tensorrt_rules.FUSED_HEAD_SIZE`,
   which ``edge check`` reports on graphs). An fp32 engine has no fused attention kernel: the rule
   does not apply there.
 * ``equal-head-sizes``: Q/K and V keep one head size. TensorRT's ``IAttention`` layer takes Q, K and
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from edge.errors import EdgeError
-from edge.graph.tensorrt_rules import FUSED_HEAD_SIZE
+from edge.check.tensorrt_rules import FUSED_HEAD_SIZE
 from edge.latency.parts import Part
 
 RULES = ("attention-fusion", "equal-head-sizes", "gemm-width")

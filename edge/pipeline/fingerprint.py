@@ -29,8 +29,8 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "verify": ("edge.check.verify", "edge.check.onnx_classifier", "edge.compress", "edge.data", "edge.models"),
     "evaluate": ("edge.check.accuracy", "edge.check.onnx_classifier", "edge.data"),
     # edge.check.compare and edge.onnx_metadata: the ONNX Runtime session and the graph's recorded precision;
-    # edge.latency.fresh: the new process the graphs are timed in
-    "profile": ("edge.profile", "edge.runtime", "edge.check.compare", "edge.onnx_metadata", "edge.latency.fresh"),
+    # edge.profile holds edge.profile.fresh, the new process the graphs are timed in
+    "profile": ("edge.profile", "edge.runtime", "edge.check.compare", "edge.onnx_metadata"),
     "plan": ("edge.planner", "edge.latency", "edge.compress", "edge.analysis", "edge.data", "edge.models"),
     "estimate": ("edge.latency", "edge.models"),
     "quantize": ("edge.precision", "calib", "edge.check.accuracy", "edge.check.compare", "edge.data"),

@@ -51,7 +51,7 @@ class EvaluateKeys:
 class ProfileKeys:
     """The profile section's key that only the pipeline has (the rest are ``SideBySideConfig`` fields)."""
 
-    # new processes the session sets are split between (edge.latency.fresh.time_fresh_settings), at most
+    # new processes the session sets are split between (edge.profile.fresh.time_fresh_settings), at most
     # `sessions`; None: one per session set. Each process's own state moves its timings a little, several
     # average it out
     processes: int | None = option(None, minimum=1)

@@ -25,8 +25,8 @@ Whole-model timing, when the table's target is ONNX Runtime on this machine (ano
 is predicted only): the original and up to ``measure`` plans of the front (the chosen one first) are
 made as a user makes them, ``edge export`` (verified against PyTorch) then ``edge clean``, into
 ``timed/``, and timed side by side with an A/A copy of the original in a fresh process
-(:mod:`edge.latency.fresh`), not in this one: the figure ``plan.json`` reports is the one
-``python -m edge.latency.fresh`` on those files reproduces (``timed.protocol.retime``).
+(:mod:`edge.profile.fresh`), not in this one: the figure ``plan.json`` reports is the one
+``python -m edge.profile.fresh`` on those files reproduces (``timed.protocol.retime``).
 """
 
 from __future__ import annotations
@@ -48,12 +48,14 @@ from edge.errors import EdgeError
 from edge.fileio import atomic_folder, write_json_atomic, write_text_atomic
 from edge.latency import LatencyTable, Target, orin
 from edge.latency.grid import GridConfig, grid_parts
-from edge.latency.measure import TimingConfig, measure_table
+from edge.latency.measure import measure_table
 from edge.latency.table import here
 from edge.models.zoo import data_config
 from edge.planner.objective import LatencyMix, check_budget, check_weights
+from edge.planner.plans import Point, SearchConfig
 from edge.planner.report import markdown, plot
-from edge.planner.search import Point, Search, SearchConfig, SearchResult
+from edge.planner.search import Search, SearchResult
+from edge.profile.graphs import TimingConfig
 
 TABLE_FILE, RECORD_FILE, MODEL_DIR, TUNED_DIR = "latency-table.json", "plan.json", "model", "finetuned"
 TIMED_DIR = "timed"   # the graphs timed whole, as edge export + edge clean make them
@@ -82,7 +84,7 @@ class PlanJobConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     iterations: int = option(100, minimum=1, maximum=MAX_STEPS)   # timed calls per part graph of a table timed here
     rounds: int = option(5, minimum=1, maximum=MAX_STEPS)
-    # the whole-model check (edge.latency.fresh): timed calls per graph, spread over rounds split evenly between
+    # the whole-model check (edge.profile.fresh): timed calls per graph, spread over rounds split evenly between
     # session sets created afresh; its speedup is the median of the per-round ratios, so it needs many rounds:
     # 10 calls per graph and round, 40 rounds in 10 sets (at 200 calls in 20 rounds of 5 sets, two fresh runs of
     # one plan gave 3.17x and 2.90x: too short to resolve 5 %)
@@ -111,7 +113,7 @@ def wanted_target(asked: TargetConfig, table: LatencyTable | None, batch: int | 
     if table is None and asked.backend == orin.BACKEND:
         if asked.device not in (None, orin.DEVICE):
             raise EdgeError(f"--backend estimate for {asked.device}", expected=f"the estimator's {orin.DEVICE}",
-                            fix="leave --device out, or pass a table measured on that device")
+                            fix="leave --target-device out, or pass a table measured on that device")
         return orin.target(asked.power_mode or "MAXN_SUPER", asked.precision or "fp16", batch or 1)
     if table is None:
         default = here(batch or 1, asked.threads or 2, asked.precision or "fp32")
@@ -225,9 +227,9 @@ def time_plans(model: nn.Module, source: dict, plans: list[Point], result: Searc
                target: Target, folder: Path, timed: Path, progress: Callable[[str], None]) -> dict:
     """Export and clean the original and ``plans`` into ``timed`` (under the run ``folder``) as ``edge export`` +
     ``edge clean`` make them, and time them side by side with an A/A copy of the original in a fresh process
-    (:func:`edge.latency.fresh.time_fresh`): medians and speedups, the figures a user re-timing those files gets."""
-    from edge.latency.fresh import command as fresh_command
-    from edge.latency.fresh import time_fresh
+    (:func:`edge.profile.fresh.time_fresh`): medians and speedups, the figures a user re-timing those files gets."""
+    from edge.profile.fresh import command as fresh_command
+    from edge.profile.fresh import time_fresh
 
     timed.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
@@ -391,17 +393,19 @@ def _finetune(model: nn.Module, folder: Path, source: dict, config: PlanJobConfi
     from edge.compress.finetune import FinetuneConfig, finetune
     from edge.data import load_dataset
     from edge.data.preprocess import InputSpec
-
     from edge.models import data_for
+    from edge.runtime import resolve_device
 
-    tune = FinetuneConfig(data=data_for(config.search.data, source.get("model")), epochs=config.finetune, seed=config.search.seed,
-                          max_steps=config.finetune_max_steps, threads=config.train_threads)
+    tune = FinetuneConfig(data=data_for(config.search.data, source.get("model")), epochs=config.finetune,
+                          seed=config.search.seed, max_steps=config.finetune_max_steps, threads=config.train_threads,
+                          device=config.search.device)
     say(f"distilling the chosen plan from the original for {config.finetune} epoch(s) of {tune.data}")
     finetune(folder / MODEL_DIR, folder / TUNED_DIR, tune, resume=False,
              student_name=f"{source.get('model')} planned (training-free)")
     last = read_manifest(folder / TUNED_DIR)["finetune"][-1]
     test = load_dataset(tune.data, "test")
-    original = evaluate(model, test, InputSpec.from_data_config(data_config(model)), show_progress=False)
+    original = evaluate(model, test, InputSpec.from_data_config(data_config(model)), show_progress=False,
+                        device=resolve_device(config.search.device))
     after = last["eval"]
     return {"epochs": config.finetune, "steps": last["steps"], "before": last["eval_before"], "after": after,
             "original": {"data": test.name, "images": len(test), "accuracy": original["accuracy"]},

@@ -44,8 +44,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.check.tensorrt_support import tensor_types
 from edge.errors import EdgeError
-from edge.graph.util import tensor_types
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)

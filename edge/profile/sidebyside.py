@@ -73,7 +73,7 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
                sets: range | None = None) -> dict:
     """Time the backends side by side (see the module docstring). ``sets``: which of ``config.sessions`` session
     sets to run (default: all); each set's creation order and turn orders depend only on its index and the
-    seed, so sets run in different processes (:mod:`edge.latency.fresh`) are the sets one process would run.
+    seed, so sets run in different processes (:mod:`edge.profile.fresh`) are the sets one process would run.
 
     Returns ``{"latencies": name -> every timed call (ms), "round_medians": name -> each round's
     median, "round_sets": each round's session set, "batches", "describe": name -> backend.describe(),

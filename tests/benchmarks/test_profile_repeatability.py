@@ -18,7 +18,7 @@ def test_the_recorded_command_is_split_into_options_settings_and_graphs(tmp_path
     graph = tmp_path / "g.onnx"
     graph.write_bytes(b"")
     settings = {"rounds": 4, "sessions": 2}
-    command = ["-m", "edge.latency.fresh", "--reference", "original", "--threads", "2", "--seed", "0", "--settings",
+    command = ["-m", "edge.profile.fresh", "--reference", "original", "--threads", "2", "--seed", "0", "--settings",
                json.dumps(settings), "--sets", "0:1", f"original={graph}", f"other={graph}"]
     (tmp_path / "profile.done.json").write_text(json.dumps({"result": {"process": {"command": command}}}))
     options, found, graphs = recorded_command(tmp_path)

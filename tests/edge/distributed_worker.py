@@ -17,7 +17,8 @@ import torch
 from edge import distributed
 from edge.analysis.attention import collect_attention_stats
 from edge.analysis.collect import collect_block_moments
-from edge.analysis.entropy import collect_entropy, nose_search, transfer_entropy
+from edge.analysis.entropy import collect_entropy, transfer_entropy
+from edge.analysis.nose import nose_search
 from edge.compress.methods.attnrm.build import collect_attention_moments
 from edge.compress.methods.dwconv.build import fit_kernels
 from edge.compress.methods.wpac.statistics import collect_statistics

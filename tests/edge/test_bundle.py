@@ -202,6 +202,29 @@ def test_a_graph_already_made_at_a_precision_is_shipped_as_it_is_and_one_below_i
                     tmp_path / "bundle3", BundleConfig(check_data="fmnist-mini", precisions=("int8",), gate_images=0))
 
 
+def test_the_cli_ships_a_graph_given_with_graph_and_refuses_one_it_cannot_place(reference_onnx, tmp_path, capsys):
+    from edge.precision.gate import GateConfig
+    from edge.precision.int8 import Int8Config
+    from edge.precision.quantize import quantize_file
+
+    made = tmp_path / "ref.int8.onnx"
+    quantize_file(reference_onnx, made, "int8", int8=Int8Config(data="fmnist-mini", samples=32),
+                  gate=GateConfig(images=64))
+    out = tmp_path / "bundle"
+    assert main(["bundle", str(reference_onnx), "--graph", f"int8={made}", "--precision", "fp32,int8",
+                 "--gate-data", "fmnist-mini", "--gate-images", "0", "--out", str(out)]) == 0
+    variant = next(v for v in read_bundle(out).variants if v.id == "ref.int8")
+    assert (out / variant.graph).read_bytes() == made.read_bytes()   # shipped as made, not calibrated again
+    capsys.readouterr()
+    for given, message in ((f"other.int8={made}", "no input graph is called other"),
+                           (f"int4={made}", "[NAME.]PRECISION=FILE with PRECISION fp16 or int8"),
+                           (f"int8={tmp_path / 'none.onnx'}", "none.onnx does not exist")):
+        assert main(["bundle", str(reference_onnx), "--graph", given, "--precision", "int8", "--out",
+                     str(tmp_path / "refused")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
+
+
 def test_a_bundle_whose_tactic_memory_is_below_its_workspace_is_refused_naming_both_options():
     from edge.bundle import BundleConfig
     from edge.errors import EdgeError

@@ -95,7 +95,7 @@ def test_export_checks_real_images_from_an_image_folder(tmp_path, weights, capsy
     from PIL import Image
 
     from edge.data import InputSpec, load_dataset
-    from edge.export import real_inputs
+    from edge.export import REAL_IMAGES
     from edge.models import create_model, data_config
 
     folder = tmp_path / "images"
@@ -112,7 +112,7 @@ def test_export_checks_real_images_from_an_image_folder(tmp_path, weights, capsy
     # the real inputs are the folder's 6 RGB PNGs as the model reads them: gray, resized to 28x28, normalised
     data = load_dataset(str(folder), "test")
     config = data_config(create_model(TINY))
-    x = real_inputs(data, config)
+    x = data.inputs(InputSpec.from_data_config(config), REAL_IMAGES)
     load = data.preprocess_for(InputSpec.from_data_config(config))
     assert x.shape == (6, 1, 28, 28) and torch.equal(x[4], load(data.paths[4]))
     assert x.std() > 0.1  # real pixels, not zeros

@@ -24,7 +24,7 @@ def run_plan(ctx: Context) -> StepRecord | None:
 
     def work() -> dict:
         from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget
-        from edge.planner.search import SearchConfig
+        from edge.planner.plans import SearchConfig
 
         search = SearchConfig(budget=settings.budget, data=ctx.data, samples=settings.samples,
                               holdout=settings.holdout, seed=recipe.seed, shortlist=settings.shortlist,

@@ -33,10 +33,10 @@ def run_profile(ctx: Context, runs: list[VariantRun], cleaned: list[StepRecord],
               "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count()}}
 
     def work() -> dict:
-        from edge.latency.fresh import time_fresh_settings
+        from edge.profile.fresh import time_fresh_settings
         from edge.profile.sidebyside import SideBySideConfig
 
-        # in a new interpreter, as edge plan times its front (edge.latency.fresh: a process after a plan search
+        # in a new interpreter, as edge plan times its front (edge.profile.fresh: a process after a plan search
         # timed its plan 2.19x, a new one 1.87-1.91x): this one's heap and thread pools are not a user's
         settings = dataclasses.asdict(recipe.profile)
         processes = settings.pop("processes") or recipe.profile.sessions    # None: one per session set

@@ -11,10 +11,9 @@ from edge.analysis.entropy import (
     attention_removed,
     collect_entropy,
     entropy_of,
-    nose_search,
-    nose_select,
     transfer_entropy,
 )
+from edge.analysis.nose import nose_search, nose_select
 from edge.cli import main
 from edge.data import InputSpec, calibration_set
 from edge.data.preprocess import ArrayPreprocess

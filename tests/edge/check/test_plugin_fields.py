@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.check.plugin_ops import DOMAIN, MIN_TENSORRT, TOKEN_DEPTHWISE_CONV, read_fields
 from edge.errors import EdgeError
-from edge.graph.tensorrt_rules import ERROR, INFO, check_model, check_plugin
-from edge.graph.tensorrt_support import PARSERS
+from edge.check.tensorrt_rules import ERROR, INFO, check_model, check_plugin
+from edge.check.tensorrt_support import PARSERS
 
 GRID, CHANNELS, K = (3, 4), 4, 3
 TOKENS = 1 + GRID[0] * GRID[1]

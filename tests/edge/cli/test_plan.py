@@ -22,8 +22,8 @@ def test_plan_for_the_orin_estimate_names_the_model_it_wrote(weights, tmp_path, 
 
 
 def test_estimate_refuses_a_device_it_does_not_know(weights, tmp_path, capsys):
-    assert main(["plan", TINY, "--weights", weights, "--budget", "0.8x", "--backend", "estimate", "--device",
-                 "Raspberry Pi", "--data", "fmnist-mini", "--out", str(tmp_path / "plan")]) == 2
+    assert main(["plan", TINY, "--weights", weights, "--budget", "0.8x", "--backend", "estimate",
+                 "--target-device", "Raspberry Pi", "--data", "fmnist-mini", "--out", str(tmp_path / "plan")]) == 2
     err = capsys.readouterr().err
     assert "--backend estimate for Raspberry Pi" in err and "Jetson Orin Nano 8GB" in err
     assert not (tmp_path / "plan").exists()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from edge.analysis import entropy
+from edge.analysis import nose
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
 from edge.compress.cost import analytic_flops, measured_flops
 from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLPOnlyBlock
@@ -270,11 +270,11 @@ def test_nose_is_called_with_the_free_blocks_and_its_trajectory_is_kept(monkeypa
     calls = []
     trajectory = [{"step": 0, "block": 3, "te": 0.1}, {"step": 0, "block": 2, "te": 0.2}]
 
-    def fake_nose(model, calibration, spec, count, excluded, batch_size):
+    def fake_nose(model, calibration, spec, count, excluded, batch_size, device=None):
         calls.append((count, set(excluded), batch_size, len(calibration), spec.height))
         return [3], trajectory
 
-    monkeypatch.setattr(entropy, "nose_select", fake_nose)
+    monkeypatch.setattr(nose, "nose_select", fake_nose)
     model, manifest = run("linear:-1-0,attnrm:auto=1,dwconv:blocks=1:init=gaussian")
     assert calls == [(1, {0, 1}, 64, 24, 28)]   # span block 0 and dwconv's block 1 are not candidates
     assert manifest["plan"] == "linear:-1-0,attnrm:blocks=3,dwconv:blocks=1:init=gaussian"

@@ -18,7 +18,7 @@ from edge.compress.compressor import apply_plan  # noqa: E402
 from edge.compress.fidelity import Reference, candidate_outputs, fidelity, outputs, plain_vit, reference  # noqa: E402
 from edge.compress.plan import parse_plan  # noqa: E402
 from edge.data import calibration_set, holdout_set  # noqa: E402
-from edge.export import real_inputs  # noqa: E402
+from edge.data.preprocess import InputSpec  # noqa: E402
 from edge.models import create_model  # noqa: E402
 from edge.models.zoo import data_config  # noqa: E402
 
@@ -30,7 +30,7 @@ def deit():
     """fmnist-deit-tiny (12 blocks), 72 held-out images (two batches: 64 and 8), its reference."""
     model = create_model("fmnist-deit-tiny").eval()
     holdout = holdout_set("fmnist-mini", 72, 0, calibration=CALIBRATION.samples)
-    inputs = real_inputs(holdout, data_config(model), len(holdout))
+    inputs = holdout.inputs(InputSpec.from_data_config(data_config(model)))
     return model, reference(model, inputs), calibration_set("fmnist-mini", CALIBRATION.samples, 0)
 
 

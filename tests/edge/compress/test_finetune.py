@@ -8,19 +8,14 @@ from safetensors.torch import load_file
 from edge.check.accuracy import evaluate
 from edge.cli import main
 from edge.compress import CompressConfig, compress, load_artifact, save_artifact
-from edge.compress.finetune import (
-    FinetuneConfig,
-    distillation_loss,
-    finetune,
-    logits_and_features,
-    select_trainable,
-)
+from edge.compress.finetune import FinetuneConfig, finetune, select_trainable
 from edge.compress.load import load_model
 from edge.data import ArrayPreprocess, InputSpec, balanced_indices, load_dataset
 from edge.errors import EdgeError
 from edge.models import create_model, data_config
 from edge.models.weights_io import save_safetensors
 from edge.train import training_batch, training_set
+from edge.train.distillation import distillation_loss, logits_and_features
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
 PLAN = "dwconv:blocks=0+1:init=gaussian"

@@ -29,7 +29,7 @@ from edge.check.plugin_ops import DOMAIN, TOKEN_DEPTHWISE_CONV
 from edge.cli import main
 from edge.cli.deploy import _gate_note
 from edge.deploy import RunnerOptions, deploy
-from edge.graph.tensorrt_rules import INFO, check_file
+from edge.check.tensorrt_rules import INFO, check_file
 from edge.errors import EdgeError
 from jetson import plugin_build
 from jetson.accuracy_gate import judge, thresholds_for

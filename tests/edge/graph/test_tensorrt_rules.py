@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
-from edge.graph.tensorrt_rules import ERROR, INFO, RULES, check_file, check_model, errors
-from edge.graph.tensorrt_support import PARSERS
+from edge.check.tensorrt_rules import ERROR, INFO, RULES, check_file, check_model, errors
+from edge.check.tensorrt_support import PARSERS
 
 HEADS, SEQ, HEAD = 2, 8, 16
 

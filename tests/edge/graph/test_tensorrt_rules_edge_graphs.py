@@ -16,8 +16,8 @@ import onnx
 import pytest
 import torch
 
-from edge.graph.tensorrt_rules import check_model, errors
-from edge.graph.tensorrt_support import PARSERS
+from edge.check.tensorrt_rules import check_model, errors
+from edge.check.tensorrt_support import PARSERS
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=32,num_heads=2"
 #: one plan per compression method (None: the uncompressed model)

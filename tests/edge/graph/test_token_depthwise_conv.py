@@ -23,7 +23,7 @@ from edge.cli import main
 from edge.graph import DEFAULT_PASSES
 from edge.graph.clean import clean_file
 from edge.graph.passes import PLUGIN_PASSES, select_passes
-from edge.graph.tensorrt_rules import INFO, check_model, errors
+from edge.check.tensorrt_rules import INFO, check_model, errors
 
 pytest.importorskip("onnxruntime_extensions", reason="onnxruntime-extensions runs the plugin's reference in ORT "
                     "(pip install -e '.[test]')")

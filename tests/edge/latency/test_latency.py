@@ -16,9 +16,10 @@ from edge.cli import main
 from edge.errors import EdgeError
 from edge.latency import LatencyTable, Part, Target, model_parts, predict_model, predict_parts
 from edge.latency.grid import GridConfig, grid_parts
-from edge.latency.measure import TimingConfig, measure_table
+from edge.latency.measure import measure_table
 from edge.latency.modules import input_shape, part_module
 from edge.latency.parts import overhead_part
+from edge.profile.graphs import TimingConfig
 from tests.conftest import TINY
 
 CPU = Target("onnxruntime", "Test CPU", "fp32", 1, 2)

@@ -146,7 +146,7 @@ def _imported_inside(function: ast.FunctionDef, root: Path) -> set[str]:
 
 
 def test_every_module_a_step_imports_inside_its_function_is_in_its_fingerprint():
-    # the profile step imported edge.latency.fresh (the process its graphs are timed in) inside its work function,
+    # the profile step imported edge.profile.fresh (the process its graphs are timed in) inside its work function,
     # and no step declared it: editing how the graphs are timed kept the old timings
     root = source_root()
     code = sorted(file for name in EVERY_STEP for file in declared_files(name, root, "every"))
@@ -160,4 +160,4 @@ def test_every_module_a_step_imports_inside_its_function_is_in_its_fingerprint()
                 assert module_file(module, root) in files, f"{function.name}: the {name} step imports {module}"
         checked |= steps
     assert checked == set(STEPS)   # every step found in the pipeline's step code, so none escaped the check
-    assert root / "edge/latency/fresh.py" in step_files("profile", root)
+    assert root / "edge/profile/fresh.py" in step_files("profile", root)

@@ -20,7 +20,7 @@ ensure_torchvision_importable()
 
 from edge.cli import main  # noqa: E402
 from edge.compress import CompressConfig, compress, load_artifact  # noqa: E402
-from edge.compress.search import Move  # noqa: E402
+from edge.compress.moves import Move  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
 from edge.latency import LatencyTable, Target, model_parts, predict_model  # noqa: E402
 from edge.latency.grid import GridConfig, grid_parts  # noqa: E402

@@ -20,7 +20,8 @@ from edge.models import create_model  # noqa: E402
 from edge.planner import SearchConfig, search  # noqa: E402
 from edge.planner.job import PlanJobConfig, TargetConfig, plan_to_budget  # noqa: E402
 from edge.planner.report import markdown  # noqa: E402
-from edge.planner.search import MIN_AGREEMENT, Search  # noqa: E402
+from edge.planner.plans import MIN_AGREEMENT  # noqa: E402
+from edge.planner.search import Search  # noqa: E402
 
 TINY = "timm:vit_tiny_patch16_224,img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=4,embed_dim=64,num_heads=2"
 SOURCE = {"model": TINY}
@@ -156,3 +157,19 @@ def test_the_reference_model_at_0_02x_is_refused_naming_the_fastest_plan_above_t
     assert "the fastest plan the search reaches above the floor is " in err and "raise the budget to --budget 0." in err
     assert f"below the floor of {MIN_AGREEMENT:g} (chance: 0.1)" in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_training_split_smaller_than_both_sets_is_shared_in_the_proportion_asked(tmp_path, capsys):
+    from edge.planner.plans import fit_split
+    from tests.rgb_folder import make_rgb_folder
+
+    make_rgb_folder(tmp_path, train=5, val=1, size=8)   # 50 training images
+    shrunk = fit_split(SearchConfig(budget=0.5, data=str(tmp_path), samples=60, holdout=40))
+    assert (shrunk.samples, shrunk.holdout) == (30, 20)
+    assert f"60 calibration and 40 held-out images asked for, the training split of {tmp_path} holds 50: using 30 " \
+           "and 20" in capsys.readouterr().err
+    kept = SearchConfig(budget=0.5, data=str(tmp_path), samples=20, holdout=30)
+    assert fit_split(kept) is kept
+    make_rgb_folder(tmp_path / "few", train=1, val=1, size=8)   # 10 images: not two sets of 10
+    with pytest.raises(EdgeError, match="training split holds 10 images"):
+        fit_split(SearchConfig(budget=0.5, data=str(tmp_path / "few")))

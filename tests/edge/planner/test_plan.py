@@ -259,7 +259,7 @@ def test_the_whole_model_check_times_what_edge_export_and_edge_clean_make_in_a_f
     assert timed["graphs"]["original"] == "timed/original.onnx" and timed["plans"][0]["graph"] == "timed/plan0.onnx"
     assert sorted(p.name for p in (out / "timed").iterdir()) == sorted(
         f"{name}.onnx" for name in timed["graphs"])
-    assert timed["protocol"]["process"].startswith("fresh: -m edge.latency.fresh --reference original")
+    assert timed["protocol"]["process"].startswith("fresh: -m edge.profile.fresh --reference original")
     assert "timed/plan0.onnx" in timed["protocol"]["retime"] and timed["aa_control"]["of"] == "original"
     assert all(row["speedup"] > 0 and row["speedup_interval"][0] <= row["speedup_interval"][1]
                for row in timed["plans"])

@@ -137,7 +137,7 @@ def test_side_by_side_adds_the_aa_control():
 
 
 def test_a_slice_of_session_sets_is_those_sets_of_the_whole_run_and_the_parts_pool_into_it():
-    """Session sets run apart (edge.latency.fresh, one process each) get the creation and turn orders the same sets
+    """Session sets run apart (edge.profile.fresh, one process each) get the creation and turn orders the same sets
     get in one run, and pooled they are that run's timings."""
     config = SideBySideConfig(warmup=1, rounds=6, sessions=3, iterations=2, seed=4)
     names = ["a", "b", "a" + AA_SUFFIX]

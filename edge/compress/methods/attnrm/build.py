@@ -1,7 +1,7 @@
 """Choose the blocks whose attention goes, fit the affine maps, put the modules at their seams.
 
 Everything is measured on the model before any replacement (the compressor's build phase):
-NOSE (:func:`edge.analysis.entropy.nose_select`) and the affine fits see the original attention
+NOSE (:func:`edge.analysis.nose.nose_select`) and the affine fits see the original attention
 of every block. The affine fit of block ``i`` regresses the attention output (``proj``
 included, before ``ls1``) on its input (the ``norm1`` output), one row per token of every
 calibration image, [CLS] and register tokens included (one shared map), in float64 from
@@ -23,6 +23,7 @@ from edge.compress.methods.attnrm.module import AffineAttention, AttnRmStep, MLP
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError, InternalError
 from edge.models.info import model_info, original_block_indices
+from edge.runtime import computing_on
 
 
 def positions(model: nn.Module) -> dict[int, int]:
@@ -48,7 +49,8 @@ def check_block(block: nn.Module, index: int) -> None:
 
 
 def select_blocks(step: AttnRmStep, free: list[int], model: nn.Module, calibration, spec: InputSpec,
-                  excluded: set[int], batch_size: int) -> tuple[AttnRmStep, list[dict], dict]:
+                  excluded: set[int], batch_size: int,
+                  device: torch.device | None = None) -> tuple[AttnRmStep, list[dict], dict]:
     """Resolve ``attnrm:auto=K``: the chosen step, the NOSE trajectory (or []), and what decided it."""
     how = step.option("select")
     count = step.auto
@@ -62,9 +64,9 @@ def select_blocks(step: AttnRmStep, free: list[int], model: nn.Module, calibrati
     elif how == "random":
         chosen = random.Random(step.option("seed")).sample(free, count)
     elif how == "nose":
-        from edge.analysis.entropy import nose_select
+        from edge.analysis.nose import nose_select
 
-        chosen, rows = nose_select(model, calibration, spec, count, set(excluded), batch_size)
+        chosen, rows = nose_select(model, calibration, spec, count, set(excluded), batch_size, device)
         chosen = [int(b) for b in chosen]
         if len(chosen) != count or not set(chosen) <= set(free):
             raise InternalError(f"nose_select chose {chosen} for {step}; the free blocks are {free}")
@@ -79,8 +81,9 @@ def select_blocks(step: AttnRmStep, free: list[int], model: nn.Module, calibrati
 
 @torch.no_grad()
 def collect_attention_moments(model: nn.Module, blocks: list[int], images, spec: InputSpec, *,
-                              batch_size: int = 64) -> dict[int, PairMoments]:
-    """Per block: float64 moments of (attention input, attention output) over every calibration token.
+                              batch_size: int = 64, device: torch.device | None = None) -> dict[int, PairMoments]:
+    """Per block: float64 moments of (attention input, attention output) over every calibration token (the
+    pass on ``device``, the moments on the CPU).
 
     Under torchrun: this process's share of ``images``, the sums added over all processes.
     """
@@ -97,8 +100,9 @@ def collect_attention_moments(model: nn.Module, blocks: list[int], images, spec:
     preprocess = images.preprocess_for(spec)
     model.eval()
     try:
-        for x, _ in images.batches(batch_size, preprocess):
-            model.forward_features(x)
+        with computing_on(model, device) as put:
+            for x, _ in images.batches(batch_size, preprocess):
+                model.forward_features(put(x))
     finally:
         for handle in handles:
             handle.remove()
@@ -119,11 +123,12 @@ def removable_blocks(model: nn.Module) -> list[int]:
 
 def fit_affine_attention(model: nn.Module, ridges: dict[int, float], images, spec: InputSpec, *,
                          batch_size: int = 64, moments: dict[int, PairMoments] | None = None,
-                         ) -> tuple[dict[int, AffineAttention], dict]:
+                         device: torch.device | None = None) -> tuple[dict[int, AffineAttention], dict]:
     """One pass over ``images``: the closed-form affine map in place of each listed block's attention.
     ``moments``: :func:`collect_attention_moments` of these blocks (or more) already collected (read only)."""
     if moments is None:
-        moments = collect_attention_moments(model, sorted(ridges), images, spec, batch_size=batch_size)
+        moments = collect_attention_moments(model, sorted(ridges), images, spec, batch_size=batch_size,
+                                            device=device)
     modules, stats = {}, {}
     for block, ridge in ridges.items():
         fitted = fit_map(moments[block], 0, 1, "affine", ridge)

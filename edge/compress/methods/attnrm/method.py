@@ -32,9 +32,9 @@ from edge.compress.methods.attnrm.build import (
     select_blocks,
 )
 from edge.compress.methods.attnrm.module import ATTNRM, AffineAttention, AttnRmOptions, AttnRmStep, MLPOnlyBlock
+from edge.compress.moves import BlockSetSearch
 from edge.compress.options import option_defaults, parse_options
 from edge.compress.registry import method_of, methods, register_method
-from edge.compress.search import BlockSetSearch
 from edge.errors import EdgeError
 
 USAGE = "attnrm:blocks=0+1+3 or attnrm:auto=K (select=nose|first|random, seed=S for random)"
@@ -145,7 +145,7 @@ class AttentionRemoval(Method):
                 resolved.append(step)
                 continue
             chosen, rows, decided = select_blocks(step, free, model, context.calibration, context.spec, excluded,
-                                                  context.batch_size)
+                                                  context.batch_size, context.device)
             resolved.append(chosen)
             planner += rows
             selection[str(step)] = {**decided, "chosen": str(chosen)}
@@ -160,9 +160,11 @@ class AttentionRemoval(Method):
         if ridges and context.cache is not None:   # edge plan: every block's moments in one pass, for every plan
             blocks = removable_blocks(model)
             moments = context.memo(f"{self.name}:moments", lambda: collect_attention_moments(
-                model, blocks, context.calibration, context.spec, batch_size=context.batch_size))
+                model, blocks, context.calibration, context.spec, batch_size=context.batch_size,
+                device=context.device))
         affine, fits = fit_affine_attention(model, ridges, context.calibration, context.spec,
-                                            batch_size=context.batch_size, moments=moments) if ridges else ({}, {})
+                                            batch_size=context.batch_size, moments=moments,
+                                            device=context.device) if ridges else ({}, {})
         modules = {b: affine.get(b) for b in targets}
         report = {k: v for k, v in (("selection", selection), ("affine", fits)) if v}
         # every block whose attention goes is "removed" for the methods built later (dwconv:auto skips it)

@@ -27,6 +27,7 @@ from edge.compress.methods.block_approximation.module import (
 from edge.data.preprocess import InputSpec
 from edge.errors import InternalError
 from edge.models.info import model_info
+from edge.runtime import computing_on
 
 
 def _fit(moments: BlockMoments, view: str, step: SpanStep) -> tuple[FittedMap, dict]:
@@ -48,23 +49,26 @@ def closed_form_span(step: SpanStep, moments: BlockMoments, num_prefix_tokens: i
 
 @torch.no_grad()
 def span_features(model: nn.Module, images, spec: InputSpec, start: int, end: int,
-                  batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """All tokens of the representations ``start`` and ``end`` (plan indices; -1 = embedding)."""
+                  batch_size: int = 64, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All tokens of the representations ``start`` and ``end`` (plan indices; -1 = embedding), on the CPU (the
+    passes on ``device``)."""
     preprocess = images.preprocess_for(spec)
     xs, ys = [], []
-    with block_outputs(model) as captured:
+    with computing_on(model, device) as put, block_outputs(model) as captured:
         for x, _ in images.batches(batch_size, preprocess):
             captured.clear()
-            model.forward_features(x)
-            xs.append(captured[start + 1].reshape(-1, captured[0].shape[-1]))
-            ys.append(captured[end + 1].reshape(-1, captured[0].shape[-1]))
+            model.forward_features(put(x))
+            xs.append(captured[start + 1].reshape(-1, captured[0].shape[-1]).cpu())
+            ys.append(captured[end + 1].reshape(-1, captured[0].shape[-1]).cpu())
     return torch.cat(xs), torch.cat(ys)
 
 
-def trained_span(step: SpanStep, model: nn.Module, images, spec: InputSpec, seed: int) -> tuple[ApproximatedSpan, dict]:
-    """Train the papers' MLP / Res-MLP translator on the calibration tokens (Adam, lr 1e-3, 300 steps)."""
+def trained_span(step: SpanStep, model: nn.Module, images, spec: InputSpec, seed: int,
+                 device: torch.device | None = None) -> tuple[ApproximatedSpan, dict]:
+    """Train the papers' MLP / Res-MLP translator on the calibration tokens (Adam, lr 1e-3, 300 steps; the
+    tokens gathered on ``device``, the translator trained on the CPU)."""
     info = model_info(model)
-    x, y = span_features(model, images, spec, step.start, step.end)
+    x, y = span_features(model, images, spec, step.start, step.end, device=device)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     module = ApproximatedSpan(step.method, step.blocks, info.embed_dim, info.num_prefix_tokens)
@@ -84,7 +88,7 @@ def trained_span(step: SpanStep, model: nn.Module, images, spec: InputSpec, seed
 
 
 def fit_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMoments, images, spec: InputSpec,
-              seed: int = 0) -> tuple[dict[tuple[int, ...], nn.Module], dict]:
+              seed: int = 0, device: torch.device | None = None) -> tuple[dict[tuple[int, ...], nn.Module], dict]:
     """The module of every span (keyed by the original blocks it replaces) and fit statistics per span.
 
     ``model`` is not changed.
@@ -99,7 +103,7 @@ def fit_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMomen
             stats = {"all": fit_residual(moments.view("all"), step.start + 1, step.end + 1,
                                          FittedMap(torch.eye(info.embed_dim, dtype=torch.float64), None, "skip", 0))}
         elif step.method in TRAINED:
-            module, stats = trained_span(step, model, images, spec, seed)
+            module, stats = trained_span(step, model, images, spec, seed, device)
         else:
             raise InternalError(f"unknown span method {step.method} (plans are validated before fitting)")
         modules[step.blocks] = module
@@ -108,8 +112,8 @@ def fit_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMomen
 
 
 def apply_spans(model: nn.Module, spans: tuple[SpanStep, ...], moments: BlockMoments, images, spec: InputSpec,
-                seed: int = 0) -> dict:
+                seed: int = 0, device: torch.device | None = None) -> dict:
     """Replace every span in ``model`` (in place, after every fit); returns fit statistics per span."""
-    modules, fit_stats = fit_spans(model, spans, moments, images, spec, seed)
+    modules, fit_stats = fit_spans(model, spans, moments, images, spec, seed, device)
     replace_spans(model, modules)
     return fit_stats

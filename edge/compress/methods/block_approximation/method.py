@@ -7,7 +7,7 @@ skip (blocks removed, the papers' baseline), mlp and resmlp (trained translators
 comparison baselines). Options: ``ridge=FLOAT`` (relative ridge term), ``prefix=own`` (fit the
 class/register tokens with their own map), ``steps=N`` and ``lr=FLOAT`` for the trained
 translators. ``auto-linear:K`` / ``auto-affine:K`` let the planner choose K blocks by held-out
-fidelity (:mod:`edge.compress.methods.block_approximation.planner`).
+fidelity (:mod:`edge.compress.methods.block_approximation.span_search`).
 
 The modules (:class:`~edge.compress.methods.block_approximation.module.ApproximatedSpan`) stand in ``model.blocks``.
 """
@@ -29,11 +29,11 @@ from edge.compress.methods.block_approximation.module import (
     SpanStep,
     replace_spans,
 )
-from edge.compress.methods.block_approximation.planner import plan_auto
+from edge.compress.methods.block_approximation.span_search import search_spans
 from edge.compress.options import parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.registry import register_method
-from edge.compress.search import Move
+from edge.compress.moves import Move
 from edge.errors import EdgeError
 from edge.models.info import model_info
 from edge.progress import log
@@ -109,8 +109,9 @@ class BlockApproximation(Method):
         if spans:
             # The chosen (or given) spans are fitted on all calibration samples.
             moments = context.memo(self.name, lambda: collect_block_moments(
-                model, calibration, context.spec, batch_size=context.batch_size, desc="fit statistics"))
-            modules, fit = fit_spans(model, spans, moments, calibration, context.spec, context.seed)
+                model, calibration, context.spec, batch_size=context.batch_size, desc="fit statistics",
+                device=context.device))
+            modules, fit = fit_spans(model, spans, moments, calibration, context.spec, context.seed, context.device)
         return Built(spans, modules, fit, table, {b for s in spans for b in s.blocks})
 
     @staticmethod
@@ -123,10 +124,11 @@ class BlockApproximation(Method):
         fit_part = context.calibration.subset(torch.arange(samples - n_hold), "fit")
         holdout = context.calibration.subset(torch.arange(samples - n_hold, samples), "holdout")
         moments = collect_block_moments(context.model, fit_part, context.spec, batch_size=context.batch_size,
-                                        desc="fit statistics")
+                                        desc="fit statistics", device=context.device)
         asked = ",".join(map(str, (*fixed, auto)))
         log(f"planning {asked}: {len(fit_part)} fit / {len(holdout)} held-out samples")
-        spans, table = plan_auto(context.model, auto, fixed, moments, holdout, context.spec, context.seed)
+        spans, table = search_spans(context.model, auto, fixed, moments, holdout, context.spec, context.seed,
+                                 context.device)
         log(f"planner chose {','.join(map(str, spans))}")
         return spans, table
 

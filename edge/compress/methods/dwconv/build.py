@@ -30,6 +30,7 @@ from edge.compress.methods.dwconv.module import (
 from edge.data.preprocess import InputSpec
 from edge.errors import EdgeError
 from edge.models.info import ModelInfo, model_info, original_block_indices
+from edge.runtime import computing_on
 
 
 def token_grid(model: nn.Module) -> tuple[int, int]:
@@ -101,8 +102,8 @@ def _fit_inputs(attn: nn.Module, heads: tuple[int, ...], variant: str):
         wo = attn.proj.weight.detach().double()[:, channels]               # [dim, C]
         back = woe @ torch.linalg.pinv(woe.T @ woe)                         # Z -> least-squares ensembled target
 
-        def target(out: torch.Tensor) -> torch.Tensor:
-            return out[..., channels].double() @ wo.T @ back
+        def target(out: torch.Tensor) -> torch.Tensor:   # the weights where the pass is (computing_on)
+            return out[..., channels].double() @ wo.T.to(out.device) @ back.to(out.device)
     else:
         wv = w[channels + 2 * inner]
         bv = b[channels + 2 * inner] if b is not None else None
@@ -111,16 +112,18 @@ def _fit_inputs(attn: nn.Module, heads: tuple[int, ...], variant: str):
             return out[..., channels].double()
 
     def values(x: torch.Tensor) -> torch.Tensor:
-        v = x.double() @ wv.T
-        return v + bv if bv is not None else v
+        v = x.double() @ wv.T.to(x.device)
+        return v + bv.to(x.device) if bv is not None else v
 
     return values, target
 
 
 @torch.no_grad()
 def fit_kernels(model: nn.Module, plans: dict[int, tuple[tuple[int, ...], str]], images, spec: InputSpec, *,
-                k: int, num_prefix_tokens: int, grid: tuple[int, int], batch_size: int = 32) -> dict[int, KernelFit]:
-    """One pass over ``images``: per block, the normal equations of the least-squares kernel fit.
+                k: int, num_prefix_tokens: int, grid: tuple[int, int], batch_size: int = 32,
+                device: torch.device | None = None) -> dict[int, KernelFit]:
+    """One pass over ``images`` (on ``device``): per block, the normal equations of the least-squares kernel fit
+    (summed on the CPU).
 
     Under torchrun: this process's share of ``images``, the sums added over all processes.
     """
@@ -143,8 +146,9 @@ def fit_kernels(model: nn.Module, plans: dict[int, tuple[tuple[int, ...], str]],
 
         handles += [attn.register_forward_pre_hook(grab), attn.norm.register_forward_pre_hook(fold)]
     try:
-        for x, _ in images.batches(batch_size, images.preprocess_for(spec)):
-            model.forward_features(x)
+        with computing_on(model, device) as put:
+            for x, _ in images.batches(batch_size, images.preprocess_for(spec)):
+                model.forward_features(put(x))
     finally:
         for handle in handles:
             handle.remove()
@@ -188,7 +192,7 @@ def _replaceable(attn: nn.Module, block: int) -> bool:
 
 def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: InputSpec, *,
                  excluded: set[int] = frozenset(), batch_size: int = 32,
-                 memo: Callable[[str, Callable[[], Any]], Any] | None = None,
+                 memo: Callable[[str, Callable[[], Any]], Any] | None = None, device: torch.device | None = None,
                  ) -> tuple[tuple[DWConvStep, ...], dict[int, DepthwiseAttention], dict]:
     """Resolve, fit and build the replacement modules of ``steps`` on ``model`` (not modified).
 
@@ -207,7 +211,7 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
     needs_stats = any(not s.is_resolved or s.option("init") == "mean" or s.option("prefix") == "pool" for s in steps)
     if needs_stats:
         def collect() -> AttentionStats:
-            return collect_attention_stats(model, images, spec, batch_size=batch_size)
+            return collect_attention_stats(model, images, spec, batch_size=batch_size, device=device)
         stats = memo("dwconv:attention", collect) if memo is not None else collect()
         report["sigma"] = stats.scores()
     fixed = {b for s in steps if s.is_resolved for b in s.touched_blocks}
@@ -224,7 +228,7 @@ def build_dwconv(model: nn.Module, steps: tuple[DWConvStep, ...], images, spec: 
         k, variant, init, prefix = step.option("k"), step.option("variant"), step.option("init"), step.option("prefix")
         def fit(plans: dict[int, tuple[tuple[int, ...], str]]) -> dict[int, KernelFit]:
             return fit_kernels(model, plans, images, spec, k=k, num_prefix_tokens=info.num_prefix_tokens,
-                               grid=grid, batch_size=batch_size)
+                               grid=grid, batch_size=batch_size, device=device)
         fits = {}
         if init == "lsq" and memo is not None and all(whole.get(b) == h for b, h in chosen.items()):
             every = {b: (whole[b], variant) for b, attn in attns.items() if _replaceable(attn, b)}

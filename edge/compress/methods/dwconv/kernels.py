@@ -85,10 +85,10 @@ class KernelFit:
         z = window_columns(values.to(torch.float64), self.grid, self.k)            # [B, C, T-1, N]
         z = torch.cat([z, torch.ones_like(z[:, :, :1])], 2)                        # bias column
         y = target.to(torch.float64).transpose(1, 2)                               # [B, C, N]
-        self.gram += torch.einsum("bctn,bcun->ctu", z, z)
-        self.cross += torch.einsum("bctn,bcn->ct", z, y)
-        self.target_sq += (y * y).sum((0, 2))
-        self.target_sum += y.sum((0, 2))
+        self.gram += torch.einsum("bctn,bcun->ctu", z, z).cpu()   # the sums on the CPU, the products where z is
+        self.cross += torch.einsum("bctn,bcn->ct", z, y).cpu()
+        self.target_sq += (y * y).sum((0, 2)).cpu()
+        self.target_sum += y.sum((0, 2)).cpu()
         self.count += int(y.shape[0] * y.shape[2])
 
     def all_reduce(self) -> KernelFit:

@@ -27,7 +27,7 @@ from edge.compress.methods.dwconv.module import (
 from edge.compress.options import parse_options
 from edge.compress.plan import parse_plan
 from edge.compress.registry import register_method
-from edge.compress.search import BlockSetSearch
+from edge.compress.moves import BlockSetSearch
 from edge.errors import EdgeError
 
 USAGE = "dwconv:blocks=2+5+7, dwconv:auto=K, dwconv:heads=auto=K or dwconv:heads=2.0+5.3 (block.head)"
@@ -124,7 +124,8 @@ class DepthwiseConvolution(Method):
     def build(self, steps: tuple, context: BuildContext) -> Built:
         resolved, modules, stats = build_dwconv(context.model, steps, context.calibration, context.spec,
                                                 excluded=context.removed, batch_size=context.batch_size,
-                                                memo=context.memo if context.cache is not None else None)
+                                                memo=context.memo if context.cache is not None else None,
+                                                device=context.device)
         dropped = context.prepared.get(self.name, {}).get("prefix_dropped", False)
         fit = {"dwconv": {**stats, "prefix_dropped": dropped}} if stats else {}
         return Built(resolved, modules, fit)

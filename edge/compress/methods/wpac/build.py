@@ -151,8 +151,8 @@ def _kept_share(values: torch.Tensor | None, width: int) -> list[float] | None:
 
 
 def build_wpac(model: nn.Module, steps: tuple[WpacStep, ...], images, spec: InputSpec, *,
-               batch_size: int = 64, statistics: dict[int, BlockStatistics] | None = None
-               ) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
+               batch_size: int = 64, statistics: dict[int, BlockStatistics] | None = None,
+               device: torch.device | None = None) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
     """The modules of every block the steps touch, and what was measured to decide them (for the manifest).
 
     ``statistics``: every block's statistics measured before on these ``images`` (edge plan's cache),
@@ -174,7 +174,7 @@ def build_wpac(model: nn.Module, steps: tuple[WpacStep, ...], images, spec: Inpu
         stats = {b: statistics[b] for b in measured}
     else:
         stats = collect_statistics(model, {b: place[b] for b in measured}, images, spec,
-                                   batch_size=batch_size) if measured else {}
+                                   batch_size=batch_size, device=device) if measured else {}
     modules, report = {}, {}
     for block, step in sorted(targets.items()):
         attn, mlp = model.blocks[place[block]].attn, model.blocks[place[block]].mlp
@@ -195,7 +195,8 @@ def build_wpac(model: nn.Module, steps: tuple[WpacStep, ...], images, spec: Inpu
 
 
 def cut_by_macs(model: nn.Module, modules: dict[int, tuple[NarrowAttention, nn.Module]], fit: dict, step: WpacStep,
-                images, spec: InputSpec, batch_size: int) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
+                images, spec: InputSpec, batch_size: int,
+                device: torch.device | None = None) -> tuple[dict[int, tuple[NarrowAttention, nn.Module]], dict]:
     """Rank the units of the whole-width ``modules`` (placed in a copy of ``model``) and cut them to ``step.macs``.
 
     Returns the cut modules and the ``supernet`` record of what is left; ``fit`` (build_wpac's report)
@@ -206,7 +207,7 @@ def cut_by_macs(model: nn.Module, modules: dict[int, tuple[NarrowAttention, nn.M
 
     trial = place_wpac(copy.deepcopy(model), modules)
     record = rank_supernet(trial, images, spec, align=int(step.option("align")),
-                           mlp_align=int(step.option("mlp_align")), batch_size=batch_size)
+                           mlp_align=int(step.option("mlp_align")), batch_size=batch_size, device=device)
     chosen = select(record, float(step.options["macs"]), "this model")
     cut = cut_widths(trial, chosen.widths)
     out = {block: (cut.blocks[position].attn, cut.blocks[position].mlp) for block, position in positions(cut).items()

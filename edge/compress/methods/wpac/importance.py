@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from edge.compress.methods.wpac.droppable import DroppableAttention, DroppableMlp, Droppables
 from edge.data.preprocess import InputSpec
 from edge.distributed import all_reduce_sum, shard_of
+from edge.runtime import computing_on
 
 
 def _batches(images, spec: InputSpec, batch_size: int):
@@ -153,7 +154,7 @@ def _module_names(modules: Droppables) -> dict[str, DroppableAttention | Droppab
 
 
 def rank_supernet(model: nn.Module, images, spec: InputSpec, *, align: int, mlp_align: int,
-                  batch_size: int = 64) -> dict:
+                  batch_size: int = 64, device: torch.device | None = None) -> dict:
     """The ``supernet`` record of a wpac ``model`` at its widths, ranked once on ``images`` (WPAC alone, no training).
 
     The model is not changed (its modules go back after the measurement).
@@ -165,7 +166,8 @@ def rank_supernet(model: nn.Module, images, spec: InputSpec, *, align: int, mlp_
     modules = Droppables.put(model, align, mlp_align)
     try:
         widths = modules.whole()
-        scores, report = unit_importance(modules, widths, images, spec, batch_size=batch_size)
+        with computing_on(model, device):   # the passes on device (unit_importance runs where the model is)
+            scores, report = unit_importance(modules, widths, images, spec, batch_size=batch_size)
         order, values = greedy_order(modules.parts, widths, scores)
         return supernet_record(modules.parts, order, values, flops=flops, by="wpac", align=align,
                                mlp_align=mlp_align, ranking=report)

@@ -43,7 +43,7 @@ from edge.compress.methods.wpac.statistics import collect_statistics
 from edge.compress.methods.wpac.supernet import check_record
 from edge.compress.options import option_defaults, parse_options
 from edge.compress.registry import register_method
-from edge.compress.search import Move
+from edge.compress.moves import Move
 from edge.errors import EdgeError
 
 
@@ -160,14 +160,15 @@ class WidthCompression(Method):
         statistics = None
         if context.cache is not None:   # edge plan: every block's statistics once, for every plan of the search
             statistics = context.memo(self.name, lambda: collect_statistics(
-                model, positions(model), context.calibration, context.spec, batch_size=context.batch_size))
+                model, positions(model), context.calibration, context.spec, batch_size=context.batch_size,
+                device=context.device))
         modules, report = build_wpac(model, steps, context.calibration, context.spec,
-                                     batch_size=context.batch_size, statistics=statistics)
+                                     batch_size=context.batch_size, statistics=statistics, device=context.device)
         ranked = next((s for s in steps if s.macs is not None), None)
         if ranked is None:
             return Built(tuple(steps), modules, {WPAC: report})
         modules, supernet = cut_by_macs(context.model, modules, report, ranked, context.calibration, context.spec,
-                                        context.batch_size)
+                                        context.batch_size, context.device)
         return Built(tuple(steps), modules, {WPAC: report}, manifest={"supernet": supernet})
 
     def place(self, model: nn.Module, built: Built) -> None:

@@ -47,6 +47,7 @@ from torch import nn
 from edge.data.preprocess import InputSpec
 from edge.distributed import all_reduce_count, all_reduce_sum, shard_of
 from edge.errors import EdgeError
+from edge.runtime import computing_on
 
 
 @dataclass
@@ -66,10 +67,10 @@ class WeightedMoments:
 
     def update(self, x: torch.Tensor, w: torch.Tensor) -> None:
         """``x``: ``[G, M, d]`` features, ``w``: ``[G, M]`` non-negative weights (both float64)."""
-        self.weight += w.sum(1)
+        self.weight += w.sum(1).cpu()   # the sums live on the CPU; the products where the features are
         weighted = x * w.unsqueeze(-1)
-        self.first += weighted.sum(1)
-        self.second += weighted.transpose(1, 2) @ x
+        self.first += weighted.sum(1).cpu()
+        self.second += (weighted.transpose(1, 2) @ x).cpu()
         self.rows += int(x.shape[1])
 
     def reduce(self) -> None:
@@ -115,7 +116,7 @@ class BlockStatistics:
         a = qkv.detach().to(torch.float64).reshape(B, N, 3, heads, width // (3 * heads))
         g = grad.detach().to(torch.float64).reshape(a.shape)
         importance = (a * g).abs()
-        self.taylor_qkv += importance.sum((0, 1))
+        self.taylor_qkv += importance.sum((0, 1)).cpu()
         token_weight = importance.mean(-1)                       # [B, N, 3, H]: one weight per token and head
         for part, moments in enumerate((self.q, self.k, self.v)):
             x = a[:, :, part].permute(2, 0, 1, 3).reshape(heads, B * N, -1)
@@ -124,7 +125,7 @@ class BlockStatistics:
 
     def update_mlp(self, hidden: torch.Tensor, grad: torch.Tensor) -> None:
         a, g = hidden.detach().to(torch.float64), grad.detach().to(torch.float64)
-        self.taylor_mlp += (a * g).abs().reshape(-1, a.shape[-1]).sum(0)
+        self.taylor_mlp += (a * g).abs().reshape(-1, a.shape[-1]).sum(0).cpu()
 
     def reduce(self) -> None:
         for moments in (self.q, self.k, self.v):
@@ -135,8 +136,9 @@ class BlockStatistics:
 
 
 def collect_statistics(model: nn.Module, blocks: dict[int, int], images, spec: InputSpec, *,
-                       batch_size: int = 64) -> dict[int, BlockStatistics]:
-    """One forward and backward pass over this process's share of ``images``; sums reduced over processes.
+                       batch_size: int = 64, device: torch.device | None = None) -> dict[int, BlockStatistics]:
+    """One forward and backward pass over this process's share of ``images`` (on ``device``); sums reduced over
+    processes, on the CPU.
 
     ``blocks`` maps original block index -> position in ``model.blocks``. The model is not changed
     (its parameters' gradients are neither computed nor touched).
@@ -168,11 +170,11 @@ def collect_statistics(model: nn.Module, blocks: dict[int, int], images, spec: I
     was_training = model.training
     model.eval()
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), computing_on(model, device) as put:
             for x, labels in images.batches(batch_size, preprocess):
                 captured.clear()
-                x = x.to(dtype).requires_grad_(True)   # gradients flow to the activations whatever the parameters
-                score = model(x).gather(1, labels.unsqueeze(1)).sum()
+                x = put(x).to(dtype).requires_grad_(True)   # gradients reach the activations whatever the parameters
+                score = model(x).gather(1, put(labels).unsqueeze(1)).sum()
                 keys = list(captured)
                 grads = torch.autograd.grad(score, [captured[k] for k in keys])
                 for (b, part), grad in zip(keys, grads):

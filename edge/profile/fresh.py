@@ -10,10 +10,10 @@ and times them interleaved (:func:`edge.profile.sidebyside.side_by_side`: sessio
 rotated order, seeded random turn order per round, the reference created twice as its A/A control) and
 prints the summary as JSON::
 
-    python -m edge.latency.fresh --reference original original=timed/original.onnx plan0=timed/plan0.onnx
+    python -m edge.profile.fresh --reference original original=timed/original.onnx plan0=timed/plan0.onnx
 
 A speedup is the median over rounds of the per-round ratio of medians (reference / graph), with its
-seeded bootstrap interval; the same protocol (:func:`edge.latency.measure.side_by_side_config`) as a
+seeded bootstrap interval; the same protocol (:func:`edge.profile.graphs.side_by_side_config`) as a
 latency table's.
 
 A process's own state moves every graph it times a little, and a new process draws it again: ``edge
@@ -39,16 +39,16 @@ from pathlib import Path
 
 from edge.config import bounds, checked_value
 from edge.errors import EdgeError
-from edge.latency.measure import TimingConfig, ort_factories, side_by_side_config
 from edge.profile.backends import OrtBackend
+from edge.profile.graphs import TimingConfig, ort_factories, side_by_side_config
 from edge.profile.sidebyside import SideBySideConfig
 
-MODULE = "edge.latency.fresh"
+MODULE = "edge.profile.fresh"
 STDERR_TAIL = 2000   # characters of the child's stderr an error carries
 
 
 def command(graphs: dict[str, Path], reference: str, timing: TimingConfig, batch: int | None = None) -> list[str]:
-    """The command line :func:`time_fresh` runs (``sys.executable -m edge.latency.fresh ...``)."""
+    """The command line :func:`time_fresh` runs (``sys.executable -m edge.profile.fresh ...``)."""
     args = [sys.executable, "-m", MODULE, "--reference", reference, "--threads", str(timing.threads),
             "--warmup", str(timing.warmup), "--iterations", str(timing.iterations), "--rounds", str(timing.rounds),
             "--sessions", str(timing.sessions), "--seed", str(timing.seed)]

@@ -37,11 +37,12 @@ def _score(result: dict) -> tuple[float, float]:
     return (result.get("kl", result["feature_rel_error"]), result["feature_rel_error"])
 
 
-def plan_auto(model: nn.Module, auto: AutoStep, fixed: tuple[SpanStep, ...], moments: BlockMoments, holdout,
-              spec: InputSpec, seed: int = 0) -> tuple[tuple[SpanStep, ...], list[dict]]:
-    """Resolve ``auto`` greedily beside the ``fixed`` spans; returns all spans and the candidate table."""
+def search_spans(model: nn.Module, auto: AutoStep, fixed: tuple[SpanStep, ...], moments: BlockMoments, holdout,
+              spec: InputSpec, seed: int = 0, device=None) -> tuple[tuple[SpanStep, ...], list[dict]]:
+    """Resolve ``auto`` greedily beside the ``fixed`` spans; returns all spans and the candidate table (the
+    passes on ``device``)."""
     taken = {b for s in fixed for b in s.blocks}
-    reference = reference_outputs(model, holdout, spec)
+    reference = reference_outputs(model, holdout, spec, device)
     redundancy = block_redundancy(moments.view("all")).tolist()
     table: list[dict] = []
     chosen: set[int] = set()
@@ -52,7 +53,7 @@ def plan_auto(model: nn.Module, auto: AutoStep, fixed: tuple[SpanStep, ...], mom
                 continue
             spans = spans_for(chosen | {block}, auto.method, auto.options, fixed)
             candidate = copy.deepcopy(model)
-            apply_spans(candidate, spans, moments, holdout, spec, seed)
+            apply_spans(candidate, spans, moments, holdout, spec, seed, device)
             candidates.append({"round": round_index + 1, "block": block, "plan": ",".join(map(str, spans)),
                                **fidelity(candidate, reference), "block_redundancy": redundancy[block]})
         best = min(candidates, key=_score)

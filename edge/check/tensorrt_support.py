@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
 from onnx import TensorProto
 
 
@@ -166,3 +167,16 @@ PARSERS = {
 }
 #: JetPack 6.1/6.2 (the Orin Nano's main target) ships TensorRT 10.3
 DEFAULT_TENSORRT = "10.3"
+
+
+def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """Tensor name -> ONNX element type of every typed tensor of ``graph``: inputs, outputs, the intermediates
+    its ``value_info`` holds (run shape inference first to have them all), initializers and Constants."""
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    types[node.output[0]] = attribute.t.data_type
+    return types

@@ -1,4 +1,4 @@
-"""edge.latency.fresh: graphs timed side by side with an A/A control in a new process (no timing asserted)."""
+"""edge.profile.fresh: graphs timed side by side with an A/A control in a new process (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
-from edge.latency.fresh import command, main, time_fresh, time_fresh_settings
-from edge.latency.measure import TimingConfig
+from edge.profile.fresh import command, main, time_fresh, time_fresh_settings
+from edge.profile.graphs import TimingConfig
 from edge.profile.sidebyside import SideBySideConfig
 
 TINY_TIMING = TimingConfig(threads=1, warmup=1, iterations=4, rounds=2, sessions=1)
@@ -42,7 +42,7 @@ def test_two_graphs_are_timed_in_another_process_with_an_aa_control(tmp_path):
     assert timed["aa_control"]["of"] == "original" and timed["reference"] == "original"
     assert timed["settings"]["sessions"] == 1 and timed["settings"]["iterations"] == 2
     process = timed["process"]
-    assert process["fresh"] and process["command"][:2] == ["-m", "edge.latency.fresh"]
+    assert process["fresh"] and process["command"][:2] == ["-m", "edge.profile.fresh"]
     assert "original=" + str(graphs["original"]) in process["command"]
 
 

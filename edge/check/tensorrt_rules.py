@@ -4,7 +4,7 @@ Each rule reads the graph (ONNX only: no TensorRT, no torch) and returns :class:
 rule, the node, what is wrong, the fix). An empty list of errors means the graph passes:
 
 * ``operator``: every node is an operator the target TensorRT's ONNX parser imports (onnx-tensorrt's
-  support table, :mod:`edge.graph.tensorrt_support`), in the default ONNX domain, or one of edge's
+  support table, :mod:`edge.check.tensorrt_support`), in the default ONNX domain, or one of edge's
   plugin ops (next rule);
 * ``plugin``: an edge plugin op (``TokenDepthwiseConv``, written by ``edge clean --plugins``) is not in
   onnx-tensorrt's table: the parser imports it as a plugin (op type = plugin name) once the plugin
@@ -49,9 +49,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.check.plugin_ops import DOMAIN as PLUGIN_DOMAIN
 from edge.check.plugin_ops import MIN_TENSORRT, PLUGIN_OPS, PLUGIN_VERSION, read_fields
+from edge.check.tensorrt_support import DEFAULT_TENSORRT, ONNX_TYPE_NAMES, PARSERS, ParserSupport, tensor_types
 from edge.errors import EdgeError
-from edge.graph.tensorrt_support import DEFAULT_TENSORRT, ONNX_TYPE_NAMES, PARSERS, ParserSupport
-from edge.graph.util import tensor_types
 
 ERROR, INFO = "error", "info"
 RULES = ("operator", "plugin", "opset", "ir-version", "input-type", "qdq-axis", "qdq-scale", "qdq-zero-point",
