@@ -1,14 +1,17 @@
-"""benchmarks/plan_peers.py: the Torch-Pruning adapter, speed matching, the report writer and bad input."""
+"""benchmarks/plan_peers.py: the Torch-Pruning adapter, speed matching, the learning rate chosen on validation images,
+the report writer and bad input."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from edge.compress.load import load_model
 from edge.errors import EdgeError
@@ -303,7 +306,7 @@ def test_an_already_fine_tuned_artifact_is_refused(tmp_path):
 
 # ---------------------------------------------------------------- the stages across machines
 
-def bench(tmp_path, *extra) -> "pp.Benchmark":
+def bench(tmp_path, *extra) -> pp.Benchmark:
     args = pp.parser().parse_args(["--plans", "linear:6-9", "--work", str(tmp_path / "work"), *extra])
     return pp.Benchmark(args)
 
@@ -372,3 +375,169 @@ def test_an_earlier_results_file_fills_the_budgets_a_record_lacks_and_says_where
     again = bench(tmp_path, "--stage", "time", "--distilled", str(tmp_path / "d.json"), str(tmp_path / "old.json"))
     again.items = b.items
     assert again.read_distilled(groups)["skipped"] == [{"budget": "1", "key": "edge-a"}]   # not run, as recorded
+
+
+def test_the_time_stage_refuses_a_rate_chosen_among_other_rates(tmp_path):
+    b = bench(tmp_path, "--stage", "time", "--distilled", str(tmp_path / "d.json"), "--lrs", "1e-4", "3e-4")
+    b.items = [{"key": "edge-a", "plan": "linear:6-9", "path": "fmnist-deit-tiny"}]
+    summary = {"before": {"accuracy": 0.9}, "after": {"accuracy": 0.9}, "teacher_sha256": "t",
+               "selection": {"lrs": [1e-4, 1e-3], "chosen_lr": 1e-3}}
+    (tmp_path / "d.json").write_text(json.dumps({"budgets": {"1": {"edge-a": summary, "tome-3": summary}, "3": {}},
+                                                 "skipped": [{"budget": "3", "key": "edge-a"},
+                                                             {"budget": "3", "key": "tome-3"}]}))
+    with pytest.raises(EdgeError, match="chose its learning rate among other rates than this command's"):
+        b.read_distilled([matched_group("fmnist-deit-tiny")])
+
+
+# ---------------------------------------------------------------- the learning rate, chosen on validation images
+
+VALIDATION = {"edge-a": {1e-4: 0.80, 3e-4: 0.85, 1e-3: 0.85},           # a tie: the lower rate wins
+              "tome-3": {1e-4: 0.70, 3e-4: 0.72, 1e-3: 0.75}}
+
+
+class Tiny(nn.Module):
+    """A linear classifier of 28 x 28 gray images: what a distilled model is scored as here (no training)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(28 * 28, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def record_reads(monkeypatch, events: list) -> None:
+    """Every ``edge.data.load_dataset`` call, wherever it was imported from, appends ``("read", spec, split)``."""
+    import edge.data
+
+    original = edge.data.load_dataset
+
+    def recording(spec, split="test"):
+        events.append(("read", str(spec), split))
+        return original(spec, split)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__dict__", {}).get("load_dataset") is original:
+            monkeypatch.setattr(module, "load_dataset", recording)
+
+
+def selecting_bench(tmp_path, monkeypatch, events: list, configs: list, *extra) -> pp.Benchmark:
+    """Two models (edge, ToMe), three rates, one budget, on fmnist-mini; distillation and models faked: each run
+    returns its canned validation score, every distilled model loaded is a :class:`Tiny`."""
+    b = bench(tmp_path, "--data", "fmnist-mini", "--epochs", "1", "--lrs", "1e-4", "3e-4", "1e-3",
+              "--val-samples", "100", "--stage", "distil", *extra)
+    b.items = [{"key": "edge-a", "plan": "linear:6-9", "path": "fmnist-deit-tiny"}]
+
+    def train(job, out, config):
+        events.append(("distil", job["key"], config.lr))
+        configs.append((job["key"], config))
+        score = {"data": config.eval_data, "samples": 100, "accuracy": VALIDATION[job["key"]][config.lr], "loss": 1.0}
+        return {"eval_before": {**score, "accuracy": 0.5}, "eval": score, "steps": 8, "epochs": 1.0,
+                "teacher": {"sha256": "t"}, "recipe": asdict(config), "wall_time_s": 1.0, "hardware": {}}, {"params": 1}
+
+    def distilled_model(job, out):
+        events.append(("load", job["key"], Path(out).name))
+        return Tiny()
+
+    monkeypatch.setattr(b, "train", train)
+    monkeypatch.setattr(b, "distilled_model", distilled_model)
+    monkeypatch.setattr(b, "final_model", lambda *_: Tiny())
+    record_reads(monkeypatch, events)
+    return b
+
+
+def test_the_rate_is_chosen_on_validation_and_only_the_chosen_model_reads_the_test_split(tmp_path, monkeypatch):
+    events, configs = [], []
+    b = selecting_bench(tmp_path, monkeypatch, events, configs)
+    record = b.distil_all([matched_group("fmnist-deit-tiny")])
+    distils = [i for i, e in enumerate(events) if e[0] == "distil"]
+    assert len(distils) == 6 and ("read", "fmnist-mini", "train") in events[:distils[0]]   # the split, first
+    assert not any(e[0] == "read" and e[2] == "test" for e in events[:distils[-1]])       # nothing tested meanwhile
+    assert events[distils[-1] + 1:] == [("read", "fmnist-mini", "test"), ("load", "edge-a", "lr-0.0003"),
+                                        ("read", "fmnist-mini", "test"), ("load", "tome-3", "lr-0.001")]
+    one = record["budgets"]["1"]
+    assert one["edge-a"]["selection"]["chosen_lr"] == 3e-4                # 0.85 twice: the lower rate
+    assert one["tome-3"]["selection"]["chosen_lr"] == 1e-3
+    assert {k: v["accuracy"] for k, v in one["edge-a"]["selection"]["validation"].items()} == \
+        {"0.0001": 0.80, "0.0003": 0.85, "0.001": 0.85}
+    for summary in one.values():                                           # the test figures, of the chosen run
+        assert summary["after"]["data"] == summary["before"]["data"] == "fmnist-mini:test"
+        assert summary["after"]["samples"] == 2000 and 0 <= summary["after"]["accuracy"] <= 1
+        assert summary["out"].endswith(f"lr-{summary['selection']['chosen_lr']:g}")
+    assert json.loads(b.distilled_path.read_text())["budgets"] == json.loads(json.dumps(record["budgets"]))
+    split = b.split().data                                  # same data, seed, budget for every model and rate
+    assert {(c.data, c.eval_data, c.seed, c.epochs, c.steps, c.batch_size) for _, c in configs} == \
+        {(split, split, 0, 1, None, 128)}
+    assert sorted(c.lr for key, c in configs if key == "tome-3") == [1e-4, 3e-4, 1e-3]
+
+
+def test_a_model_with_a_rate_not_run_is_skipped_whole_and_never_tested(tmp_path, monkeypatch):
+    events, configs = [], []
+    b = selecting_bench(tmp_path, monkeypatch, events, configs, "--deadline", "-1")   # passed before any run
+    record = b.distil_all([matched_group("fmnist-deit-tiny")])
+    assert record["budgets"]["1"] == {} and not configs
+    assert record["skipped"] == [{"budget": "1", "key": "edge-a"}, {"budget": "1", "key": "tome-3"}]
+    assert not any(e[0] == "read" and e[2] == "test" for e in events)
+
+
+def image_rows(data) -> list[bytes]:
+    return [row.tobytes() for row in data.images.flatten(1).numpy()]
+
+
+def test_the_validation_images_are_held_out_of_the_images_the_distillation_trains_on(tmp_path):
+    from edge.compress.finetune import held_out_set
+    from edge.data import calibration_set, holdout_set, load_dataset
+    from edge.train.batches import training_set
+
+    b = bench(tmp_path, "--data", "fmnist-mini", "--val-samples", "100")
+    split = b.split()
+    config = b.recipe("1", 3e-4, split.data)
+    trained = training_set(config.data, config.train_samples, config.seed)      # what edge's fine-tune trains on
+    validation = held_out_set(config)                                           # and scores each rate on
+    source = image_rows(load_dataset("fmnist-mini", "train"))
+    assert len(set(source)) == len(source) == 1000                              # no two alike: rows name images
+    assert len(validation) == 100 and len(trained) == 900
+    assert not set(image_rows(validation)) & set(image_rows(trained))
+    assert sorted(image_rows(validation) + image_rows(trained)) == sorted(source)
+    assert torch.bincount(validation.labels, minlength=10).tolist() == [10] * 10   # class-balanced
+    assert image_rows(validation) == image_rows(holdout_set("fmnist-mini", 100, 0, calibration=640))
+    assert not set(image_rows(calibration_set("fmnist-mini", 640, 0))) & set(image_rows(validation))
+    assert split.record["train_images"] == 900 and b.split().folder == split.folder
+
+
+def test_the_rates_and_the_validation_images_are_checked_before_any_work(tmp_path, capsys):
+    argv = ["--plans", "linear:6-9", "--work", str(tmp_path / "work"), "--val-samples", "0"]
+    with pytest.raises(SystemExit) as e:
+        pp.main(argv)
+    assert e.value.code == 2 and "--val-samples 0 holds no validation images out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        pp.main([*argv[:4], "--lrs", "1e-4", "1e-4"])
+    assert e.value.code == 2 and "distinct learning rates above 0" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+
+
+def with_selection(record: dict) -> dict:
+    """The canned record as the selection writes it: rates 1e-4 and 3e-4 tried, 3e-4 chosen for every model."""
+    for d in record["distilled"].values():
+        d["selection"] = {"lrs": [1e-4, 3e-4], "chosen_lr": 3e-4,
+                          "rule": "the highest validation accuracy; ties: the lower rate",
+                          "validation": {"0.0001": {"accuracy": 0.81}, "0.0003": {"accuracy": 0.84}},
+                          "split": {"train_images": 55000, "validation_images": 5000, "calibration_excluded": 640}}
+    return record
+
+
+def test_the_tables_show_the_rate_chosen_and_every_rates_validation_accuracy(tmp_path):
+    text = pp.markdown(with_selection(canned_record()))
+    assert "on the 55,000 training images of `fmnist` left beside 5,000 validation images" in text
+    assert "rate was chosen among 1e-4, 3e-4 on those validation images" in text
+    assert "| 50.00 % | **89.36 %** at lr 3e-4 | 0.64 pt |" in text                # the test accuracy of the chosen
+    assert "| model | distillation | lr 1e-4 | lr 3e-4 | chosen | test accuracy |" in text
+    assert "| edge `linear:6-9` | 1 epoch | 81.00 % | **84.00 %** | 3e-4 | 88.67 % |" in text
+    assert ("Edge loses at this speed: Torch-Pruning uniform 25.0 % keeps 89.36 %, 0.69 pt more than "
+            "edge `linear:6-9` (88.67 %).") in text                              # the verdict reads the test figures
+    mixed = with_selection(canned_record())
+    mixed["distilled"]["tome-3"] = {**canned_record()["distilled"]["tome-3"], "recipe": {"lr": 1e-4}}
+    text = pp.markdown(mixed)                                              # an earlier record of one rate, marked
+    assert "| 85.00 % | **87.00 %** at fixed lr 1e-4 | 3.00 pt |" in text
+    assert "Runs marked `fixed lr` come from a record of one rate, not chosen." in text
+
