@@ -1,6 +1,6 @@
 """``python3 -m jetson run``: benchmark a bundle on this device (run from inside the bundle folder, or
-pass ``--bundle``). The formats of its results and its exit codes: jetson.runner. ``python3 -m jetson
-check``: is this device ready (jetson.check)."""
+pass ``--bundle``). The formats of its results: jetson.run_results; its exit codes: jetson.run_options.
+``python3 -m jetson check``: is this device ready (jetson.check)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from jetson.check import MIN_AVAILABLE_MIB, MIN_DISK_MIB, CheckOptions, report, 
 from jetson.cuda import BINDINGS
 from jetson.engine import BUILDERS
 from jetson.errors import JetsonError
-from jetson.runner import BACKENDS, ENERGY, EXIT_USAGE, RunOptions, run
+from jetson.run_options import BACKENDS, ENERGY, EXIT_USAGE, RunOptions
+from jetson.runner import run
 
 EXAMPLES = """examples (in the bundle folder):
   python3 -m jetson run                                  # TensorRT, the bundle's protocol, results/ here

@@ -35,6 +35,7 @@ def test_every_jetson_module_imports_only_the_standard_library_and_numpy():
     found = json.loads(done.stdout)
     assert {"jetson.__main__", "jetson.bundle", "jetson.cuda", "jetson.cudart", "jetson.device", "jetson.energy",
             "jetson.engine", "jetson.errors", "jetson.features", "jetson.ort_backend", "jetson.power", "jetson.runner",
+            "jetson.run_options", "jetson.run_log", "jetson.run_results", "jetson.backends",
             "jetson.sampler", "jetson.stats", "jetson.tegrastats", "jetson.trt_backend", "jetson.trtexec",
             "jetson.trt_log", "jetson.archive"} <= set(found["modules"])
     outside = [name for name in found["imported"]
