@@ -29,7 +29,7 @@ def layers() -> list[list[str]]:
 
 
 def path_of(module: str) -> str:
-    """``edge.cli`` -> ``edge/cli/``, ``edge.bundle`` -> ``edge/bundle.py``, ``calib`` -> ``calib/``."""
+    """``edge.cli`` -> ``edge/cli/``, ``edge.bundle`` -> ``edge/bundle/``, ``edge.export`` -> ``edge/export.py``, ``calib`` -> ``calib/``."""
     relative = Path(*module.split("."))
     return f"{relative}/" if (ROOT / relative).is_dir() else f"{relative}.py"
 

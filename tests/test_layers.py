@@ -41,7 +41,7 @@ def test_the_import_contracts_hold():
     # a graph pass that loads torch
     ("edge/graph/passes/fold_constants.py", "import torch", ["Graph passes and ONNX helpers"]),
     # a bundle that reads a pipeline run folder's layout again (allowed by the layers, refused by its own contract)
-    ("edge/bundle.py", "import edge.pipeline.layout", ["Bundle and deploy know no main-job folder"]),
+    ("edge/bundle/__init__.py", "import edge.pipeline.layout", ["Bundle and deploy know no main-job folder"]),
     # the one training loop reaching for one of its tasks (the distillation)
     ("edge/train/loop.py", "import edge.train.distillation", ["Training: one loop"]),
     # one method's part reaching into another method's folder, or into the registry

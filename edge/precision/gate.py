@@ -14,26 +14,14 @@ A graph passes when every output meets its precision's :data:`THRESHOLDS`; other
 most error (:func:`node_errors`), unless the caller accepts the loss (``--accept-loss``), in
 which case the figures say so (``accepted_loss``) and the graph records them.
 
-The thresholds come from what the two reference models measured (ONNX Runtime on this CPU; agreement and
-rel L2 of the logits; "500-image slices": the four slices of the first 2,000 Fashion-MNIST test images,
-calibration on 500 training images; "gate": the gate's own 500 images of fmnist-mini, calibration on 32
-or 64 fmnist-mini training images as the tests and the documented commands use):
-
-* fp16: top-1 agreement >= 0.99, rel L2 <= 1e-2. fmnist-deit-tiny: 1.000 and 1.3e-4;
-  fmnist-deit-tiny-outliers: 1.000 and 1.1e-3 (1.4e-3 on its worst slice). A hundredth of the images
-  may flip on a model with closer logits; 7x the worst error leaves room for other images without
-  admitting a broken conversion (a float16 overflow is off by O(1)).
-* int8: top-1 agreement >= 0.95, rel L2 <= 0.2. fmnist-deit-tiny, both placements: 0.976-0.990 on the
-  slices, 0.980-0.984 on the gate's images, rel L2 0.023-0.049. The outlier model with the residual
-  stream quantized collapses: ``--placement modelopt`` 0.66 and 0.61, ``--placement skip`` 0.19 and 1.15.
-  Healthy int8 flips 1-2.5 % of these images; 5 % leaves room for a model with more near-ties (1,000
-  classes) and stays far above any collapse; rel L2 0.2 is 4x the worst healthy figure.
+Its thresholds are :data:`jetson.accuracy_gate.GRAPH_THRESHOLDS`, beside the engine's on the device: one gate
+module holds both, and says why each number.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -42,6 +30,7 @@ from onnx import TensorProto, helper
 from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.onnx_metadata import ACCURACY_GATE
+from jetson.accuracy_gate import GRAPH_THRESHOLDS, Thresholds, graph_failures
 
 GATE_IMAGES = 500    # test images the gate runs on
 NODE_IMAGES = 8      # of them, the images the per-node errors are measured on (only when the gate fails)
@@ -49,20 +38,8 @@ TOP_NODES = 5        # nodes named in a refusal
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """What a converted graph must meet against float32, per output."""
-
-    min_top1_agreement: float   # class-score outputs
-    max_rel_l2: float           # every output
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-#: per precision (``edge quantize --precision``): the module docstring says why each number
-THRESHOLDS = {"fp16": Thresholds(min_top1_agreement=0.99, max_rel_l2=1e-2),
-              "int8": Thresholds(min_top1_agreement=0.95, max_rel_l2=0.2)}
+#: per precision (``edge quantize --precision``): jetson.accuracy_gate says why each number
+THRESHOLDS = GRAPH_THRESHOLDS
 
 
 @dataclass
@@ -153,15 +130,8 @@ def measure(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.n
 
 
 def failures(figures: dict, thresholds: Thresholds) -> list[str]:
-    """Why the outputs miss the thresholds, one line each; empty when they pass."""
-    found = []
-    for name, f in figures["per_output"].items():
-        agreement = f.get("top1_agreement")
-        if agreement is not None and agreement < thresholds.min_top1_agreement:
-            found.append(f"{name}: top-1 agreement {agreement:.3f} < {thresholds.min_top1_agreement:g}")
-        if f["rel_l2"] > thresholds.max_rel_l2:
-            found.append(f"{name}: rel L2 {f['rel_l2']:.3g} > {thresholds.max_rel_l2:g}")
-    return found
+    """Why the outputs miss the thresholds, one line each; empty when they pass (jetson.accuracy_gate's rule)."""
+    return graph_failures(figures["per_output"], thresholds)
 
 
 # which nodes add the error

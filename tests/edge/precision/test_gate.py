@@ -62,9 +62,9 @@ def test_output_figures_are_exact_on_known_arrays():
 
 def test_failures_name_each_output_and_bound():
     per_output = {"logits": {"top1_agreement": 0.9, "rel_l2": 0.5}, "features": {"rel_l2": 0.001}}
-    assert failures({"per_output": per_output}, Thresholds(0.98, 0.2)) == [
+    assert failures({"per_output": per_output}, Thresholds(0.98, None, max_rel_l2=0.2)) == [
         "logits: top-1 agreement 0.900 < 0.98", "logits: rel L2 0.5 > 0.2"]
-    assert failures({"per_output": per_output}, Thresholds(0.9, 0.5)) == []
+    assert failures({"per_output": per_output}, Thresholds(0.9, None, max_rel_l2=0.5)) == []
     assert THRESHOLDS["fp16"].min_top1_agreement > THRESHOLDS["int8"].min_top1_agreement
 
 

@@ -30,22 +30,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import jetson
+from edge.bundle.plugins import check_plugin_library, holds_plugin_ops, ship_edge_plugins
+from edge.check.tensorrt_support import DEFAULT_TENSORRT
 from edge.config import MAX_SAMPLES, option
 from edge.errors import EdgeError
 from edge.fileio import atomic_folder, sha256_file
-from edge.check.tensorrt_support import DEFAULT_TENSORRT
 from edge.precision.calibration import InputOptions
 from edge.trt.builder import check_tactic_memory
 from jetson.accuracy_gate import DEFAULT_GATE_IMAGES
 from jetson.bundle import (
     CACHES,
+    DEFAULT_TACTIC_DRAM_MIB,
+    DEFAULT_WORKSPACE_MIB,
     GRAPH_PRECISION,
     GRAPHS,
     MANIFEST,
     PACKAGE,
     PLUGINS,
-    DEFAULT_TACTIC_DRAM_MIB,
-    DEFAULT_WORKSPACE_MIB,
     PRECISIONS,
     BuildSpec,
     Protocol,
@@ -102,7 +103,7 @@ class BundleConfig:
             if path is not None and not Path(path).is_file():
                 raise EdgeError(f"{path} does not exist", expected="a file to ship in the bundle")
         if self.plugin_library is not None:
-            _check_plugin_library(self.plugin_library, self.edge_plugins)
+            check_plugin_library(self.plugin_library, self.edge_plugins)
 
 
 @dataclass(frozen=True)
@@ -315,10 +316,11 @@ def make_bundle(graphs: Sequence[SourceGraph | str | Path], out: str | Path, con
             _check_convertible(graph, precision)
     for graph in graphs:
         _check_inputs(graph, config)
-    needs_plugins = {graph.name: _holds_plugin_ops(graph.path) for graph in graphs}
+    needs_plugins = {graph.name: holds_plugin_ops(graph.path) for graph in graphs}
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix="edge-bundle-inputs-") as prepared:
         plugins = _ship(config.plugins, PLUGINS, tmp)
-        edge_plugins = _ship_edge_plugins(config, any(needs_plugins.values()), tmp, progress)
+        edge_plugins = ship_edge_plugins(config.plugin_library, config.edge_plugins, any(needs_plugins.values()), tmp,
+                                         progress)
         timing = _ship((config.timing_cache,), CACHES, tmp)[0] if config.timing_cache else None
         variants = []
         for original in graphs:
@@ -371,7 +373,7 @@ def _write_gate(graph: SourceGraph, out: Path, config: BundleConfig, progress: C
     """The accuracy gate's files of ``graph`` (its images, its float32 outputs), shared by its precisions."""
     if not config.gate_images:
         return None
-    from edge.check.device_gate import write_gate
+    from edge.precision.device_gate import write_gate
 
     progress(f"{graph.name}: accuracy gate: {config.gate_images} images and the source graph's outputs")
     try:
@@ -431,75 +433,3 @@ def write_tar(folder: Path) -> Path:
 
 
 # ---- edge's own TensorRT plugins (jetson.plugin_build) -----------------------------------------------------
-
-def plugins_source_folder() -> Path:
-    """``plugins/`` of the repository edge runs from (the plugin sources are not part of the installed package)."""
-    folder = Path(jetson.__file__).resolve().parents[1] / "plugins"
-    if not (folder / "CMakeLists.txt").is_file():
-        raise EdgeError(f"edge's plugin sources are not at {folder}", expected="plugins/ of the edge repository "
-                        "(CMakeLists.txt, edgePlugins.cpp, one folder per plugin)",
-                        fix="run edge from a clone of its repository (pip install -e .), or ship a library "
-                            "cross-built on the host: --plugin-lib")
-    return folder
-
-
-def _holds_plugin_ops(graph: Path) -> bool:
-    """Whether the graph holds a node of edge's plugin ops (jetson.plugin_build.PLUGIN_OPS)."""
-    import onnx
-
-    from jetson.plugin_build import PLUGIN_OPS
-
-    model = onnx.load(str(graph), load_external_data=False)
-    return any(node.op_type in PLUGIN_OPS for node in model.graph.node)
-
-
-def _check_plugin_library(library: str, sources: bool) -> None:
-    from jetson.plugin_build import read_stamp, sha256_file, stamp_of
-
-    if sources:
-        raise EdgeError(f"--plugins with --plugin-lib {library}", expected="one of them: the sources, compiled on "
-                        "the device, or a library cross-built on the host", fix="drop one of the two options")
-    if not Path(library).is_file():
-        raise EdgeError(f"--plugin-lib {library} does not exist",
-                        expected="the library `make -C docker plugins` writes "
-                                 "(plugins/build/aarch64/libedge_plugins.so)",
-                        fix="run `make -C docker plugins` (docker/README.md), or bundle the sources: --plugins")
-    stamp_path = Path(stamp_of(library))
-    if not stamp_path.is_file():
-        raise EdgeError(f"--plugin-lib {library} has no stamp beside it", expected=f"{stamp_path} (the JSON the cross "
-                        "build writes: TensorRT, CUDA and JetPack versions, sha256)",
-                        fix="ship the library with its stamp: both come from `make -C docker plugins`")
-    try:
-        stamp = read_stamp(stamp_path)
-    except JetsonError as e:
-        raise EdgeError(e.what, expected=e.expected, found=e.found, fix=e.fix) from e
-    if stamp["sha256"] != sha256_file(library) or stamp["library"] != Path(library).name:
-        raise EdgeError(f"--plugin-lib {library} is not the library its stamp {stamp_path.name} describes",
-                        expected=f"{stamp['library']} with sha256 {stamp['sha256']}",
-                        fix="ship the library and the stamp written by the same `make -C docker plugins`")
-
-
-def _ship_edge_plugins(config: BundleConfig, needed: bool, out: Path, progress: Callable[[str], None]) -> dict:
-    """Ship edge's plugins when asked or when a graph needs them: the build config's fields (jetson.bundle.BuildSpec
-    plugin_sources or plugin_library), empty when none are shipped."""
-    from jetson.bundle import PLUGIN_SOURCES
-    from jetson.plugin_build import source_files, stamp_of
-
-    if config.plugin_library:
-        relative = f"{PLUGINS}/{Path(config.plugin_library).name}"
-        (out / PLUGINS).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(config.plugin_library, out / relative)
-        shutil.copyfile(stamp_of(config.plugin_library), out / stamp_of(relative))
-        progress(f"edge's plugins: the prebuilt {Path(config.plugin_library).name} and its stamp")
-        return {"plugin_library": relative}
-    if not (config.edge_plugins or needed):
-        return {}
-    folder = plugins_source_folder()
-    files = source_files(folder)
-    for name, path in files.items():
-        (out / PLUGIN_SOURCES / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, out / PLUGIN_SOURCES / name)
-    progress(f"edge's plugins: {len(files)} source files from {folder}, compiled on the device"
-             + ("" if config.edge_plugins else " (a graph holds a plugin node)"))
-    return {"plugin_sources": PLUGIN_SOURCES}
-
