@@ -3,29 +3,33 @@
 Every ```bash block of README.md and of docs/*.md is read into commands (``\\`` continuations joined,
 comments dropped). The measured tables in docs/results/ are written by benchmarks/ and hold no
 ```bash block; they are not read. Each ``edge ...`` command runs for real, through the real CLI in
-a fresh interpreter (``python -m edge``), in one temporary working folder shared by the module:
-commands use what others wrote, in the same file or in another one (``runs/linear-9-10`` is
-compressed in docs/block-approximation.md, then exported in docs/export.md). To keep it small,
-the command text goes through REWRITES, a table of substitutions that keep the verb and its
-meaning (smaller data, fewer samples, fewer steps); the rewritten command is printed in every
-failure. Files a user would bring get stand-ins (STAND_INS). Commands that cannot run inside the
-suite are named, with their file and the reason, in EXCLUDED, NEEDS_HARDWARE and SLOW; each of those
-tables is checked to name only commands that are really in the file it names.
+a fresh interpreter (``python -m edge``). Each file runs on its own, as a reader who starts with it
+would: in a working folder of its own, made fresh for that file, holding only the stand-ins of the
+files a reader brings (STAND_INS) and the small data set below. A guide makes what it uses: a path a
+command names that no earlier command of its own file writes fails the test, naming the guide and
+the path (``runs/linear-9-10`` is compressed at the top of docs/export.md, not taken from
+docs/block-approximation.md). To keep it small, the command text goes through REWRITES, a table of
+substitutions that keep the verb and its meaning (smaller data, fewer samples, fewer steps); the
+rewritten command is printed in every failure. Commands that cannot run inside the suite are named,
+with their file and the reason, in EXCLUDED, NEEDS_HARDWARE and SLOW; each of those tables is checked
+to name only commands that are really in the file it names.
 
-A test asks for its command's result; the commands that wrote a path it names (its ``--out`` or
-``> FILE``) run first, once per module, so ``-k`` selects a single command and still works. Which
-command wrote a path: an earlier one of the same file, or any one of another file. Two files may
-write the same path only with the same command, which then runs once (README.md's tour repeats
-commands of the guides). A command of the default run never needs a slow one.
+A test asks for its command's result; the earlier commands of its file that wrote a path it names
+(its ``--out``, any other option the CLI declares as a file or folder to write, or ``> FILE``) run
+first, once per file, so ``-k`` selects a single command and still works. A command of the default
+run never needs a slow one.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import importlib.util
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -135,14 +139,14 @@ EXCLUDED = {
     (CONTRIB, "bash scripts/test.sh -m slow"): _TESTS,
     (CONTRIB, "bash scripts/test.sh tests/edge/compress -k registry"): _TESTS,
     (CONTRIB, "python -m pytest -q tests/test_readme.py -k width-compression"): _TESTS,
-    (DIST, "torchrun --nproc_per_node 8 -m edge finetune runs/rm4 --data ~/imagenet --dilute --epochs 30 "
-     "--batch-size 1024 --out runs/rm4-dil"):
-        "8 GPUs and ImageNet; tests/edge/test_distributed.py runs edge finetune (and --dilute) "
-        "under torchrun --nproc_per_node 2 on the CPU, on an image folder streamed from disk too",
     (DIST, "torchrun --nproc_per_node 8 -m edge compress timm:deit_small_patch16_224 --weights deit_small.safetensors "
-     "--plan dwconv:auto=6:init=lsq --data ~/imagenet --samples 50000 --out runs/deit-dw6"):
+     "--plan attnrm:auto=4 --data ~/imagenet --samples 50000 --out runs/deit-rm4"):
         "8 processes on ImageNet; tests/edge/test_distributed.py runs edge compress and every calibration "
         "statistic under torchrun --nproc_per_node 2 on the CPU",
+    (DIST, "torchrun --nproc_per_node 8 -m edge finetune runs/deit-rm4 --data ~/imagenet --dilute --epochs 30 "
+     "--batch-size 1024 --out runs/deit-rm4-dil"):
+        "8 GPUs and ImageNet; tests/edge/test_distributed.py runs edge finetune (and --dilute) "
+        "under torchrun --nproc_per_node 2 on the CPU, on an image folder streamed from disk too",
 }
 
 # Commands that need TensorRT and a CUDA GPU (the Jetson); they run where both are present.
@@ -190,7 +194,7 @@ SLOW = {
     (FT, "edge finetune runs/dw6 --train replaced --alpha 0.2 --out runs/dw6-ft-replaced"):
         "CI time: a second finetune (the train=all one runs)",
     (FT, "edge compress fmnist-deit-tiny --plan dwconv:auto=6 --finetune-epochs 1 --out runs/dw6-tuned"):
-        "CI time: compress then finetune, both run on their own (docs/depthwise-attention.md, above)",
+        "CI time: compress then finetune, both run on their own at the top of this guide",
     (PLAN, "edge profile fmnist-deit-tiny --latency-table tables/cpu-b1.json --threads 2 --iterations 100"): _TABLE,
     (PLAN, "edge plan fmnist-deit-tiny --budget 0.5x --table tables/cpu-b1.json --data fmnist --out runs/plan2x"):
         _PLAN,
@@ -323,45 +327,104 @@ def skip_reason(command: Command) -> str | None:
     return None
 
 
-# --- which commands need which ---------------------------------------------------------------
+# --- which commands need which, and what a guide uses ---------------------------------------------
+
+@functools.cache
+def _writing_options() -> dict[str, frozenset[str]]:
+    """Per verb, the options whose value the CLI declares as a file or folder to write (``--out``,
+    ``edge profile --latency-table``, ``edge build --timing-cache``, ...)."""
+    from edge.cli.options import OutputFile, OutputFolder
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    return {verb: frozenset(o for a in sub._actions if isinstance(a.type, (OutputFile, OutputFolder))
+                            for o in a.option_strings)
+            for verb, sub in verbs.items()}
+
 
 def written_paths(command: Command) -> set[str]:
-    """What a command writes: its ``--out`` and the file its stdout is sent to."""
+    """What a command writes: its ``--out`` (and ``--out``.tar.gz with ``--tar``), any other option its verb
+    declares as a file or folder to write, and the file its stdout is sent to."""
     argv = command.argv
-    return {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--out", ">")}
+    writing = {"--out", *_writing_options().get(argv[1], ())} if command.is_edge and len(argv) > 1 else {"--out"}
+    written = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in writing or a == ">"}
+    if "--tar" in argv and "--out" in argv[:-1]:
+        written.add(argv[argv.index("--out") + 1] + ".tar.gz")
+    return written
 
 
 def _names(command: Command, path: str) -> bool:
     return any(t == path or t.startswith(path + "/") for t in command.argv)
 
 
-def direct_needs(commands: list[Command], index: int) -> list[int]:
-    """The commands that wrote a path command ``index`` names, or a path inside one.
+#: how the name of a file a command reads ends (a token without a "/" is a path only with one of these)
+FILE_SUFFIXES = (".onnx", ".json", ".yaml", ".yml", ".safetensors", ".pt", ".pth", ".bin", ".engine", ".cache",
+                 ".gz", ".tar", ".txt", ".csv")
 
-    A writer is an earlier command of the same file or any command of another file; a command of the
-    same text is the same run, never its own need, and an EXCLUDED command never runs, so it is no need.
+
+def used_paths(command: Command) -> list[str]:
+    """The paths in the working folder a command names: arguments and option values with a ``/`` or a file
+    suffix, other than what it writes itself, its verb, model and plan specifications (``timm:...``,
+    ``linear:9-10``), the reader's own files under ``~`` and the stand-ins the test makes."""
+    written = written_paths(command)
+    paths = []
+    for token in command.argv[2:]:
+        if token.startswith(("-", "~", "/")) or ":" in token or "=" in token or token in STAND_INS:
+            continue
+        if ("/" in token or token.endswith(FILE_SUFFIXES)) and not any(
+                token == w or token.startswith(w + "/") for w in written):
+            paths.append(token)
+    return paths
+
+
+def unmade_paths(commands: list[Command], index: int) -> list[str]:
+    """The paths command ``index`` uses that no earlier command of its own file writes: a guide runs on its
+    own, so it must make them itself."""
+    command = commands[index]
+    made = {p for other in commands[:index] if other.file == command.file for p in written_paths(other)}
+    return [p for p in used_paths(command) if not any(p == m or p.startswith(m + "/") for m in made)]
+
+
+def unmade_message(commands: list[Command], index: int) -> str:
+    """What is wrong with command ``index`` using paths its guide does not make, and where they are made."""
+    command = commands[index]
+    lines = []
+    for path in unmade_paths(commands, index):
+        elsewhere = sorted({other.file for other in commands if other.file != command.file
+                            and any(path == w or path.startswith(w + "/") for w in written_paths(other))})
+        lines.append(f"{command.file} uses {path}, which no earlier command of {command.file} makes"
+                     + (f" (made in {', '.join(elsewhere)})" if elsewhere else ""))
+    return (f"{command.file} line {command.line}: `{command.text}`\n" + "\n".join(lines)
+            + "\nEach guide runs on its own in a fresh folder: give it, before this line, the short command that "
+              "makes the path (e.g. the cheapest `edge compress` or `edge export` of the bundled model).")
+
+
+def direct_needs(commands: list[Command], index: int) -> list[int]:
+    """The earlier commands of the same file that wrote a path command ``index`` names, or a path inside one.
+
+    A command of the same text is the same run, never its own need, and an EXCLUDED command never runs, so
+    it is no need.
     """
     command = commands[index]
-    return [i for i, other in enumerate(commands)
-            if other.text != command.text and other.key not in EXCLUDED and (other.file != command.file or i < index)
+    return [i for i, other in enumerate(commands[:index])
+            if other.file == command.file and other.text != command.text and other.key not in EXCLUDED
             and any(_names(command, p) for p in written_paths(other))]
 
 
 def needs(commands: list[Command], index: int) -> list[int]:
     """Every command that command ``index`` needs, directly or through another, each after its own needs.
 
-    A command written in several files is listed once.
+    A command written twice in the file is listed once.
     """
     order: list[int] = []
 
-    def visit(i: int, path: tuple[int, ...]) -> None:
+    def visit(i: int) -> None:
         for j in direct_needs(commands, i):
-            assert j not in path, f"commands need each other in a circle: {[commands[k].id for k in (*path, j)]}"
             if commands[j].text not in {commands[k].text for k in order}:   # the same command runs once
-                visit(j, (*path, j))
+                visit(j)
                 order.append(j)
 
-    visit(index, (index,))
+    visit(index)
     return order
 
 
@@ -393,10 +456,52 @@ class Outcome:
                 f"--- stdout (end) ---\n{self.result.stdout[-1500:]}")
 
 
-class DocSession:
-    """One working folder for README.md and every guide; each command runs there once."""
+class StandIns:
+    """The files a reader brings (STAND_INS) and the small data set, each made once for the module and copied
+    into the folders of the files that use them."""
 
     def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _made(self, name: str, make) -> Path:
+        path = self.root / name.removeprefix("~/")
+        if not path.exists():
+            make(path)
+        return path
+
+    def copy(self, token: str, cwd: Path, home: Path) -> None:
+        source = self._made(token, STAND_INS[token])
+        target = home / token[2:] if token.startswith("~/") else cwd / token
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+    def copy_small_fmnist(self, cwd: Path) -> None:
+        shutil.copytree(self._made(SMALL_FMNIST, _make_small_fmnist), cwd / SMALL_FMNIST)
+
+
+def _make_small_fmnist(folder: Path) -> None:
+    """SMALL_FMNIST_PER_CLASS images of each class of fmnist-mini, class-balanced and seeded, as IDX files."""
+    from edge.data import load_dataset
+    from edge.data.fmnist import SPLITS
+    from edge.data.idx import write_idx
+    from edge.data.sampler import balanced_indices
+
+    folder.mkdir(parents=True)
+    for split, per_class in SMALL_FMNIST_PER_CLASS.items():
+        data = load_dataset("fmnist-mini", split)
+        index = balanced_indices(data.labels, per_class * data.num_classes, seed=0).sort().values
+        write_idx(folder / f"{SPLITS[split]}-images-idx3-ubyte.gz", data.images[index].numpy())
+        write_idx(folder / f"{SPLITS[split]}-labels-idx1-ubyte.gz", data.labels[index].numpy().astype("uint8"))
+
+
+class DocSession:
+    """The working folder of one file (README.md or a guide), made fresh for it; each command runs there once."""
+
+    def __init__(self, root: Path, file: str, stand_ins: StandIns) -> None:
+        self.file = file
         self.cwd = root / "work"
         self.home = root / "home"
         self.cwd.mkdir()
@@ -408,30 +513,15 @@ class DocSession:
                     "XDG_CACHE_HOME": str(self.home / ".cache"), "OMP_WAIT_POLICY": "PASSIVE",
                     "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         self.env.pop("EDGE_CACHE_DIR", None)
-        self.outcomes: dict[str, Outcome] = {}      # by command text: the same command in two files runs once
-        self._make_stand_ins()
-
-    def _make_stand_ins(self) -> None:
-        for token, make in STAND_INS.items():
-            make(self.home / token[2:] if token.startswith("~/") else self.cwd / token)
-        self._make_small_fmnist()
-
-    def _make_small_fmnist(self) -> None:
-        from edge.data import load_dataset
-        from edge.data.fmnist import SPLITS
-        from edge.data.idx import write_idx
-        from edge.data.sampler import balanced_indices
-
-        folder = self.cwd / SMALL_FMNIST
-        folder.mkdir()
-        for split, per_class in SMALL_FMNIST_PER_CLASS.items():
-            data = load_dataset("fmnist-mini", split)
-            index = balanced_indices(data.labels, per_class * data.num_classes, seed=0).sort().values
-            write_idx(folder / f"{SPLITS[split]}-images-idx3-ubyte.gz", data.images[index].numpy())
-            write_idx(folder / f"{SPLITS[split]}-labels-idx1-ubyte.gz", data.labels[index].numpy().astype("uint8"))
+        self.outcomes: dict[str, Outcome] = {}      # by command text: a command written twice runs once
+        tokens = {t for c in DOC_COMMANDS if c.file == file for t in c.argv}
+        for token in sorted(tokens & set(STAND_INS)):
+            stand_ins.copy(token, self.cwd, self.home)
+        stand_ins.copy_small_fmnist(self.cwd)
 
     def outcome(self, index: int) -> Outcome:
-        """The result of command ``index`` of DOC_COMMANDS, after the commands it needs."""
+        """The result of command ``index`` of DOC_COMMANDS, after the commands of its file it needs."""
+        assert DOC_COMMANDS[index].file == self.file, (DOC_COMMANDS[index].file, self.file)
         for i in needs(DOC_COMMANDS, index):
             if skip_reason(DOC_COMMANDS[i]) is None:
                 self._run(i)
@@ -449,15 +539,29 @@ class DocSession:
         return self.outcomes[command.text]
 
     def failed_needs(self, index: int) -> str:
-        failed = [f"{DOC_COMMANDS[i].file}: {DOC_COMMANDS[i].id}" for i in needs(DOC_COMMANDS, index)
+        failed = [DOC_COMMANDS[i].id for i in needs(DOC_COMMANDS, index)
                   if DOC_COMMANDS[i].text in self.outcomes
                   and self.outcomes[DOC_COMMANDS[i].text].result.returncode != 0]
-        return f"\n(it needs documented commands that failed: {', '.join(failed)})" if failed else ""
+        return f"\n(it needs documented commands of {self.file} that failed: {', '.join(failed)})" if failed else ""
+
+
+class DocSessions:
+    """One DocSession per file, made when its first command runs."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.factory = tmp_path_factory
+        self.stand_ins = StandIns(tmp_path_factory.mktemp("stand-ins"))
+        self.by_file: dict[str, DocSession] = {}
+
+    def of(self, file: str) -> DocSession:
+        if file not in self.by_file:
+            self.by_file[file] = DocSession(self.factory.mktemp(Path(file).stem), file, self.stand_ins)
+        return self.by_file[file]
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory) -> DocSession:
-    return DocSession(tmp_path_factory.mktemp("docs"))
+def sessions(tmp_path_factory) -> DocSessions:
+    return DocSessions(tmp_path_factory)
 
 
 # Files the guides say a command's --out folder holds.
@@ -506,8 +610,8 @@ def check_outputs(outcome: Outcome, cwd: Path) -> None:
 
 def check_tensorrt_rules(graph: Path, outcome: Outcome) -> None:
     """A graph a documented command writes breaks none of the rules of TensorRT 10.3's and 10.16's ONNX parsers
-    (edge.graph.tensorrt_rules; issue 29, point 9)."""
-    from edge.graph.tensorrt_rules import check_file
+    (edge.check.tensorrt_rules)."""
+    from edge.check.tensorrt_rules import check_file
 
     for tensorrt in ("10.3", "10.16"):
         report = check_file(graph, tensorrt)
@@ -521,13 +625,15 @@ def _param(index: int, command: Command):
 
 
 @pytest.mark.parametrize("index", [_param(i, c) for i, c in enumerate(DOC_COMMANDS)])
-def test_documented_command(index, session):
+def test_documented_command(index, sessions):
     command = DOC_COMMANDS[index]
     reason = skip_reason(command)
     if reason:
         pytest.skip(f"{command.file}: {command.text}: {reason}")
     assert command.is_edge, (f"{command.file} line {command.line}: `{command.text}` is not an edge command; "
                              "add it to EXCLUDED")
+    assert not unmade_paths(DOC_COMMANDS, index), unmade_message(DOC_COMMANDS, index)
+    session = sessions.of(command.file)
     outcome = session.outcome(index)
     assert outcome.result.returncode == 0, outcome.explain() + session.failed_needs(index)
     check_outputs(outcome, session.cwd)
@@ -577,7 +683,7 @@ def test_documented_verbs_exist():
 def test_documented_command_parses(index, capsys):
     """Every documented edge command, skipped ones included, has options the CLI accepts.
 
-    Paths are checked when the command line is parsed; an input that another documented command
+    Paths are checked when the command line is parsed; an input that an earlier command of its file
     writes does not exist here, so "does not exist" is the one refusal accepted (the commands
     themselves run above, after the commands they need).
     """
@@ -593,16 +699,13 @@ def test_documented_command_parses(index, capsys):
                              f"\n{err}") from e
 
 
-def test_files_write_a_path_only_with_the_same_command():
-    """The working folder is shared: two files writing one path with different commands would clobber it."""
-    writers: dict[str, set[Command]] = {}
-    for command in DOC_COMMANDS:
-        if command.key not in EXCLUDED:
-            for path in written_paths(command):
-                writers.setdefault(path, set()).add(command)
-    clashes = {path: sorted(f"{c.file}: {c.text}" for c in cs) for path, cs in writers.items()
-               if len({c.file for c in cs}) > 1 and len({c.text for c in cs}) > 1}
-    assert not clashes, f"paths that several files write with different commands (rename one): {clashes}"
+@pytest.mark.parametrize("file", DOC_FILES)
+def test_each_guide_makes_what_it_uses(file):
+    """A guide runs on its own in a fresh folder: every path its edge commands read, one of its own earlier
+    commands writes (excluded commands too: a reader runs them)."""
+    unmade = [unmade_message(DOC_COMMANDS, i) for i, c in enumerate(DOC_COMMANDS)
+              if c.file == file and c.is_edge and unmade_paths(DOC_COMMANDS, i)]
+    assert not unmade, "\n\n".join(unmade)
 
 
 def test_default_commands_need_no_slow_command():
@@ -671,16 +774,33 @@ def test_needs_follows_written_paths():
     assert [needs(commands, i) for i in range(len(commands))] == [[], [], [0], [], [0, 2], [0]]
 
 
-def test_needs_crosses_files_and_runs_a_repeated_command_once():
+def test_needs_stay_within_a_file_and_a_path_made_elsewhere_is_named():
     readme = bash_commands("```bash\nedge clean runs/a.onnx --out runs/b.onnx\nedge compress m --out runs/a\n```",
                            README)
-    guide = bash_commands("```bash\nedge compress m --out runs/a\nedge export runs/a --out runs/a.onnx\n```",
-                          "docs/guide.md")
+    guide = bash_commands("```bash\nedge compress m --out runs/a\nedge export runs/a --out runs/a.onnx\n"
+                          "edge compress m --out runs/a\nedge eval runs/a.onnx\n```", "docs/guide.md")
     commands = readme + guide
-    # README's clean needs the guide's export, which needs the compress that both files hold: listed once.
-    assert needs(commands, 0) == [1, 3]
-    assert needs(commands, 3) == [1]
-    assert needs(commands, 1) == needs(commands, 2) == []
+    # README's clean reads runs/a.onnx, which only the guide writes: no need across files, and the path is named
+    assert needs(commands, 0) == [] and unmade_paths(commands, 0) == ["runs/a.onnx"]
+    message = unmade_message(commands, 0)
+    assert "README.md uses runs/a.onnx" in message and "made in docs/guide.md" in message
+    # a later command of the same file does not make it either
+    assert unmade_paths(bash_commands("```bash\nedge export runs/a --out x.onnx\nedge compress m --out runs/a\n```",
+                                      "docs/later.md"), 0) == ["runs/a"]
+    # within the guide: the export needs the compress before it, and the eval the export (after its own need)
+    assert needs(commands, 3) == [2] and unmade_paths(commands, 3) == []
+    assert needs(commands, 5) == [2, 3] and unmade_paths(commands, 5) == []
+
+
+def test_written_paths_come_from_the_cli():
+    """Options the CLI declares as files to write count as written, as ``--out`` and ``> FILE`` do."""
+    profile, plan, bundle = bash_commands(
+        "```bash\nedge profile m --latency-table t/cpu.json\nedge plan m --budget 0.5x --table t/cpu.json --out p\n"
+        "edge bundle x.onnx --out b/x --tar\n```")
+    assert written_paths(profile) == {"t/cpu.json"}
+    assert written_paths(bundle) == {"b/x", "b/x.tar.gz"}
+    assert needs([profile, plan], 1) == [0] and unmade_paths([profile, plan], 1) == []
+    assert used_paths(bundle) == ["x.onnx"]
 
 
 def test_guides_run_elsewhere_are_run_there():
