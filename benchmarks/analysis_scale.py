@@ -4,7 +4,7 @@
 
 Reports wall time and peak resident memory of the whole analysis (statistics for every pair
 of the 13 representations in float64, three token views, heatmaps) in
-benchmarks/results/analysis_scale.json. Target (issue 3): within 5 minutes and 6 GB on 2 cores.
+benchmarks/results/analysis_scale.json. Target: within 5 minutes and 6 GB on 2 cores.
 """
 
 from __future__ import annotations

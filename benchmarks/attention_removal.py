@@ -108,7 +108,7 @@ def dilution_config(args: argparse.Namespace) -> FinetuneConfig:
     names = {f.name for f in fields(FinetuneConfig)}
     if "dilute" not in names:
         raise EdgeError("edge.compress.finetune.FinetuneConfig has no `dilute` option",
-                        expected="a version of edge with dilution learning (issue 15)",
+                        expected="a version of edge with dilution learning",
                         fix="run the training-free rows only: --dilute-selections (with no values)")
     return FinetuneConfig(data=args.data, epochs=args.dilution_epochs, max_steps=args.max_steps,
                           train_samples=args.train_samples, eval_samples=args.eval_samples,
@@ -314,7 +314,7 @@ def markdown(r: dict) -> str:
         lines.append(f"| {key} | {c['nose']:.4f} | {_cell(c['first'])} | {_cell(c['random_mean'])} "
                      f"({c['random_seeds']}) | {c['beats_first']} | {c['beats_random_mean']} |")
     t = r["target"]
-    lines += ["", f"Target (issue 15): NOSE with K = {t['count']} and at most {t['max_epochs']} epochs of dilution "
+    lines += ["", f"Target: NOSE with K = {t['count']} and at most {t['max_epochs']} epochs of dilution "
               f"loses at most {t['max_drop_pt']} pt: NOSE lost {t['nose_drop_pt']} pt: "
               f"**{'met' if t['drop_met'] else 'not met'}**; NOSE beats first-N: {t['beats_first']} "
               f"({t['beats_first_on']} rows); NOSE beats the random mean: {t['beats_random_mean']} "

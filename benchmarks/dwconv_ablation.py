@@ -186,7 +186,7 @@ def markdown(r: dict) -> str:
             f"| `{row['resolved']}` | {row['accuracy_before']:.4f} | {row['drop_before_pt']:.2f} "
             f"| {row['finetune_steps']} ({row['finetune_epochs']:.2f}) | {row['accuracy_after']:.4f} "
             f"| {row['drop_after_pt']:.2f} | {row['flops'] / row['flops_before']:.3f} |")
-    lines += ["", f"Target (issue 5): {target['blocks']}/12 blocks, at most {target['max_epochs']} epoch of "
+    lines += ["", f"Target: {target['blocks']}/12 blocks, at most {target['max_epochs']} epoch of "
               f"distillation, at most {target['max_drop_pt']} pt lost: best here `{target['best_plan']}` "
               f"({target['best_drop_pt']} pt): **{'met' if target['met'] else 'not met'}**.", ""]
     return "\n".join(lines)

@@ -137,7 +137,7 @@ def markdown(result: dict) -> str:
         f"- Set-up (`bash scripts/setup.sh` on a fresh clone, packages from the registries' caches here): "
         f"{result['setup_s']} s." if result.get("setup_s") is not None else "- Set-up: not timed in this run.",
         "- `bash scripts/main.sh` after set-up, three fresh runs (no shared cache): "
-        + ", ".join(f"{w:.0f} s" for w in walls) + f" (the issue's target: {TARGET_S:.0f} s: "
+        + ", ".join(f"{w:.0f} s" for w in walls) + f" (target: {TARGET_S:.0f} s: "
         + ("met" if max(walls) <= TARGET_S else "**not met**") + ").",
         f"- Rerun with nothing changed: {result['cached']['wall_s']} s (limit {CACHED_LIMIT_S:.0f} s)."
         if result.get("cached") else "- Rerun with nothing changed: not timed in this run.",

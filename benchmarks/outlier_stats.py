@@ -35,7 +35,7 @@ PUBLISHED = [
                 "decomposed LayerNorm's Pow(x, 2) overflows float16 there (top-1 85.22 % -> 18.96 %)",
      "largest_abs": 1418, "layernorms_reached": "13/25",
      "source": "onnxsim/onnxsim, scripts/nvidia/README.md, section 'Transformer: ViT-B/16' (Jetson Orin Nano, "
-               "TensorRT 10.3); quoted in issue 30"},
+               "TensorRT 10.3)"},
     {"model": "DINOv2-reg ViT-G (Sun et al. 2024, 'Massive activations in large language models', sec. on ViTs)",
      "finding": "massive activations in two fixed feature dimensions (179 and 999) of one register token "
                 "(reg 3) at layer 40, plotted on a magnitude axis to 1,000; removing them by a fixed mean "
@@ -170,7 +170,7 @@ def print_stats(name: str, stats: dict) -> None:
     spread = f"{len(s['spread_layernorms'])}/{s['layernorms']}"
     print(f"blocks with channel ratio >= {s['channel_ratio_threshold']:.0f}: {massive}; LayerNorms with spread >= "
           f"{s['range_spread_threshold']:.0f}: {spread} (p99/p1: {len(s['spread_layernorms_p99_p1'])}); "
-          f"meets issue 30's targets: {s['meets_targets']}")
+          f"meets the targets: {s['meets_targets']}")
     q = stats["simulated_int8"]
     print(f"top-1 float32 {q['float32']:.4f}; simulated per-tensor INT8 of the residual stream "
           f"{q['int8_per_tensor_residual_stream']:.4f}, of every LayerNorm output "

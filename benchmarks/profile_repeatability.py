@@ -85,7 +85,7 @@ def markdown(result: dict) -> str:
              f"{hw['cpu']}, {hw['cpu_count']} CPUs, ONNX Runtime {v.get('onnxruntime')} with {result['threads']} "
              f"threads, Python {hw['python']}; nothing else running. Each repeat in new processes; protocols in "
              "benchmarks/profile_repeatability.py's docstring. Spread: largest over smallest speedup, minus 1 "
-             "(issue 32's limit: 5 %).", ""]
+             "(the limit: 5 %).", ""]
     for protocol, p in result["protocols"].items():
         others = ", ".join("-" if o is None else f"{100 * o:.2f} %" for o in p["other_cpu_share"])
         lines += [f"## {protocol}: {', '.join(f'{s:.0f} s' for s in p['seconds'])} a repeat; largest spread "

@@ -1,4 +1,4 @@
-"""Sub-networks of one super-network: WPAC alone vs WPAC + PIAD at 25/50/75/100 % of the MACs (issue 16).
+"""Sub-networks of one super-network: WPAC alone vs WPAC + PIAD at 25/50/75/100 % of the MACs.
 
     # the acceptance run: full test split, PIAD for 3 epochs of the full training set (hours on 2 cores)
     python benchmarks/subnetworks.py
@@ -358,7 +358,7 @@ def markdown(r: dict) -> str:
                          + (" (**busy: not clean figures**)" if r["contention"]["busy"] else "")
                          if r["contention"] else "") + "."]
     t = r["target"]
-    lines += ["", f"Target (issue 16): at {100 * t['fraction']:.0f} % of the MACs at most {t['max_drop_pt']} pt lost "
+    lines += ["", f"Target: at {100 * t['fraction']:.0f} % of the MACs at most {t['max_drop_pt']} pt lost "
                   f"after PIAD (<= {t['max_epochs']} epochs; trained {t['piad_epochs_trained']}): lost "
                   f"{t['drop_pt']} pt: **{'met' if t['drop_met'] else 'not met'}**."]
     if "realisation_met" in t:

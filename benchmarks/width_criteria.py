@@ -281,7 +281,7 @@ def markdown(r: dict) -> str:
     for key, name in (("magnitude", "Magnitude"), ("taylor", "Taylor FO"), ("wpac", "WPAC")):
         lines.append(f"| {name} | " + " | ".join(pct(e.get(key)) for e in entries) + " |")
     t = r["target"]
-    lines += ["", f"Target (issue 16): WPAC at {t['quarters']}:4 loses at most {t['max_drop_pt']} pt "
+    lines += ["", f"Target: WPAC at {t['quarters']}:4 loses at most {t['max_drop_pt']} pt "
               f"(lost {t['wpac_drop_pt']} pt: **{'met' if t['drop_met'] else 'not met'}**) and beats every other "
               f"criterion by at least {t['min_margin_pt']} pt (smallest margin {t['smallest_margin_pt']} pt, over "
               f"random's mean, magnitude and Taylor: **{'met' if t['margin_met'] else 'not met'}**; over the best "

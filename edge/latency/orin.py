@@ -71,7 +71,7 @@ class PowerMode:
         return CUDA_FLOP_PER_CLOCK[precision] * self.gpu_mhz * 1e6
 
 
-_MODES_SOURCE = ("JETSON-TENSORRT.md (project reference notes: nvpmodel modes of JetPack 6.2's Super config); "
+_MODES_SOURCE = ("NVIDIA's Jetson Orin Nano Super announcement (nvpmodel modes of JetPack 6.2's Super configuration): "
                  "https://developer.nvidia.com/blog/nvidia-jetson-orin-nano-developer-kit-gets-a-super-boost/")
 MODES = {m.name: m for m in (
     PowerMode("15W", 612, 2133, _MODES_SOURCE),
@@ -286,8 +286,8 @@ class Published:
 
 
 _SUPER_BLOG = "https://developer.nvidia.com/blog/nvidia-jetson-orin-nano-developer-kit-gets-a-super-boost/"
-_SUPER_NOTE = ("NVIDIA's Super announcement, as quoted in issue 20 and the project's JETSON-TENSORRT.md (FPS; "
-               "precision and batch not stated there: taken as TensorRT fp16, batch 1)")
+_SUPER_NOTE = ("NVIDIA's Super announcement (FPS; precision and batch not stated there: taken as TensorRT fp16, "
+               "batch 1)")
 _DW_PAPER = ("Scribano et al., Accelerating Vision Foundation Models with Drop-in Depthwise Convolution, Table 2 "
              "(code: https://github.com/cscribano/DWConv_VFM); TensorRT on Orin Nano, batch 1, 336x336, [CLS] "
              "removed; precision and power mode not stated")
