@@ -210,6 +210,11 @@ SLOW = {
      "--out runs/plan2x.int8.onnx"): _PLANNED,
     (RM, "edge eval runs/plan2x.int8.onnx --data fmnist"): _PLANNED,
     (RM, "edge bundle runs/plan2x.clean.onnx --out bundles/plan2x --precision fp32,fp16 --tar"): _PLANNED,
+    ("docs/width-compression.md", "edge finetune runs/wfull --data fmnist --piad --piad-target 0.75 --epochs 3 "
+     "--piad-epochs 2 --piad-samples 256 --out runs/wsuper"):
+        "CI time: a PIAD fine-tune, 97 s in a clean run (tests/edge/compress/test_piad.py covers PIAD)",
+    ("docs/width-compression.md", "edge compress runs/wsuper --plan wpac:macs=0.5 --out runs/w-macs50"):
+        "CI time: needs the PIAD super-network above (slow)",
 }
 
 # Files a user would bring get small stand-ins made by the test: token in a command -> maker(path).

@@ -150,6 +150,7 @@ def reference_onnx(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow   # CI time: 133 s; test_the_cli_ships_a_graph_given_with_graph... and tests/test_own_model.py bundle int8
 def test_fp16_and_int8_graphs_are_made_by_edge_quantize_and_the_calibration_recorded(reference_onnx, tmp_path):
     out = tmp_path / "bundle"
     code = main(["bundle", str(reference_onnx), "--out", str(out), "--precision", "fp16,int8", "--data",
