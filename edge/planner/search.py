@@ -201,7 +201,7 @@ class Search:
 
     def _round(self) -> bool:
         """One round: measure moves, take the cheapest; False when no move saves anything."""
-        config, planner, spaces, states, last_cost = self.config, self.planner, self.spaces, self.states, self.last_cost
+        config, spaces, states, last_cost = self.config, self.spaces, self.states, self.last_cost
         index, now = len(self.rounds), self.now
         moves = [(space, move) for space in spaces for move in space.moves(states[space.method])]
         everything = index == 0 or bool(config.refresh and index % config.refresh == 0)
