@@ -23,6 +23,7 @@ _SCHEMAS = {
 }
 
 _done = False
+_shimmed = False
 
 
 def _torchvision_ops_missing() -> bool:
@@ -61,7 +62,7 @@ def _has_nms(torch) -> bool:
 
 def ensure_torchvision_importable() -> bool:
     """Make ``import torchvision`` (and so ``import timm``) work; return True if a shim was installed."""
-    global _done
+    global _done, _shimmed
     if _done:
         return False
     _done = True
@@ -73,4 +74,10 @@ def ensure_torchvision_importable() -> bool:
 
     for name, schema in _SCHEMAS.items():
         torch.library.define(f"torchvision::{name}", schema)
+    _shimmed = True
     return True
+
+
+def shim_installed() -> bool:
+    """Whether this process runs torchvision on the shim (whichever call installed it)."""
+    return _shimmed

@@ -47,14 +47,27 @@ def weights(tmp_path_factory):
     return str(path)
 
 
-# The longest test files, first: under `pytest -n 2 --dist loadfile` (scripts/test.sh) each whole file goes to one
-# worker in the order collected, so these two, collected last, could run one after the other on one worker while
-# the other worker had finished (1,822 s for the whole run on the 2-vCPU Intel VM); first, each starts on a worker
-# of its own and the rest fill in around them.
-LONGEST_FIRST = ("tests/test_readme.py", "tests/test_own_model.py", "tests/edge/pipeline/test_pipeline.py",
-                 "tests/edge/test_distributed.py")
+# The work units of `pytest -n 2 --dist loadgroup --no-loadscope-reorder` (scripts/test.sh): each test file is
+# one unit (its module fixtures made once), but tests/test_readme.py's documented commands, one unit per guide
+# (each guide runs in a folder of its own); the longest units first, so that the two workers end together (a
+# run's wall time is its busiest worker's). xdist's default order, by number of tests, put the 189 tests of
+# test_readme.py first and the 240-s guide of test_own_model.py anywhere.
+LONGEST_FIRST = ("tests/test_own_model.py", "tests/test_readme.py::docs/precision.md",
+                 "tests/edge/precision/test_quantize.py", "tests/edge/precision/test_gate.py",
+                 "tests/edge/pipeline/test_pipeline.py", "tests/edge/deploy/test_deploy.py",
+                 "tests/edge/deploy/test_deploy_faults.py", "tests/edge/test_distributed.py",
+                 "tests/test_readme.py::docs/width-compression.md", "tests/test_readme.py::docs/attention-removal.md")
+
+
+def work_unit(item) -> str:
+    path = item.nodeid.split("::")[0]
+    if path == "tests/test_readme.py" and item.originalname == "test_documented_command":
+        return f"{path}::{item.module.DOC_COMMANDS[item.callspec.params['index']].file}"
+    return path
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))   # stable: the rest as collected
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+    items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))   # stable: the rest as collected

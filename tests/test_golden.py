@@ -25,8 +25,6 @@ import gzip
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 from safetensors.numpy import load_file
+
+from tests.launch import run_edge
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden" / "artifacts.json"
@@ -62,19 +62,19 @@ STATISTICS_RTOL = 1e-6
 
 # --- producing ------------------------------------------------------------------------------------
 
-def _edge(cwd: Path, *args: str) -> None:
+def _edge(cwd: Path, *args: str, fresh: bool) -> None:
     env = {**os.environ, "EDGE_NO_PROGRESS": "1"}
-    result = subprocess.run([sys.executable, "-m", "edge", *args], cwd=cwd, capture_output=True, text=True,
-                            env=env, timeout=600)
+    result = run_edge(list(args), cwd=cwd, env=env, timeout=600, fresh=fresh)
     assert result.returncode == 0, result.stderr
 
 
-def _produce(cwd: Path, name: str) -> dict[str, Path]:
-    """Run the three commands in ``cwd``; the paths of what they wrote."""
+def _produce(cwd: Path, name: str, fresh: bool = False) -> dict[str, Path]:
+    """Run the three commands in ``cwd`` (``fresh``: each in a fresh interpreter, with its own hash seed, not
+    forked from tests/launch.py's zygote); the paths of what they wrote."""
     _edge(cwd, "compress", "fmnist-deit-tiny", "--plan", PLANS[name], "--data", "fmnist-mini", "--samples", "200",
-          "--out", name)
-    _edge(cwd, "export", name, "--out", f"{name}.onnx")
-    _edge(cwd, "clean", f"{name}.onnx", "--out", f"{name}.clean.onnx")
+          "--out", name, fresh=fresh)
+    _edge(cwd, "export", name, "--out", f"{name}.onnx", fresh=fresh)
+    _edge(cwd, "clean", f"{name}.onnx", "--out", f"{name}.clean.onnx", fresh=fresh)
     return {"folder": cwd / name, "weights": cwd / name / "model.safetensors", "onnx": cwd / f"{name}.onnx",
             "clean_onnx": cwd / f"{name}.clean.onnx"}
 
@@ -294,7 +294,7 @@ def test_artifacts_and_graphs_match_the_recording(name, produced):
 
 def test_two_runs_on_one_machine_give_the_same_bytes(produced, tmp_path):
     first = produced("linear-9-10")
-    second = _produce(tmp_path, "linear-9-10")
+    second = _produce(tmp_path, "linear-9-10", fresh=True)   # the first forked, this one fresh: other hash seeds
     for key in ("weights", "onnx", "clean_onnx"):
         assert _sha256(second[key]) == _sha256(first[key]), f"{key}: another run on this machine wrote other bytes"
 

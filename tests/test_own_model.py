@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.edge.deploy.conftest import ssh_args, sshd  # noqa: F401 - sshd: the loopback device fixture
+from tests.launch import run_edge
 from tests.no_fmnist import MARKER
 from tests.rgb_folder import make_rgb_folder
 
@@ -51,8 +51,7 @@ def edge(*args: str, cwd: Path, expect: int = 0) -> subprocess.CompletedProcess:
     """``edge ARGS`` in a new process with Fashion-MNIST unreadable, without a terminal or stdin."""
     env = {**os.environ, "EDGE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "EDGE_DATA_WORKERS": "1",
            "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "tests.no_fmnist", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=900)
+    done = run_edge(list(args), module="tests.no_fmnist", cwd=cwd, env=env, timeout=900)
     shown = f"edge {' '.join(args)}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
     assert MARKER not in done.stderr, shown
     assert done.returncode == expect, shown

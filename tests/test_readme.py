@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from edge.cli import COMMANDS, build_parser
+from tests.launch import run_edge
 
 ROOT = Path(__file__).resolve().parents[1]
 README = "README.md"
@@ -537,7 +538,8 @@ class DocSession:
         if command.text not in self.outcomes:
             ran = rewrite(command)
             argv, redirect = _argv_and_redirect(ran, self.home)
-            result = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=900)
+            assert argv[:3] == [sys.executable, "-m", "edge"], argv
+            result = run_edge(argv[3:], cwd=self.cwd, env=self.env, timeout=900)
             if redirect is not None:
                 (self.cwd / redirect).write_text(result.stdout, encoding="utf-8")
             self.outcomes[command.text] = Outcome(command, ran, result)

@@ -43,10 +43,11 @@ def collect() -> dict:
     import torch
 
     from edge import __version__
-    from edge._compat import ensure_torchvision_importable
+    from edge._compat import ensure_torchvision_importable, shim_installed
     from edge.runtime import cpu_has_bf16, cpu_name
 
-    shimmed = ensure_torchvision_importable()
+    ensure_torchvision_importable()
+    shimmed = shim_installed()
     cuda = torch.cuda.is_available()
     return {
         "edge": __version__,

@@ -13,6 +13,7 @@ disk: nothing is imported.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 from pathlib import Path
@@ -73,23 +74,33 @@ def _module_name(file: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=4096)
+def _import_statements(source: bytes, filename: str) -> tuple[tuple[str | None, int, tuple[str, ...]], ...]:
+    """The module-level imports of a source text: ``(module, level, names)``, module None for ``import a, b``.
+    Keyed on the text itself, so an edited file is parsed again (the 12 steps share most of their files)."""
+    found = []
+    for node in ast.parse(source, filename).body:
+        if isinstance(node, ast.Import):
+            found.append((None, 0, tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", node.level, tuple(alias.name for alias in node.names)))
+    return tuple(found)
+
+
 def module_level_imports(file: Path, root: Path) -> set[Path]:
     """The first-party source files ``file`` imports at module level (not inside functions)."""
     package = _module_name(file, root) if file.name == "__init__.py" else _module_name(file, root).rpartition(".")[0]
     found = set()
-    for node in ast.parse(file.read_bytes(), str(file)).body:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+    for module, level, aliases in _import_statements(file.read_bytes(), str(file)):
+        if module is None:
+            names = list(aliases)
+        else:
+            base = module
+            if level:
+                anchor = package.split(".")[: len(package.split(".")) - level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             # ``from edge.x import y``: the module edge.x.y if there is one, else edge.x
-            names = [f"{base}.{alias.name}" if module_file(f"{base}.{alias.name}", root) else base
-                     for alias in node.names]
-        else:
-            continue
+            names = [f"{base}.{alias}" if module_file(f"{base}.{alias}", root) else base for alias in aliases]
         found |= {path for name in names if name.split(".")[0] in FIRST_PARTY and (path := module_file(name, root))}
     return found
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from edge.cli import main
 from edge.onnx_metadata import metadata_of
+from tests.launch import run_edge
 
 # Fashion-MNIST's statistics (edge.data.FMNIST_MEAN/STD), the way a user of another exporter gives them
 FMNIST_INPUT = ("--mean", "0.286", "--std", "0.353")
@@ -63,9 +63,9 @@ def tiny_vit():
 
 
 def edge(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    """The real `edge` entry point in a fresh interpreter, with a private calibration cache."""
+    """The real `edge` entry point in a process of its own (tests/launch.py), with a private calibration cache."""
     env = {**os.environ, "EDGE_NO_PROGRESS": "1", "EDGE_CACHE_DIR": str(cache)}
-    return subprocess.run([sys.executable, "-m", "edge", *args], capture_output=True, text=True, env=env, timeout=600)
+    return run_edge(list(args), env=env, timeout=600)
 
 
 def run_json(*args: str, cache: Path) -> dict:

@@ -1,19 +1,18 @@
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from edge.cli import COMMANDS, build_parser, main
 from tests.conftest import needs_fmnist
+from tests.launch import run_edge
 
 
-def edge(*args, env=None):
-    """Run the real `edge` entry point in a fresh interpreter."""
+def edge(*args, env=None, fresh=False):
+    """Run the real `edge` entry point in a process of its own (``fresh``: a fresh interpreter, not forked from
+    tests/launch.py's zygote)."""
     full_env = {**os.environ, "EDGE_NO_PROGRESS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "edge", *args], capture_output=True, text=True, env=full_env,
-                          timeout=600)
+    return run_edge(list(args), env=full_env, timeout=600, fresh=fresh)
 
 
 @pytest.mark.parametrize("command", [c.__name__.rsplit(".", 1)[1].removesuffix("_cmd") for c in COMMANDS])
@@ -26,7 +25,7 @@ def test_every_command_has_help_with_examples_and_json(command, capsys):
 
 
 def test_info_json():
-    result = edge("info", "--json")
+    result = edge("info", "--json", fresh=True)   # the entry point as a user starts it, imports and all
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     for key in ("torch", "timm", "onnx", "onnxruntime", "tensorrt", "cuda_available", "cpu_threads"):

@@ -3,7 +3,6 @@
 import logging
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from tests.conftest import TINY
+from tests.launch import run_edge
 
 ROOT = Path(__file__).resolve().parents[3]
 ORT_LINE = re.compile(r"\[[VIWEF]:onnxruntime:|onnxruntime.*(UnsqueezeElimination|pre-processing)")
@@ -50,8 +50,9 @@ def test_edge_clean_prints_no_onnxruntime_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGE_NO_PROGRESS": "1", "EDGE_ORT_LOG": str(tmp_path / "ort.log")}
 
     def edge(*args):
-        return subprocess.run([sys.executable, "-m", "edge", *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, check=True)
+        done = run_edge(list(args), cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+        return done
 
     edge("export", TINY, "--dynamic-batch", "--out", "m.onnx", "--no-verify")
     result = edge("clean", "m.onnx", "--out", "m.clean.onnx")

@@ -15,11 +15,13 @@ from onnx import numpy_helper
 from calib.placement import qdq_violations
 from edge.errors import EdgeError
 from edge.precision.fp16 import Fp16Config, convert_to_fp16
+from edge.precision.gate import GateConfig
 from edge.precision.int8 import Int8Config
 from edge.precision.quantize import quantize_file
 
 TEST_IMAGES = 300  # the full 10,000: benchmarks/precision.py
 CALIBRATION = 64
+GATE = GateConfig(images=200, node_images=4)   # the default: 500 and 8; the gate's own tests are test_gate.py
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +39,13 @@ def graphs(tmp_path_factory):
     int8 = folder / "ref.int8.onnx"
     int8_modelopt = folder / "ref.int8.modelopt.onnx"
     int8_linear = folder / "ref.int8.linear-sq.onnx"
-    reports = {"fp16": quantize_file(fp32, fp16, "fp16"),
-               "int8": quantize_file(fp32, int8, "int8", int8=Int8Config(
+    gate = GATE
+    reports = {"fp16": quantize_file(fp32, fp16, "fp16", gate=gate),
+               "int8": quantize_file(fp32, int8, "int8", gate=gate, int8=Int8Config(
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="skip")),
-               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", int8=Int8Config(
+               "int8_modelopt": quantize_file(fp32, int8_modelopt, "int8", gate=gate, int8=Int8Config(
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache"), placement="modelopt")),
-               "int8_linear": quantize_file(fp32, int8_linear, "int8", int8=Int8Config(  # the default
+               "int8_linear": quantize_file(fp32, int8_linear, "int8", gate=gate, int8=Int8Config(  # the default
                    data="fmnist-mini", samples=CALIBRATION, cache_dir=str(folder / "cache")))}
     return {"fp32": fp32, "fp16": fp16, "int8": int8, "int8_modelopt": int8_modelopt, "int8_linear": int8_linear,
             "reports": reports, "folder": folder}
@@ -83,7 +86,7 @@ def test_fp16_casts_only_at_island_boundaries(graphs):
 
 def test_fp16_softmax_float32_is_an_option(graphs, tmp_path):
     out = tmp_path / "softmax32.onnx"
-    report = quantize_file(graphs["fp32"], out, "fp16", fp16=Fp16Config(softmax="float32"))
+    report = quantize_file(graphs["fp32"], out, "fp16", fp16=Fp16Config(softmax="float32"), gate=GATE)
     model = onnx.load(str(out))
     types = value_types(model)
     softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
@@ -282,7 +285,7 @@ def test_agreement_check_covers_a_static_batch_above_64(graphs):
 def test_calibration_is_cached_and_deterministic(graphs, tmp_path):
     config = Int8Config(data="fmnist-mini", samples=CALIBRATION, cache_dir=str(graphs["folder"] / "cache"),
                         placement="skip")
-    report = quantize_file(graphs["fp32"], tmp_path / "again.onnx", "int8", int8=config)
+    report = quantize_file(graphs["fp32"], tmp_path / "again.onnx", "int8", int8=config, gate=GATE)
     assert report["calibration"]["cache_hit"] is True
     assert (tmp_path / "again.onnx").read_bytes() == graphs["int8"].read_bytes()
 
