@@ -1,4 +1,5 @@
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -47,27 +48,38 @@ def weights(tmp_path_factory):
     return str(path)
 
 
-# The work units of `pytest -n 2 --dist loadgroup --no-loadscope-reorder` (scripts/test.sh): each test file is
-# one unit (its module fixtures made once), but tests/test_readme.py's documented commands, one unit per guide
-# (each guide runs in a folder of its own); the longest units first, so that the two workers end together (a
-# run's wall time is its busiest worker's). xdist's default order, by number of tests, put the 189 tests of
-# test_readme.py first and the 240-s guide of test_own_model.py anywhere.
-LONGEST_FIRST = ("tests/test_own_model.py", "tests/test_readme.py::docs/precision.md",
+# The work units of `pytest -n 2` (scripts/test.sh): each test file is one unit (its module fixtures made once, its
+# tests in order), but tests/test_readme.py's documented commands, one unit per guide (each guide runs in a folder
+# of its own); the longest units first, so that the two workers end together (a run's wall time is its busiest
+# worker's). xdist's own orders do not give this: `--dist loadfile` sorts files by their number of tests (the 189 of
+# test_readme.py first, the 240-s guide of test_own_model.py anywhere), and `--dist loadgroup` drops its groups
+# under pytest 9.2 (xdist 3.8 renames `Node._nodeid`, which pytest 9.2 no longer reads).
+LONGEST_FIRST = ("tests/test_own_model.py", "tests/test_readme.py::precision",
                  "tests/edge/precision/test_quantize.py", "tests/edge/precision/test_gate.py",
                  "tests/edge/pipeline/test_pipeline.py", "tests/edge/deploy/test_deploy.py",
                  "tests/edge/deploy/test_deploy_faults.py", "tests/edge/test_distributed.py",
-                 "tests/test_readme.py::docs/width-compression.md", "tests/test_readme.py::docs/attention-removal.md")
+                 "tests/test_readme.py::width-compression", "tests/test_readme.py::attention-removal")
+GUIDE_COMMAND = re.compile(r"(tests/test_readme\.py)::test_documented_command\[(.+?)-L\d+-")
 
 
-def work_unit(item) -> str:
-    path = item.nodeid.split("::")[0]
-    if path == "tests/test_readme.py" and item.originalname == "test_documented_command":
-        return f"{path}::{item.module.DOC_COMMANDS[item.callspec.params['index']].file}"
-    return path
+def work_unit(nodeid: str) -> str:
+    """The unit a test runs in: its file, or for a documented command, its guide (``tests/test_readme.py::NAME``)."""
+    guide = GUIDE_COMMAND.match(nodeid)
+    return f"{guide[1]}::{guide[2]}" if guide else nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
-    items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))   # stable: the rest as collected
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))   # stable: the rest as collected
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole work units (:func:`work_unit`) to each worker, in the order collected."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnits(config, log)

@@ -67,9 +67,9 @@ def test_a_deliberate_cycle_or_upward_import_breaks_the_contracts(tmp_path, file
         assert any(v.startswith(name) and v.endswith(" BROKEN") for v in verdicts), (name, result.stdout[-3000:])
 
 
-# tests of the whole tree, not one module
-CROSS_CUTTING = {"test_design.py", "test_docker.py", "test_golden.py", "test_layers.py", "test_own_model.py",
-                 "test_readme.py"}
+# tests of the whole tree, not one module, and of the tests' own launcher (tests/launch.py)
+CROSS_CUTTING = {"test_design.py", "test_docker.py", "test_golden.py", "test_launch.py", "test_layers.py",
+                 "test_own_model.py", "test_readme.py"}
 
 
 def test_tests_mirror_the_package_tree():
