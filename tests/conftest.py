@@ -73,6 +73,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))   # stable: the rest as collected
 
 
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: without it (-p no:xdist) there is none
 def pytest_xdist_make_scheduler(config, log):
     """Whole work units (:func:`work_unit`) to each worker, in the order collected."""
     from xdist.scheduler import LoadScopeScheduling

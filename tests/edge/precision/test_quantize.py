@@ -223,7 +223,7 @@ def test_int8_cli_keeps_onnxruntime_advice_off_the_terminal(graphs, tmp_path, ca
     out = tmp_path / "fp32rest.onnx"
     assert main(["quantize", str(graphs["fp32"]), "--precision", "int8", "--data", "fmnist-mini", "--samples",
                  str(CALIBRATION), "--cache-dir", str(tmp_path / "cache"), "--unquantized", "fp32", "--out", str(out),
-                 "--json"]) == 0
+                 "--gate-images", "100", "--json"]) == 0
     captured = capfd.readouterr()
     assert "pre-processing" not in captured.err and "WARNING" not in captured.err
     result = json.loads(captured.out)
