@@ -7,9 +7,9 @@ bash scripts/setup.sh
 export EDGE_NO_PROGRESS=1
 bash scripts/mypy.sh  # the TensorRT-facing modules against tensorrt-stubs (mypy.ini; a few seconds)
 .venv/bin/lint-imports --no-cache --no-logo  # the layers and no import cycles (.importlinter; a second or two)
-# pytest-xdist: whole test files (and the guides of tests/test_readme.py, one by one) to each of up to 4 workers,
-# longest first (tests/conftest.py's scheduler); the suite is mostly one-thread work (subprocesses, Python, small graphs),
-# so 2 workers fill 2 cores (17:48 -> 11:59 on the 2-core machine).
+# pytest-xdist: whole work units (a test file, or one guide of tests/test_readme.py) to each of up to 4 workers,
+# longest first (tests/conftest.py's scheduler). The suite is mostly one-thread work (subprocesses, Python, small
+# graphs): 2 workers keep 2 cores 99 % busy, and a third does not help (docs/contributing.md has the times).
 # Each worker's OpenMP pool gets one thread unless OMP_NUM_THREADS says otherwise: two pools of two on two
 # cores fight. A later -n wins: `bash scripts/test.sh -n 0` runs in this one process (pdb, -x ordering).
 workers=$(nproc)

@@ -3,7 +3,8 @@
 A fresh interpreter spends 3-5 s importing torch, timm and ONNX on the 2-vCPU CI machine, and the suite runs a few
 hundred ``edge`` commands: :func:`run_edge` forks each from one pre-imported process per pytest worker instead. The
 command is still a process of its own (its working folder, environment, stdin from ``/dev/null``, stdout and
-stderr captured, exit status or signal), and it leaves through the interpreter's normal exit.
+stderr captured, exit status or signal); it exits after its atexit handlers with its streams flushed, without
+tearing its modules down (tests/zygote.py says why).
 
 What a fork cannot give, a fresh interpreter does (:func:`run_edge` starts one):
 

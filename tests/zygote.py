@@ -1,4 +1,4 @@
-"""The zygote of tests/launch.py: a Python that has imported edge (torch, timm, ONNX, ONNX Runtime) once and forks
+"""The zygote of tests/launch.py: a Python that has imported edge (torch, timm, ONNX; not ONNX Runtime) once and forks
 a child for each ``edge`` command a test runs, so that no command pays the 3-5 s of imports a fresh interpreter
 does on the 2-vCPU CI machine.
 
