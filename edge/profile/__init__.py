@@ -11,7 +11,6 @@ from edge.config import MAX_STEPS, option
 from edge.profile.backends import Backend, OrtBackend, TorchBackend
 from edge.profile.contention import CpuContention
 from edge.profile.stats import latency_stats, trtexec_summary
-from edge.runtime import hardware
 
 __all__ = ["Backend", "CpuContention", "OrtBackend", "ProfileConfig", "TorchBackend", "latency_stats", "profile",
            "trtexec_summary"]
@@ -26,6 +25,8 @@ class ProfileConfig:
 
 def profile(backend: Backend, config: ProfileConfig | None = None) -> dict:
     """Warm up, then time ``backend.infer()`` one call at a time with a monotonic clock."""
+    from edge.runtime import hardware
+
     config = config or ProfileConfig()
     start = time.perf_counter()
     for _ in range(config.warmup):

@@ -8,11 +8,13 @@ A backend is any object with ``name``, ``describe() -> dict``, ``weight_bytes() 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:   # torch only where a TorchBackend is made: a process timing ONNX graphs never imports it
+    import torch
+    from torch import nn
 
 
 class Backend(Protocol):
@@ -91,6 +93,8 @@ class TorchBackend:
 
     def __init__(self, model: nn.Module, input_size: tuple[int, int, int], batch: int = 1,
                  device: torch.device | str = "cpu", threads: int | None = None, seed: int = 0) -> None:
+        import torch
+
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.batch = batch
@@ -99,15 +103,19 @@ class TorchBackend:
         self.x = torch.randn(batch, *input_size, generator=generator).to(self.device)
 
     def describe(self) -> dict:
+        import torch
+
         return {"backend": self.name, "device": str(self.device), "precision": "float32", "batch": self.batch,
                 "threads": self.threads, "torch": torch.__version__}
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    @torch.no_grad()
     def infer(self) -> None:
-        self.model(self.x)
+        import torch
+
+        with torch.no_grad():
+            self.model(self.x)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -75,7 +75,8 @@ def time_fresh_settings(graphs: dict[str, Path], reference: str, settings: SideB
     runs its sets as one process would: the same creation orders and turn orders), and their timings pooled
     into one summary. A process's own state (its heap, its thread pools, where its memory landed) moves every
     graph it times a little; one process gives one draw of it, several average it out. The count of timed
-    calls per round (``settings.iterations`` None: from the first process's warm-up) is the same in all.
+    calls per round of each graph (``settings.iterations`` None: from the first process's warm-up, ``--counts``) is
+    the same in all.
     """
     from edge.profile.sidebyside import finish
 
@@ -88,14 +89,13 @@ def time_fresh_settings(graphs: dict[str, Path], reference: str, settings: SideB
         return _in_child(graphs, reference, base + ["--settings", json.dumps(asdict(settings), sort_keys=True)] + named)
     parts: list[dict] = []
     commands: list[list[str]] = []
-    iterations = settings.iterations
     for chunk in _chunks(settings.sessions, processes):
-        given = settings if iterations is None else dataclasses.replace(settings, iterations=iterations)
-        args = base + ["--settings", json.dumps(asdict(given), sort_keys=True), "--sets",
+        args = base + ["--settings", json.dumps(asdict(settings), sort_keys=True), "--sets",
                        f"{chunk.start}:{len(chunk)}"] + named
+        if parts:   # every process times each graph as often as the first one did
+            args += ["--counts", json.dumps(parts[0]["timed"]["iterations"], sort_keys=True)]
         parts.append(_in_child(graphs, reference, args))
         commands.append(args[1:])
-        iterations = parts[0]["timed"]["iterations"]
     return {**finish(parts, reference, settings),
             "process": {"command": commands[0], "commands": commands, "python": sys.executable, "fresh": True,
                         "processes": processes}}
@@ -178,6 +178,8 @@ def _parser() -> argparse.ArgumentParser:
                         "are then unused, --seed seeds the random input): prints the whole summary")
     parser.add_argument("--sets", type=_sets, metavar="FIRST:COUNT", help="with --settings: run only these session "
                         "sets and print their raw timings (what time_fresh_settings pools from several processes)")
+    parser.add_argument("--counts", type=_counts, metavar="JSON", help="with --sets: each graph's timed calls per "
+                        "round, as {name: count} (the first process's, so that every process times alike)")
     return parser
 
 
@@ -186,6 +188,18 @@ def _sets(text: str) -> range:
     if not sep or not first.isdigit() or not count.isdigit() or int(count) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected FIRST:COUNT, e.g. 0:2 (whole numbers, COUNT >= 1)")
     return range(int(first), int(first) + int(count))
+
+
+def _counts(text: str) -> dict[str, int]:
+    try:
+        counts = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: not JSON ({e})") from e
+    if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                               for v in counts.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a JSON object of whole numbers >= 1, e.g. "
+                                         '{"original": 12}')
+    return counts
 
 
 def _settings(given) -> SideBySideConfig:
@@ -215,6 +229,8 @@ def run(argv: list[str] | None = None) -> dict:
         _check_graph(name, path)
     if args.sets is not None and args.settings is None:
         raise EdgeError("--sets without --settings", fix="give every setting with --settings as well")
+    if args.counts is not None and args.sets is None:
+        raise EdgeError("--counts without --sets", fix="give the session sets with --sets as well")
     if args.settings is not None:
         settings = _settings(args.settings)
         factories = {name: functools.partial(OrtBackend, path, batch=args.batch, threads=args.threads, seed=args.seed,
@@ -225,7 +241,15 @@ def run(argv: list[str] | None = None) -> dict:
             raise EdgeError(f"--sets {args.sets.start}:{len(args.sets)}",
                             expected=f"session sets among 0 to {settings.sessions - 1} (settings: sessions = "
                                      f"{settings.sessions})")
-        return time_sets(factories, args.reference, settings, args.sets)
+        counts = args.counts
+        if counts is not None:
+            from edge.profile.sidebyside import AA_SUFFIX
+
+            wanted = {*graphs, args.reference + AA_SUFFIX}
+            if set(counts) != wanted:
+                raise EdgeError("--counts names other graphs than those timed", expected=", ".join(sorted(wanted)),
+                                found=", ".join(sorted(counts)))
+        return time_sets(factories, args.reference, settings, args.sets, counts)
     timing = TimingConfig(threads=args.threads, warmup=args.warmup, iterations=args.iterations,
                           rounds=args.rounds, sessions=args.sessions, seed=args.seed)
     return compact(side_by_side(ort_factories(graphs, timing, args.batch), args.reference,

@@ -7,7 +7,8 @@ slower. Here every model is timed in the same run, interleaved:
 - ``sessions`` times, every backend is created afresh, the creation order rotated each time (the
   order ONNX Runtime sessions are created in can move one graph's latency by several per cent),
   and warmed up;
-- then ``rounds / sessions`` rounds: each backend makes ``iterations`` timed calls in turn, in a
+- then ``rounds / sessions`` rounds: each backend makes its timed calls in turn (``iterations``, or about
+  ``turn_ms`` worth, counted from its own first warm-up: a slow INT8 graph makes fewer), in a
   fresh seeded random order each round, so drift hits all backends alike. Not rotated: a rotation
   keeps every backend's neighbours, so one backend would always run right after the same other
   one (after its own twin, for the A/A control's reference) and inherit its cache state.
@@ -43,7 +44,7 @@ class SideBySideConfig:
     warmup: int = option(10, minimum=0)        # untimed calls of each backend after each creation
     rounds: int = option(40, minimum=2)        # interleaved rounds, split evenly between the session sets
     sessions: int = option(5, minimum=1)       # session sets, created afresh in rotated order
-    iterations: int | None = option(None, minimum=1)  # timed calls per backend and round; None: from turn_ms
+    iterations: int | None = option(None, minimum=1)  # timed calls per backend and round; None: each its own, ~turn_ms
     turn_ms: float = option(100.0, above=0)    # iterations=None: about this long per backend and round
     aa_tolerance: float = option(0.03, above=0)  # A/A deviation above which the run is too noisy to rank
     confidence: float = option(0.95, above=0, below=1)
@@ -69,15 +70,32 @@ def _iterations(config: SideBySideConfig, warmup_ms: list[float]) -> int:
     return max(3, min(200, round(config.turn_ms / max(typical, 1e-3))))
 
 
+def _counts(config: SideBySideConfig, warm: dict[str, list[float]], twins: dict[str, str]) -> dict[str, int]:
+    """Timed calls per round of each backend: ``config.iterations`` for all, or (None) about ``turn_ms`` of each
+    one's own warm-up calls (3 to 200): an INT8 graph ten times slower than the reference is not timed ten times
+    as long. A backend and its A/A twin (``twins``: twin -> backend) share one count, from both warm-ups."""
+    counts = {}
+    for name, times in warm.items():
+        own = twins.get(name, name)
+        pair = [n for n in warm if twins.get(n, n) == own]
+        counts[name] = _iterations(config, [t for n in pair for t in warm[n]])
+    return counts
+
+
 def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideConfig,
-               sets: range | None = None) -> dict:
+               sets: range | None = None, counts: dict[str, int] | None = None,
+               twins: dict[str, str] | None = None) -> dict:
     """Time the backends side by side (see the module docstring). ``sets``: which of ``config.sessions`` session
     sets to run (default: all); each set's creation order and turn orders depend only on its index and the
     seed, so sets run in different processes (:mod:`edge.profile.fresh`) are the sets one process would run.
 
+    ``counts``: timed calls per round of each backend (another process's, so that all time alike); None: from
+    this run's first warm-up (:func:`_counts`; ``twins`` maps an A/A copy to its backend).
+
     Returns ``{"latencies": name -> every timed call (ms), "round_medians": name -> each round's
     median, "round_sets": each round's session set, "batches", "describe": name -> backend.describe(),
-    "weight_bytes", "iterations", "creation_orders", "turn_orders": each round's order}``.
+    "weight_bytes", "iterations": name -> timed calls per round, "creation_orders", "turn_orders": each round's
+    order}``.
     """
     names = list(factories)
     latencies: dict[str, list[float]] = {name: [] for name in names}
@@ -86,7 +104,7 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
     described: dict[str, dict] = {}
     weights: dict[str, int] = {}
     orders = []
-    iterations = config.iterations
+    iterations = dict(counts) if counts is not None else None
     per_set = max(1, config.rounds // config.sessions)
     turn_orders: list[list[str]] = []
     for s in range(config.sessions) if sets is None else sets:
@@ -95,19 +113,19 @@ def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideCo
         orders.append(created)
         backends = {name: factories[name]() for name in created}
         try:
-            warm: list[float] = []
-            for backend in backends.values():
+            warm: dict[str, list[float]] = {name: [] for name in backends}
+            for name, backend in backends.items():
                 for _ in range(config.warmup):
                     t0 = time.perf_counter()
                     backend.infer()
-                    warm.append((time.perf_counter() - t0) * 1000.0)
+                    warm[name].append((time.perf_counter() - t0) * 1000.0)
             if iterations is None:
-                iterations = _iterations(config, warm)
+                iterations = _counts(config, warm, twins or {})
             for _ in range(per_set):
                 turn_orders.append([names[i] for i in shuffle.permutation(len(names))])
                 for name in turn_orders[-1]:
                     backend, start = backends[name], len(latencies[name])
-                    for _ in range(iterations):
+                    for _ in range(iterations[name]):
                         t0 = time.perf_counter()
                         backend.infer()
                         latencies[name].append((time.perf_counter() - t0) * 1000.0)
@@ -189,12 +207,14 @@ def with_aa_control(factories: dict[str, Callable[[], Backend]], reference: str)
 
 
 def time_sets(factories: dict[str, Callable[[], Backend]], reference: str, config: SideBySideConfig,
-              sets: range | None = None) -> dict:
+              sets: range | None = None, counts: dict[str, int] | None = None) -> dict:
     """Session sets ``sets`` (default: all) of the interleaving with the A/A control, and the CPU contention meanwhile:
-    ``{"timed": interleave's result, "contention", "seconds"}``, what :func:`finish` pools and summarizes."""
+    ``{"timed": interleave's result, "contention", "seconds"}``, what :func:`finish` pools and summarizes.
+    ``counts``: each backend's timed calls per round, as an earlier part timed them (None: from the warm-up)."""
     started = time.perf_counter()
     with CpuContention() as contention:
-        timed = interleave(with_aa_control(factories, reference), config, sets)
+        timed = interleave(with_aa_control(factories, reference), config, sets, counts,
+                           twins={reference + AA_SUFFIX: reference})
     return {"timed": timed, "contention": contention.result(), "seconds": time.perf_counter() - started}
 
 

@@ -6,6 +6,15 @@ from edge.errors import plural
 from edge.pipeline.report.tables import images_cell, speedup_cell
 
 
+def calls_per_round(counts: dict[str, int] | int, settings: dict) -> str:
+    """Each variant's timed calls per round, in words: one count for all, or the range (about ``turn_ms`` each)."""
+    values = set(counts.values()) if isinstance(counts, dict) else {counts}
+    if len(values) == 1:
+        return f"{plural(values.pop(), 'timed call')} per variant"
+    return (f"{min(values)} to {max(values)} timed calls per variant (about {settings['turn_ms']:g} ms of each: "
+            "fewer of a slow graph)")
+
+
 def _processes(lat: dict, settings: dict) -> str:
     """How the session sets were spread over new processes, for the latency conditions' sentence."""
     processes = lat.get("processes", 1)
@@ -27,8 +36,8 @@ def latency_conditions(report: dict) -> list[str]:
         f"({hw['cpu']}, {hw['cpu_count']} CPUs), {p['precision']}, batch {p['batch']}, "
         f"{plural(lat['threads'], 'intra-op thread')}; {s['sessions']} session sets created afresh in rotated "
         f"order{_processes(lat, s)}, each with {s['warmup']} warm-up "
-        f"calls per variant; {s['rounds']} rounds of {lat['iterations_per_round']} timed calls per variant, the "
-        f"order shuffled each round, seeded ({lat['timed_calls_per_variant']} timed calls per variant, "
+        f"calls per variant; {s['rounds']} rounds of {calls_per_round(lat['iterations_per_round'], s)}, the "
+        f"order shuffled each round, seeded ({lat['timed_calls_per_variant']} timed calls of `{aa['of']}`, "
         f"{lat['seconds']:.0f} s); {lat['clock']}. Median and spread over a variant's timed calls."
         + (f" Other processes used {100 * other:.1f} % of the CPUs while timing"
            + (" (busy: not a clean figure)." if lat["contention"]["busy"] else ".") if other is not None else ""),

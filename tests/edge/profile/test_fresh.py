@@ -58,7 +58,9 @@ def test_every_interleaving_setting_reaches_the_new_process_and_the_whole_summar
         latency = timed["variants"][name]["latency"]
         assert len(latency["round_medians_ms"]) == 4 and latency["p10_ms"] <= latency["median_ms"] <= latency["p90_ms"]
         assert timed["variants"][name]["speedup"]["verdict"]
-    assert 3 <= timed["iterations_per_round"] <= 200     # from turn_ms, not the compact protocol's fixed count
+    counts = timed["iterations_per_round"]               # from turn_ms, not the compact protocol's fixed count
+    assert set(counts) == set(timed["variants"]) and all(3 <= c <= 200 for c in counts.values())
+    assert counts["original"] == counts["original (A/A)"]
     command_line = timed["process"]["command"]
     assert command_line[command_line.index("--seed") + 1] == "5"
     assert command_line[command_line.index("--threads") + 1] == "1"
@@ -96,6 +98,18 @@ def test_the_entry_point_refuses_a_reference_it_does_not_time(tmp_path, capsys):
     assert os.path.exists(good)
 
 
+def test_counts_must_name_every_graph_timed_and_come_with_sets(tmp_path, capsys):
+    good = matmul_graph(tmp_path / "a.onnx", 8)
+    base = ["--reference", "original", "--settings", '{"rounds": 2, "sessions": 1}']
+    assert main([*base, "--sets", "0:1", "--counts", '{"original": 3}', f"original={good}"]) == EdgeError.exit_code
+    assert "--counts names other graphs than those timed" in capsys.readouterr().err   # the A/A twin is missing
+    assert main([*base, "--counts", '{"original": 3, "original (A/A)": 3}', f"original={good}"]) == EdgeError.exit_code
+    assert "--counts without --sets" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--sets", "0:1", "--counts", '{"original": 0}', f"original={good}"])
+    assert "expected a JSON object of whole numbers >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("settings, message", [
     ('{"roundz": 4}', "unknown setting 'roundz'"),
     ('{"rounds": 0}', r"--settings: rounds is out of range.*expected: >= 2"),
@@ -122,12 +136,14 @@ def test_session_sets_split_between_processes_pool_into_one_summary(tmp_path):
     assert timed["process"]["processes"] == 2 and len(commands) == 2
     assert [c[c.index("--sets") + 1] for c in commands] == ["0:1", "1:2"]   # sets 0 | 1, 2
     later = json.loads(commands[1][commands[1].index("--settings") + 1])
-    assert later["iterations"] == timed["iterations_per_round"]             # the first process's count, kept
+    assert later["iterations"] is None and "--counts" not in commands[0]    # as given; the first process counts
+    counts = json.loads(commands[1][commands[1].index("--counts") + 1])
+    assert counts == timed["iterations_per_round"]                          # ... and the second times as many
     assert timed["creation_orders"] == [["original", "w", "original (A/A)"], ["w", "original (A/A)", "original"],
                                         ["original (A/A)", "original", "w"]]
     for name in (*graphs, "original (A/A)"):
         latency = timed["variants"][name]["latency"]
-        assert len(latency["round_medians_ms"]) == 6 and latency["iterations"] == 6 * timed["iterations_per_round"]
+        assert len(latency["round_medians_ms"]) == 6 and latency["iterations"] == 6 * counts[name]
     assert timed["contention"]["processes"] == 2 and timed["variants"]["original"]["speedup"]["speedup"] == 1.0
 
 

@@ -6,6 +6,7 @@ import pytest
 from edge.errors import InternalError
 from edge.profile.sidebyside import (
     AA_SUFFIX,
+    _counts,
     SideBySideConfig,
     aa_deviation,
     finish,
@@ -71,7 +72,25 @@ def test_turn_orders_are_seeded_and_do_not_keep_neighbours():
 def test_iterations_default_to_the_turn_time():
     journal = []
     timed = interleave(_factories(["a"], journal), SideBySideConfig(warmup=1, rounds=2, sessions=1, turn_ms=1e9))
-    assert timed["iterations"] == 200  # capped: a call of the fake takes microseconds
+    assert timed["iterations"] == {"a": 200}  # capped: a call of the fake takes microseconds
+
+
+def test_each_backend_times_about_turn_ms_and_an_aa_twin_as_often_as_its_backend():
+    """A graph ten times slower makes fewer calls per round (at least 3), not ten times the time."""
+    config = SideBySideConfig(turn_ms=100.0)
+    warm = {"ref": [10.0, 10.0], "ref (A/A)": [10.0, 12.0], "fast": [2.0] * 3, "slow": [80.0] * 3}
+    counts = _counts(config, warm, {"ref (A/A)": "ref"})
+    assert counts == {"ref": 10, "ref (A/A)": 10, "fast": 50, "slow": 3}
+    assert _counts(SideBySideConfig(iterations=7), warm, {}) == dict.fromkeys(warm, 7)   # given: the same for all
+
+
+def test_counts_given_are_each_backends_calls_per_round():
+    journal = []
+    config = SideBySideConfig(warmup=1, rounds=2, sessions=1)
+    timed = interleave(_factories(["a", "b"], journal), config, counts={"a": 2, "b": 5})
+    calls = [name for event, name in journal if event == "infer"]
+    assert calls.count("a") == 1 + 2 * 2 and calls.count("b") == 1 + 2 * 5
+    assert timed["iterations"] == {"a": 2, "b": 5} and len(timed["latencies"]["b"]) == 10
 
 
 def test_speedup_interval_on_known_rounds():
@@ -131,7 +150,7 @@ def test_side_by_side_adds_the_aa_control():
                           SideBySideConfig(warmup=1, rounds=4, sessions=2, iterations=2, resamples=100))
     assert set(result["variants"]) == {"ref", "v", "ref" + AA_SUFFIX}
     assert result["variants"]["ref"]["speedup"]["speedup"] == 1.0
-    assert result["settings"]["rounds"] == 4 and result["iterations_per_round"] == 2
+    assert result["settings"]["rounds"] == 4 and result["iterations_per_round"] == {"ref": 2, "v": 2, "ref (A/A)": 2}
     assert set(result["contention"]) >= {"other_cpu_share", "busy"} and "cpu" in result["hardware"]
     assert [n for e, n in journal if e == "create"].count("ref") == 4  # the reference and its A/A copy, twice
 
