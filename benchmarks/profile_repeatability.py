@@ -1,6 +1,10 @@
 """How far a main-job run's side-by-side speedups move when the same graphs are timed again, under three protocols.
 
     python benchmarks/profile_repeatability.py --run runs/pipeline --repeats 3
+    python benchmarks/profile_repeatability.py --run runs/pipeline --protocols split --turn-ms 100 50
+
+``--turn-ms``: each protocol once per value of ``profile.turn_ms`` (the timed calls a graph makes per round: about
+that many milliseconds' worth), the repeats of the values interleaved, so that drift reaches all alike.
 
 Issue 32 asks three fresh main-job runs for every speedup within 5 % of the others'. A main-job run is
 slow (7 minutes) and remakes every graph; this times one run's graphs again (the files its profile step timed,
@@ -62,19 +66,22 @@ def recorded_command(run: Path) -> tuple[list[str], dict, dict[str, Path]]:
     return options, settings, graphs
 
 
-def repeat(protocol: str, options: list[str], settings: dict, graphs: dict[str, Path]) -> dict:
+def repeat(protocol: str, options: list[str], settings: dict, graphs: dict[str, Path],
+           turn_ms: float | None = None) -> dict:
     from edge.profile.fresh import time_fresh_settings
     from edge.profile.sidebyside import SideBySideConfig
 
     reference, threads, seed = (options[options.index(flag) + 1] for flag in ("--reference", "--threads", "--seed"))
     factor = 2 if protocol == "double" else 1
     config = SideBySideConfig(**{**settings, "rounds": settings["rounds"] * factor,
-                                 "sessions": settings["sessions"] * factor})
+                                 "sessions": settings["sessions"] * factor,
+                                 "turn_ms": settings["turn_ms"] if turn_ms is None else turn_ms})
     started = time.perf_counter()
     summary = time_fresh_settings(graphs, reference, config, int(threads), seed=int(seed),
                                   processes=config.sessions if protocol == "split" else 1)
     return {"speedups": {n: v["speedup"]["speedup"] for n, v in summary["variants"].items()},
             "aa_control": summary["aa_control"]["speedup"], "contention": summary["contention"],
+            "process_spread": {n: v["speedup"]["process_spread"] for n, v in summary["variants"].items()},
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -91,11 +98,27 @@ def markdown(result: dict) -> str:
         lines += [f"## {protocol}: {', '.join(f'{s:.0f} s' for s in p['seconds'])} a repeat; largest spread "
                   f"{100 * p['largest_spread']:.1f} % ({p['worst']})", "",
                   f"Other processes' share of the CPUs while each repeat timed: {others}.", "",
-                  "| graph | speedup (each repeat) | spread |", "|---|---|---|"]
-        lines += [f"| {name} | {' / '.join(f'{s:.3f}x' for s in g['speedup'])} | {100 * g['spread']:.1f} % |"
+                  "| graph | speedup (each repeat) | spread | spread across its timing processes (each repeat; "
+                  "flagged noisy above 5 %) |", "|---|---|---|---|"]
+        lines += [f"| {name} | {' / '.join(f'{s:.3f}x' for s in g['speedup'])} | {100 * g['spread']:.1f} % | "
+                  f"{' / '.join(f'{100 * s:.1f} %' for s in g.get('process_spread') or []) or '-'} |"
                   for name, g in p["graphs"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def summary_of(repeats: list[dict]) -> dict:
+    """One protocol's repeats: per graph each repeat's speedup, their spread, and each repeat's spread across its
+    timing processes (the run's own noise flag: above 5 %); the seconds and contention of each repeat."""
+    rows = {name: [r["speedups"][name] for r in repeats] for name in repeats[0]["speedups"]}
+    table = {name: {"speedup": s, "spread": max(s) / min(s) - 1,
+                    "process_spread": [r["process_spread"][name] for r in repeats]} for name, s in rows.items()}
+    worst = max(table, key=lambda n: table[n]["spread"])
+    return {"graphs": table, "seconds": [r["seconds"] for r in repeats], "worst": worst,
+            "aa_control": [r["aa_control"] for r in repeats],
+            "other_cpu_share": [r["contention"]["other_cpu_share"] for r in repeats],
+            "largest_spread": table[worst]["spread"],
+            "within_5pct": all(g["spread"] <= SPREAD_LIMIT for g in table.values())}
 
 
 def main() -> int:
@@ -103,6 +126,8 @@ def main() -> int:
     parser.add_argument("--run", type=Path, required=True, help="an `edge pipeline` report folder (its graphs)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
+    parser.add_argument("--turn-ms", type=float, nargs="+", help="profile.turn_ms values to compare (default: the "
+                        "run's own)")
     parser.add_argument("--json-out", type=Path, default=ROOT / "benchmarks/results/profile_repeatability.json")
     parser.add_argument("--md-out", type=Path, default=ROOT / "docs/results/profile-repeatability.md")
     args = parser.parse_args()
@@ -111,16 +136,17 @@ def main() -> int:
     started, load = time.perf_counter(), os.getloadavg()
     options, settings, graphs = recorded_command(args.run)
     protocols = {}
+    turns = args.turn_ms or [None]
     for protocol in args.protocols:
-        repeats = [repeat(protocol, options, settings, graphs) for _ in range(args.repeats)]
-        rows = {name: [r["speedups"][name] for r in repeats] for name in repeats[0]["speedups"]}
-        table = {name: {"speedup": s, "spread": max(s) / min(s) - 1} for name, s in rows.items()}
-        worst = max(table, key=lambda n: table[n]["spread"])
-        protocols[protocol] = {"graphs": table, "seconds": [r["seconds"] for r in repeats], "worst": worst,
-                               "other_cpu_share": [r["contention"]["other_cpu_share"] for r in repeats],
-                               "largest_spread": table[worst]["spread"],
-                               "within_5pct": all(g["spread"] <= SPREAD_LIMIT for g in table.values())}
-        print(f"{protocol}: largest spread {100 * table[worst]['spread']:.1f} % ({worst})", flush=True)
+        done = {turn: [] for turn in turns}
+        for _ in range(args.repeats):
+            for turn in turns:
+                done[turn].append(repeat(protocol, options, settings, graphs, turn))
+        for turn, repeats in done.items():
+            name = protocol if args.turn_ms is None else f"{protocol}, turn {turn:g} ms"
+            protocols[name] = summary_of(repeats)
+            print(f"{name}: largest spread {100 * protocols[name]['largest_spread']:.1f} % "
+                  f"({protocols[name]['worst']}), {protocols[name]['seconds']} s", flush=True)
     threads = int(options[options.index("--threads") + 1])
     record = {"run": str(args.run), "settings": settings, "threads": threads, "protocols": protocols,
               **provenance("profile_repeatability.py", args, parser, started=started, load_before=load)}

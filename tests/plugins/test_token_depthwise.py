@@ -91,8 +91,8 @@ NVCC = loader.find_nvcc()
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda): no CUDA toolkit")
-@pytest.mark.parametrize("sm", ["87", "90"])
-def test_kernel_compiles(sm, tmp_path):
+@pytest.mark.parametrize("sm", ["90"])   # sm_87 (the Orin): tests/jetson/test_plugin_build.py compiles it with the
+def test_kernel_compiles(sm, tmp_path):    # runner's own command line (20 s of nvcc each: not twice)
     source = loader.KERNEL_SOURCES[0]
     result = subprocess.run([NVCC, f"-arch=sm_{sm}", "-O3", "-std=c++17", "-c", str(source),
                              "-o", str(tmp_path / "kernel.o")], capture_output=True, text=True)
