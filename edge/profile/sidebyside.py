@@ -75,7 +75,7 @@ def _counts(config: SideBySideConfig, warm: dict[str, list[float]], twins: dict[
     one's own warm-up calls (3 to 200): an INT8 graph ten times slower than the reference is not timed ten times
     as long. A backend and its A/A twin (``twins``: twin -> backend) share one count, from both warm-ups."""
     counts = {}
-    for name, times in warm.items():
+    for name in warm:
         own = twins.get(name, name)
         pair = [n for n in warm if twins.get(n, n) == own]
         counts[name] = _iterations(config, [t for n in pair for t in warm[n]])

@@ -6,8 +6,8 @@ import pytest
 from edge.errors import InternalError
 from edge.profile.sidebyside import (
     AA_SUFFIX,
-    _counts,
     SideBySideConfig,
+    _counts,
     aa_deviation,
     finish,
     interleave,
