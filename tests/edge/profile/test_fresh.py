@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +160,16 @@ def test_processes_are_checked_against_the_session_sets(tmp_path, capsys):
     assert out.out == "" and "--sets 1:2" in out.err and "session sets among 0 to 1" in out.err
     assert main(["--reference", "original", "--sets", "0:1", f"original={graph}"]) != 0
     assert "--sets without --settings" in capsys.readouterr().err
+
+
+def test_a_timing_process_imports_no_torch(tmp_path):
+    """Five timing processes per pipeline run: torch's import (3 s each) is no part of timing ONNX graphs."""
+    graph = matmul_graph(tmp_path / "a.onnx", 8)
+    code = ("import sys; sys.argv = ['fresh', '--reference', 'a', 'a=" + str(graph) + "', '--settings', "
+            "'{\"rounds\": 2, \"sessions\": 1, \"warmup\": 1, \"iterations\": 1}', '--sets', '0:1']; "
+            "import edge.profile.fresh as f; code = f.main(sys.argv[1:]); "
+            "assert code == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["timed"]["iterations"] == {"a": 1, "a (A/A)": 1}
