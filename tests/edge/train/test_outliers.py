@@ -35,6 +35,7 @@ def test_recipe_writes_float16_weights_and_a_card_that_says_how(made):
     assert next(model.parameters()).dtype.is_floating_point
 
 
-def test_a_run_stopped_by_max_steps_keeps_its_checkpoint(made):
+@pytest.mark.slow  # the recipe's fixture (~30 s); the same rule for edge train and edge finetune runs by default
+def test_a_run_stopped_by_max_steps_keeps_its_checkpoint(made):  # (tests/edge/test_train.py, test_finetune.py)
     out, _ = made
     assert (out / "checkpoint.pt").is_file()              # max_steps is a stop, not the end of the schedule
