@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -296,6 +295,8 @@ def child_main(request_path: str) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(child_main(sys.argv[1]))
+    except KeyboardInterrupt:  # the runner's forwarded Ctrl-C, after child_main put the default handler back
+        sys.exit(128 + signal.SIGINT)
     except Exception:  # noqa: BLE001 - not swallowed: the traceback goes to stderr, exit 3
         traceback.print_exc()
         sys.exit(3)

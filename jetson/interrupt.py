@@ -45,9 +45,13 @@ class Interruptions:
         return self.signum is not None
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
-        """The signal handler: note the signal; raise it unless a TensorRT call is in progress."""
-        if self.signum is None:
-            self.signum = signum
+        """The signal handler: note the signal; raise it unless a TensorRT call is in progress. A signal after the
+        first is only noted: the first one is already stopping the run, and a second raised again would land in
+        whatever the stop does (putting the device back, writing the partial results). A terminal's Ctrl-C during
+        a build reaches the build process twice: from the terminal, and forwarded by the runner."""
+        if self.signum is not None:
+            return
+        self.signum = signum
         if not self._deferring:
             self.check()
 
