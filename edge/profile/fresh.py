@@ -41,7 +41,7 @@ from edge.config import bounds, checked_value
 from edge.errors import EdgeError
 from edge.profile.backends import OrtBackend
 from edge.profile.graphs import TimingConfig, ort_factories, side_by_side_config
-from edge.profile.sidebyside import SideBySideConfig
+from edge.profile.sidebyside import AA_SUFFIX, SideBySideConfig
 
 MODULE = "edge.profile.fresh"
 STDERR_TAIL = 2000   # characters of the child's stderr an error carries
@@ -243,8 +243,6 @@ def run(argv: list[str] | None = None) -> dict:
                                      f"{settings.sessions})")
         counts = args.counts
         if counts is not None:
-            from edge.profile.sidebyside import AA_SUFFIX
-
             wanted = {*graphs, args.reference + AA_SUFFIX}
             if set(counts) != wanted:
                 raise EdgeError("--counts names other graphs than those timed", expected=", ".join(sorted(wanted)),

@@ -74,12 +74,10 @@ def _counts(config: SideBySideConfig, warm: dict[str, list[float]], twins: dict[
     """Timed calls per round of each backend: ``config.iterations`` for all, or (None) about ``turn_ms`` of each
     one's own warm-up calls (3 to 200): an INT8 graph ten times slower than the reference is not timed ten times
     as long. A backend and its A/A twin (``twins``: twin -> backend) share one count, from both warm-ups."""
-    counts = {}
-    for name in warm:
-        own = twins.get(name, name)
-        pair = [n for n in warm if twins.get(n, n) == own]
-        counts[name] = _iterations(config, [t for n in pair for t in warm[n]])
-    return counts
+    pooled: dict[str, list[float]] = {}
+    for name, times in warm.items():
+        pooled.setdefault(twins.get(name, name), []).extend(times)
+    return {name: _iterations(config, pooled[twins.get(name, name)]) for name in warm}
 
 
 def interleave(factories: dict[str, Callable[[], Backend]], config: SideBySideConfig,

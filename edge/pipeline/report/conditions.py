@@ -6,9 +6,9 @@ from edge.errors import plural
 from edge.pipeline.report.tables import images_cell, speedup_cell
 
 
-def calls_per_round(counts: dict[str, int] | int, settings: dict) -> str:
+def calls_per_round(counts: dict[str, int], settings: dict) -> str:
     """Each variant's timed calls per round, in words: one count for all, or the range (about ``turn_ms`` each)."""
-    values = set(counts.values()) if isinstance(counts, dict) else {counts}
+    values = set(counts.values())
     if len(values) == 1:
         return f"{plural(values.pop(), 'timed call')} per variant"
     return (f"{min(values)} to {max(values)} timed calls per variant (about {settings['turn_ms']:g} ms of each: "
