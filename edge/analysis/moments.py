@@ -52,8 +52,12 @@ class PairMoments:
         self.sample_count += int(images if images is not None else x.shape[1])
         self.sums += x.sum(1).cpu()   # the sums live on the CPU; the products where the rows are
         flat = x.permute(1, 0, 2).reshape(x.shape[1], -1)  # [rows, R*D]
-        grams = (flat.T @ flat).reshape(self.num_reps, self.dim, self.num_reps, self.dim).permute(0, 2, 1, 3)
-        self.grams += grams.cpu()
+        # X_i^T X_j for j >= i only (X_j^T X_i is its transpose): 7/13 of the products of one [R*D, R*D] product
+        d = self.dim
+        for i in range(self.num_reps):
+            upper = (flat[:, i * d:(i + 1) * d].T @ flat[:, i * d:]).reshape(d, -1, d).permute(1, 0, 2).cpu()
+            self.grams[i, i:] += upper
+            self.grams[i + 1:, i] += upper[1:].transpose(1, 2)
         unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         self.cosine_sums += torch.einsum("ird,jrd->ij", unit, unit).cpu()
 
