@@ -95,12 +95,14 @@ def run_graph(model: onnx.ModelProto, inputs: np.ndarray, names: list[str] | Non
 
 
 def measure(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: np.ndarray, classes: int | None,
-            data: str) -> dict:
+            data: str, reference_outputs: dict[str, np.ndarray] | None = None) -> dict:
     """Every output of ``candidate`` against ``reference`` (float32) on ``inputs``: per output and the worst.
-    ``classes`` None: ``inputs`` are not images (a graph recording no preprocessing), errors only."""
+    ``classes`` None: ``inputs`` are not images (a graph recording no preprocessing), errors only.
+    ``reference_outputs``: :func:`run_graph` of ``reference`` on ``inputs`` where the caller has them already."""
     from edge.check.accuracy import head_mismatch
 
-    a, b = run_graph(reference, inputs), run_graph(candidate, inputs)
+    a = run_graph(reference, inputs) if reference_outputs is None else reference_outputs
+    b = run_graph(candidate, inputs)
     per_output, notes = {}, []
     if classes is None:
         notes.append("the graph records no preprocessing: compared on seeded random inputs, not images (errors "
@@ -230,15 +232,17 @@ def node_line(node: dict) -> str:
 # the verdict
 def judge(reference: onnx.ModelProto, candidate: onnx.ModelProto, precision: str, inputs: np.ndarray,
           classes: int | None, data: str, source: str, config: GateConfig | None = None,
-          node_reference: onnx.ModelProto | None = None) -> dict:
+          node_reference: onnx.ModelProto | None = None,
+          reference_outputs: dict[str, np.ndarray] | None = None) -> dict:
     """The gate of ``candidate`` (``precision``: fp16 or int8) made from ``reference``: its figures,
     thresholds and verdict. Below the thresholds it raises :class:`AccuracyLoss` naming the nodes that
     add most error, unless ``config.accept_loss``: then the figures carry ``accepted_loss`` and the nodes.
     ``node_reference``: the float graph the per-node errors compare with where it is not ``reference`` (an
-    int8 graph placed in a SmoothQuant-rescaled float graph: its LayerNorm outputs differ by design)."""
+    int8 graph placed in a SmoothQuant-rescaled float graph: its LayerNorm outputs differ by design).
+    ``reference_outputs``: ``reference``'s outputs on ``inputs`` (:func:`run_graph`), when the caller has them."""
     config = config or GateConfig()
     thresholds = THRESHOLDS[precision]
-    figures = measure(reference, candidate, inputs, classes, data)
+    figures = measure(reference, candidate, inputs, classes, data, reference_outputs)
     missed = failures(figures, thresholds)
     gate = {**figures, "thresholds": thresholds.to_json(), "passed": not missed, "failures": missed,
             "accepted_loss": False}

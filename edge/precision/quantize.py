@@ -9,8 +9,10 @@ result (``onnx.checker`` and the outputs on real images) and writes it atomicall
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import sys
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from edge.onnx_metadata import (ACCURACY_GATE, FLOAT_PRECISION, FP16_RANGE_CHECK
 from edge.precision.calibration import InputOptions, with_input_options
 from edge.precision.fp16 import Fp16Config, convert_to_fp16, head_nodes, name_nodes
 from edge.precision.fp16_ranges import RangeCheck
-from edge.precision.gate import GATE_IMAGES, GateConfig, gate_record, judge
+from edge.precision.gate import GATE_IMAGES, GateConfig, gate_record, judge, run_graph
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -39,6 +41,27 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 
 
 PRECISIONS = ("fp16", "int8")
+
+# the float32 graphs' outputs on the gate's images, by (file content, images): the fp16 and the int8 graph of one
+# source (as `edge pipeline` makes them) are judged against one run of it
+_REFERENCE_OUTPUTS: OrderedDict[tuple[str, str], dict[str, np.ndarray]] = OrderedDict()
+REFERENCES_KEPT = 2
+
+
+def reference_outputs(model: onnx.ModelProto, file_digest: str, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`~edge.precision.gate.run_graph` of the float32 graph ``model`` (read from a file whose sha256 is
+    ``file_digest``) on ``inputs``; the last :data:`REFERENCES_KEPT` results are kept (read-only) and reused."""
+    key = (file_digest, hashlib.sha256(inputs.tobytes()).hexdigest() + str(inputs.shape) + str(inputs.dtype))
+    if key in _REFERENCE_OUTPUTS:
+        _REFERENCE_OUTPUTS.move_to_end(key)
+        return _REFERENCE_OUTPUTS[key]
+    outputs = run_graph(model, inputs)
+    for value in outputs.values():
+        value.setflags(write=False)
+    _REFERENCE_OUTPUTS[key] = outputs
+    while len(_REFERENCE_OUTPUTS) > REFERENCES_KEPT:
+        _REFERENCE_OUTPUTS.popitem(last=False)
+    return outputs
 
 
 def _check_images(model: onnx.ModelProto, source: str, data: str, count: int = GATE_IMAGES) \
@@ -161,6 +184,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
     out = Path(out)
     model = load_onnx(model_path)
+    digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()   # the float32 outputs' key (the gate)
     if source_precision(model) != "float32":
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
@@ -193,7 +217,7 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
     # per-node errors against the float graph the Q/DQ pairs were placed in (SmoothQuant rescales LayerNorm outputs)
     smoothed = result.pop("smoothed_float_graph", None)
     result["check"] = judge(model, converted, precision, inputs, classes, data_name, str(model_path), gate,
-                            node_reference=smoothed)
+                            node_reference=smoothed, reference_outputs=reference_outputs(model, digest, inputs))
     if not result["check"]["finite"]:
         raise EdgeError(f"the {precision} graph of {model_path} gives non-finite outputs on real images",
                         fix="nothing was written; keep more ops in float32 (--keep-fp32 OP)")

@@ -224,3 +224,32 @@ def test_per_node_errors_of_a_smoothquant_graph_compare_with_the_smoothed_float_
     assert against_smoothed["norm1"]["added"] < 1e-3          # the same LayerNorm, exact in float32
     worst = max(against_smoothed.values(), key=lambda n: n["added"])
     assert worst["op"] != "LayerNormalization"
+
+
+def test_the_float32_graph_runs_once_for_its_fp16_and_int8_gates_and_again_when_the_file_changes(graphs, tmp_path,
+                                                                                                 monkeypatch):
+    """edge pipeline converts one float32 graph to fp16, then to int8: the second gate reuses the first one's float32
+    outputs (same file content, same images); a file rewritten with other weights is run again."""
+    import shutil
+
+    from edge.precision import quantize
+
+    runs = []
+    real = quantize.run_graph
+    monkeypatch.setattr(quantize, "run_graph", lambda model, inputs: runs.append(len(inputs)) or real(model, inputs))
+    monkeypatch.setattr(quantize, "_REFERENCE_OUTPUTS", type(quantize._REFERENCE_OUTPUTS)())
+    source = tmp_path / "source.onnx"
+    shutil.copyfile(graphs["reference"], source)
+    gate = GateConfig(images=40, accept_loss=True)
+    fp16 = quantize_file(source, tmp_path / "a.fp16.onnx", "fp16", gate=gate, check_data="fmnist-mini")
+    int8 = quantize_file(source, tmp_path / "a.int8.onnx", "int8", int8=modelopt(graphs), gate=gate,
+                         check_data="fmnist-mini")
+    assert runs == [40]
+    assert fp16["check"]["per_output"]["logits"]["top1_agreement"] > 0.9
+    assert int8["check"]["images"] == 40
+    shutil.copyfile(graphs["outliers"], source)    # other weights at the same path: its own float32 outputs
+    outliers = quantize_file(source, tmp_path / "b.fp16.onnx", "fp16", gate=gate, check_data="fmnist-mini")
+    assert runs == [40, 40]
+    fresh = quantize_file(graphs["outliers"], tmp_path / "c.fp16.onnx", "fp16", gate=gate, check_data="fmnist-mini")
+    assert runs == [40, 40]   # the same content from another path: reused
+    assert outliers["check"]["per_output"] == fresh["check"]["per_output"]
