@@ -42,16 +42,17 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 
 PRECISIONS = ("fp16", "int8")
 
-# the float32 graphs' outputs on the gate's images, by (file content, images): the fp16 and the int8 graph of one
+# the float32 graphs' outputs on the gate's images, by (graph content, images): the fp16 and the int8 graph of one
 # source (as `edge pipeline` makes them) are judged against one run of it
 _REFERENCE_OUTPUTS: OrderedDict[tuple[str, str], dict[str, np.ndarray]] = OrderedDict()
 REFERENCES_KEPT = 2
 
 
-def reference_outputs(model: onnx.ModelProto, file_digest: str, inputs: np.ndarray) -> dict[str, np.ndarray]:
-    """:func:`~edge.precision.gate.run_graph` of the float32 graph ``model`` (read from a file whose sha256 is
-    ``file_digest``) on ``inputs``; the last :data:`REFERENCES_KEPT` results are kept (read-only) and reused."""
-    key = (file_digest, hashlib.sha256(inputs.tobytes()).hexdigest() + str(inputs.shape) + str(inputs.dtype))
+def reference_outputs(model: onnx.ModelProto, graph_digest: str, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`~edge.precision.gate.run_graph` of the float32 graph ``model`` (as loaded, before any change: its
+    serialisation's sha256 is ``graph_digest``) on ``inputs``; the last :data:`REFERENCES_KEPT` results are kept
+    (read-only) and reused."""
+    key = (graph_digest, hashlib.sha256(inputs.tobytes()).hexdigest() + str(inputs.shape) + str(inputs.dtype))
     if key in _REFERENCE_OUTPUTS:
         _REFERENCE_OUTPUTS.move_to_end(key)
         return _REFERENCE_OUTPUTS[key]
@@ -184,7 +185,8 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
     out = Path(out)
     model = load_onnx(model_path)
-    digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()   # the float32 outputs' key (the gate)
+    # the float32 outputs' key (the gate): the graph as loaded, external weights included
+    digest = hashlib.sha256(model.SerializeToString()).hexdigest()
     if source_precision(model) != "float32":
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")

@@ -229,7 +229,7 @@ def test_per_node_errors_of_a_smoothquant_graph_compare_with_the_smoothed_float_
 def test_the_float32_graph_runs_once_for_two_conversions_and_again_when_the_file_changes(graphs, tmp_path,
                                                                                         monkeypatch):
     """edge pipeline converts one float32 graph twice (fp16, then int8): the second gate reuses the first one's
-    float32 outputs (same file content, same images; the key holds no precision); a file rewritten with other
+    float32 outputs (same graph content, same images; the key holds no precision); a file rewritten with other
     weights is run again, the same content at another path is not."""
     import shutil
 
