@@ -112,10 +112,6 @@ def clean_graph(raw: onnx.ModelProto, passes: Sequence[GraphPass] | None = None,
         reference = reference_outputs(raw, inputs, source) if check else None
     check_requirements(raw, passes, source)
     graph = gs.import_onnx(raw)
-    # cleaned and ordered after the first pass and after every pass that changes it: cleanup and toposort change
-    # nothing in a graph they have just cleaned and ordered, so every pass sees what it saw when each one was
-    # followed by them (the first pass sees the graph as imported, as before)
-    tidy = False
     for round_index in range(max_rounds):
         report.rounds = round_index + 1
         changed_round = False
@@ -125,9 +121,7 @@ def clean_graph(raw: onnx.ModelProto, passes: Sequence[GraphPass] | None = None,
             start = time.perf_counter()
             result = _run_pass(p, graph)
             graph = result.graph
-            if result.modified or not tidy:
-                graph.cleanup(remove_unused_graph_inputs=False).toposort()
-                tidy = True
+            graph.cleanup(remove_unused_graph_inputs=False).toposort()
             stats.seconds += time.perf_counter() - start
             stats.runs += 1
             report.notes += [note for note in result.notes if note not in report.notes]

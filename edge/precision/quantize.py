@@ -185,11 +185,11 @@ def quantize_file(model_path: str | Path, out: str | Path, precision: str, *, fp
         raise EdgeError(f"--precision {precision!r}", expected=f"one of {', '.join(PRECISIONS)}")
     out = Path(out)
     model = load_onnx(model_path)
-    # the float32 outputs' key (the gate): the graph as loaded, external weights included
-    digest = hashlib.sha256(model.SerializeToString()).hexdigest()
     if source_precision(model) != "float32":
         raise EdgeError(f"{model_path} is already {source_precision(model)}", expected="a float32 graph",
                         fix="convert the float32 export from `edge export` / `edge clean`")
+    # the float32 outputs' key (the gate): the graph as loaded, external weights included
+    digest = hashlib.sha256(model.SerializeToString()).hexdigest()
     with_input_options(model, str(model_path), input_options, images_needed=precision == "int8")
     int8, ranges, check_data = _resolve_data(model, model_path, precision, int8, ranges, check_data)
     if precision == "fp16":
