@@ -16,6 +16,7 @@ device's home belongs to the user.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -102,10 +103,14 @@ def device_interpreter() -> Interpreter:
                        "environment other users may read")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every socket is held until all are picked (ports picked one after another, each
+    socket closed first, may repeat; two devices on one port answer with the first one's Match block)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def keygen(path: Path) -> Path:
@@ -207,11 +212,11 @@ def start_sshd(root: Path, faults: list[dict[str, str]]) -> SshServer:
     python.chmod(0o755)
     public_host_key = " ".join((root / "host_key.pub").read_text().split()[:2])
     devices, blocks, known = [], [], []
-    for n, extra in enumerate(faults):
+    for n, (extra, port) in enumerate(zip(faults, free_ports(len(faults)), strict=True)):
         extra = dict(extra)
         rule = extra.pop(NO_SUDOERS_RULE, "") != "1"
         tegrastats = extra.pop(NO_TEGRASTATS, "") != "1"
-        port, home = free_port(), shared / f"device{n}"
+        home = shared / f"device{n}"
         home.mkdir()
         os.chown(home, user.pw_uid, user.pw_gid)
         fakes = install_fakes(shared / f"device{n}-tools", python=interpreter.python,
