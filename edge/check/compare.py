@@ -57,6 +57,15 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, tolerance: Tole
     return Comparison(max_abs, rel, inputs, finite and max_abs <= tolerance.max_abs and rel <= tolerance.rel_l2)
 
 
+def default_threads() -> int | None:
+    """ONNX Runtime's threads where a caller names none: ``OMP_NUM_THREADS`` when set to a whole number (torch's
+    threads follow it too), else None (ONNX Runtime's own choice: one per physical core)."""
+    import os
+
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool = True,
                 profile_prefix: str | None = None):
     """A CPU session with all graph optimisations; ``spinning=False``: its pool threads stop spinning when a call
@@ -73,6 +82,7 @@ def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool 
     model_bytes_or_path, custom_ops = session_model(model_bytes_or_path)
     if custom_ops:
         options.register_custom_ops_library(custom_ops)
+    threads = threads or default_threads()
     if threads:
         options.intra_op_num_threads = threads
     if not spinning:
