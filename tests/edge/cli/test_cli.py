@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from edge.cli import COMMANDS, build_parser, main
+from edge.cli import COMMANDS, build_parser, main, verb_of
 from tests.conftest import needs_fmnist
 from tests.launch import run_edge
 
@@ -22,6 +22,21 @@ def test_every_command_has_help_with_examples_and_json(command, capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "examples:" in text and f"edge {command}" in text and "--json" in text
+
+
+def test_a_verb_builds_only_its_own_options_and_anything_else_lists_every_verb(capsys):
+    """main() builds the parser for the verb it is given (a fresh `edge deploy` imports no torch for its options);
+    each verb is its module's name, so that choice cannot miss one."""
+    def verbs(parser):
+        return list(next(a for a in parser._actions if a.dest == "command").choices)
+
+    everything = verbs(build_parser())
+    assert everything == [verb_of(c) for c in COMMANDS] and len(everything) == len(COMMANDS)
+    assert verbs(build_parser(["deploy", "bundles/x", "--host", "a@b"])) == ["deploy"]
+    for argv in ([], ["--help"], ["--version"], ["deplo"], None):
+        assert verbs(build_parser(argv)) == everything
+    assert main(["deplo"]) == 2
+    assert "invalid choice: 'deplo' (choose from 'info'," in capsys.readouterr().err   # the whole list to pick from
 
 
 def test_info_json():

@@ -199,7 +199,7 @@ def nothing_runs(monkeypatch):
             raise AssertionError(f"{_verb}: a wrong value got past the parser: {args}")
         monkeypatch.setattr(module, "run", must_not_run)
     parser = build_parser()  # one parser for all cases (building it takes longer than parsing)
-    monkeypatch.setattr("edge.cli.build_parser", lambda: parser)
+    monkeypatch.setattr("edge.cli.build_parser", lambda argv=None: parser)
 
 
 def test_every_option_of_every_verb_refuses_wrong_values_at_parse_time(place, nothing_runs, capsys):
