@@ -81,10 +81,12 @@ def argv_of(case: str, root: Path, data: Path) -> list[str]:
         "export": ["export", "fmnist-deit-tiny", "--data", d, "--out", str(root / "again.onnx")],
         "clean": ["clean", onnx, "--out", str(root / "ref.clean.onnx")],
         "verify": ["verify", onnx, onnx, "--data", d],
+        # the accuracy gate on 50 images, not 500: what is checked here is stdout (tests/edge/precision: the gate)
         "quantize-fp16": ["quantize", onnx, "--precision", "fp16", "--data", d, "--samples", "10",
-                          "--out", str(root / "fp16.onnx")],
+                          "--gate-images", "50", "--out", str(root / "fp16.onnx")],
         **{f"quantize-int8-{method}": ["quantize", onnx, "--precision", "int8", "--method", method, "--data", d,
-                                       "--samples", "10", "--no-cache", "--out", str(root / f"{method}.onnx")]
+                                       "--samples", "10", "--gate-images", "50", "--no-cache",
+                                       "--out", str(root / f"{method}.onnx")]
            for method in ("minmax", "entropy", "percentile")},
         "check": ["check", onnx, "--trt", "10.16"],
         "build": ["build", onnx, "--out", str(root / "ref.engine"), "--trtexec"],

@@ -178,7 +178,7 @@ def test_the_bundle_carries_the_graphs_gate_figures_to_the_device(graphs, tmp_pa
     from jetson.bundle import Protocol, read_bundle
 
     out = tmp_path / "bundle"
-    make_bundle([graphs["reference"]], out, BundleConfig(precisions=("fp32", "fp16"), gate_images=8,
+    make_bundle([graphs["reference"]], out, BundleConfig(precisions=("fp32", "fp16"), gate_images=8, samples=64,
                                                          protocol=Protocol(iterations=10)))
     by_precision = {v.precision: v for v in read_bundle(out).variants}
     assert by_precision["fp32"].gate.host is None  # the float32 graph itself: nothing to compare
