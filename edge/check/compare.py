@@ -60,8 +60,6 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, tolerance: Tole
 def default_threads() -> int | None:
     """ONNX Runtime's threads where a caller names none: ``OMP_NUM_THREADS`` when set to a whole number (torch's
     threads follow it too), else None (ONNX Runtime's own choice: one per physical core)."""
-    import os
-
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 

@@ -41,9 +41,10 @@ def verb_of(command) -> str:
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The command line's parser. Given ``argv`` whose first word is a verb, only that verb's options are built:
-    a verb's options read their defaults from the library, which imports torch and timm, so that ``edge deploy``
-    or ``edge info`` need not (a fresh ``edge deploy --help``: 1.3 s instead of 4.9 s here). Anything else
-    (``edge --help``, no verb, an unknown one) gets every verb, for the list and argparse's "invalid choice"."""
+    every verb's options read their defaults from the library, which imports torch and timm, and one verb needs
+    only its own (a fresh ``edge deploy --help``: 3.6-4.5 s against 4.9-5.4 s here, three runs each; its --latency-table defaults still
+    import torch). Anything else (``edge --help``, no verb, an unknown one) gets every verb, for the list and
+    argparse's "invalid choice"."""
     parser = argparse.ArgumentParser(
         prog="edge", description="Make Vision Transformers fast on NVIDIA Jetson Orin Nano.",
         epilog="run `edge COMMAND --help` for a command's options and examples")
