@@ -47,6 +47,15 @@ def require_head(model: nn.Module, dataset, purpose: str, fix: str) -> None:
                             f"with weights fine-tuned on them, or `edge eval MODEL --probe` to fit one), or {fix}")
 
 
+def _outputs(model, batches, device: torch.device):
+    """``(model(x), y)`` for every batch, in order: several at once where the model runs them so (an ONNX graph's
+    :meth:`~edge.check.onnx_classifier.OnnxClassifier.map`), else one by one."""
+    concurrent = getattr(model, "map", None)
+    if concurrent is not None:
+        return concurrent(batches)
+    return ((model(x.to(device)), y) for x, y in batches)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = EvaluateConfig.batch_size,
              device: torch.device | str = "cpu", show_progress: bool = True, predictions: bool = False) -> dict:
@@ -63,8 +72,8 @@ def evaluate(model: nn.Module, dataset, spec: InputSpec, *, batch_size: int = Ev
     predicted: list[torch.Tensor] = []
     start = time.perf_counter()
     with bar(total=len(dataset), desc=f"eval {dataset.name}", unit="img", disable=not show_progress) as progress:
-        for x, y in dataset.batches(batch_size, preprocess):
-            logits = model(x.to(device)).float().cpu()
+        for logits, y in _outputs(model, dataset.batches(batch_size, preprocess), device):
+            logits = logits.float().cpu()
             mismatch = head_mismatch(tuple(logits.shape), num_classes, dataset.name)
             if mismatch:
                 raise EdgeError(f"the model's {mismatch}", expected=f"a classifier head of {num_classes} classes",

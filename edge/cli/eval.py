@@ -71,10 +71,11 @@ def run(args) -> int:
     args.data = data_for(args.data, args.model)
     dataset = load_dataset(args.data, args.split)
     if args.model.endswith(".onnx"):
-        from edge.check.onnx_classifier import OnnxClassifier
+        from edge.check.onnx_classifier import OnnxClassifier, concurrent_calls
         from edge.onnx_metadata import precision_of
 
-        graph = OnnxClassifier(args.model, threads=args.threads)
+        calls, threads = concurrent_calls(args.threads) if args.threads else (1, None)
+        graph = OnnxClassifier(args.model, threads=threads, calls=calls)
         result = {"model": args.model, **evaluate(graph, dataset, onnx_input_spec(args.model, options),
                                                   batch_size=args.batch_size),
                   "precision": precision_of(graph.metadata), "backend": "onnxruntime",

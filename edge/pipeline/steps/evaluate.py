@@ -29,13 +29,14 @@ def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: s
 
     def work() -> dict:
         from edge.check.accuracy import evaluate
-        from edge.check.onnx_classifier import OnnxClassifier
+        from edge.check.onnx_classifier import OnnxClassifier, concurrent_calls
         from edge.data import InputSpec
 
         dataset = ctx.test_set
         if picked is not None:
             dataset = dataset.subset(picked, f"{dataset.name}[{len(picked)}]")
-        classifier = OnnxClassifier(folder / graph, threads=recipe.threads)
+        calls, threads = concurrent_calls(recipe.threads)
+        classifier = OnnxClassifier(folder / graph, threads=threads, calls=calls)
         result = evaluate(classifier, dataset, InputSpec.from_data_config(classifier.data_config()),
                           batch_size=recipe.evaluate.batch_size, predictions=True)
         if against is not None:   # each float32 graph's predictions are in the order of its own images
