@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,20 @@ _IDX_DTYPES = {
 }
 
 
+@lru_cache(maxsize=4)
+def _gunzip(path: Path, mtime_ns: int, size: int) -> bytes:
+    """A gzip file's bytes, kept for the next read of the same file while its time and size are unchanged: one
+    process (an `edge pipeline` run) reads the 60,000 training images once instead of at every step (0.6-0.8 s of
+    decompression each time here)."""
+    with gzip.open(path, "rb") as f:
+        return f.read()
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
+            stat = path.stat()
+            return _gunzip(path.resolve(), stat.st_mtime_ns, stat.st_size)
         return path.read_bytes()
     except FileNotFoundError as e:
         raise EdgeError(f"IDX file {path} does not exist",

@@ -16,6 +16,22 @@ def test_round_trip_gz(tmp_path):
     assert out.dtype == np.uint8 and np.array_equal(out, array)
 
 
+def test_a_gzip_file_read_again_gives_its_current_content_in_a_fresh_array(tmp_path):
+    import os
+
+    path = tmp_path / "a-idx3-ubyte.gz"
+    write_idx(path, np.zeros((2, 3, 4), np.uint8))
+    first = read_idx(path, ndim=3)
+    first[:] = 7                                   # the caller's own copy: the next read is not changed
+    assert not read_idx(path, ndim=3).any()
+    write_idx(path, np.full((2, 3, 4), 5, np.uint8))   # the same size: only its time tells the change
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert (read_idx(path, ndim=3) == 5).all()
+    write_idx(path, np.ones((3, 3, 4), np.uint8))      # another size
+    assert read_idx(path, ndim=3).shape == (3, 3, 4)
+
+
 def test_raw_file_with_big_endian_int32(tmp_path):
     values = np.array([1, -2, 70000], dtype=">i4")
     (tmp_path / "x.idx").write_bytes(struct.pack(">HBBI", 0, 0x0C, 1, 3) + values.tobytes())
