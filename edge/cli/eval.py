@@ -71,7 +71,8 @@ def run(args) -> int:
     args.data = data_for(args.data, args.model)
     dataset = load_dataset(args.data, args.split)
     if args.model.endswith(".onnx"):
-        from edge.check.onnx_classifier import OnnxClassifier, concurrent_calls
+        from edge.check.compare import concurrent_calls
+        from edge.check.onnx_classifier import OnnxClassifier
         from edge.onnx_metadata import precision_of
 
         calls, threads = concurrent_calls(args.threads) if args.threads else (1, None)

@@ -34,6 +34,7 @@ from jetson.accuracy_gate import GRAPH_THRESHOLDS, Thresholds, graph_failures
 
 GATE_IMAGES = 500    # test images the gate runs on
 NODE_IMAGES = 8      # of them, the images the per-node errors are measured on (only when the gate fails)
+RUN_BATCH = 64       # images per call of a dynamic-batch graph (edge pipeline's accuracy batch: fastest measured)
 TOP_NODES = 5        # nodes named in a refusal
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
@@ -76,20 +77,31 @@ def output_figures(reference: np.ndarray, candidate: np.ndarray, class_scores: b
 
 def run_graph(model: onnx.ModelProto, inputs: np.ndarray, names: list[str] | None = None) -> dict[str, np.ndarray]:
     """``model``'s outputs (or the tensors ``names``, exposed as outputs) on ``inputs``, by name, in the graph's
-    static batch (whole batches only: images past the last full one are left out) or in one run."""
+    static batch (whole batches only: images past the last full one are left out) or, a dynamic batch, in calls of
+    :data:`RUN_BATCH` images. The calls run a few at once on one-thread sessions
+    (:func:`~edge.check.compare.concurrent_calls` of ``OMP_NUM_THREADS``, else of the CPU count)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
     from calib.data import graph_batch
-    from edge.check.compare import ort_session
+    from edge.check.compare import concurrent_calls, default_threads, ort_session
 
     if names is not None:
         model = _exposing(model, names)
-    session = ort_session(model.SerializeToString())
+    calls, threads = concurrent_calls(default_threads() or os.cpu_count() or 1)
+    session = ort_session(model.SerializeToString(), threads=threads)
     feed = model.graph.input[0].name
-    batch = graph_batch(model) or len(inputs)
+    static = graph_batch(model)
+    batch = static or RUN_BATCH
+    stop = len(inputs) - batch + 1 if static else len(inputs)
     outputs = [o.name for o in session.get_outputs()]
     pieces: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
-    for start in range(0, len(inputs) - batch + 1, batch):
-        for name, value in zip(outputs, session.run(None, {feed: inputs[start:start + batch]}), strict=True):
-            pieces[name].append(value)
+    with ThreadPoolExecutor(calls, thread_name_prefix="gate") as pool:
+        results = pool.map(lambda start: session.run(None, {feed: inputs[start:start + batch]}),
+                           range(0, max(stop, 0), batch))
+        for result in results:
+            for name, value in zip(outputs, result, strict=True):
+                pieces[name].append(value)
     # a tensor without a batch axis (a scalar of the shape arithmetic) is joined as it comes: the same in both graphs
     return {name: np.concatenate(parts) if parts[0].ndim else parts[0] for name, parts in pieces.items()}
 

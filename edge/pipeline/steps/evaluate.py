@@ -29,7 +29,8 @@ def evaluate_graph(ctx: Context, label: str, folder: Path, graph: str, digest: s
 
     def work() -> dict:
         from edge.check.accuracy import evaluate
-        from edge.check.onnx_classifier import OnnxClassifier, concurrent_calls
+        from edge.check.compare import concurrent_calls
+        from edge.check.onnx_classifier import OnnxClassifier
         from edge.data import InputSpec
 
         dataset = ctx.test_set

@@ -7,7 +7,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper, save
 
 from edge.check.accuracy import evaluate
-from edge.check.onnx_classifier import MAX_CALLS, OnnxClassifier, concurrent_calls
+from edge.check.compare import MAX_CALLS, concurrent_calls
+from edge.check.onnx_classifier import OnnxClassifier
 from edge.data import InputSpec, load_dataset
 
 

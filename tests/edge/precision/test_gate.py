@@ -254,3 +254,30 @@ def test_the_float32_graph_runs_once_for_two_conversions_and_again_when_the_file
     assert runs == [16, 16]   # the same content from another path: reused
     assert outliers["check"]["per_output"] == moved["check"]["per_output"]
     assert outliers["check"]["per_output"] != first["check"]["per_output"]
+
+
+def _linear(batch) -> onnx.ModelProto:
+    weight = np.random.default_rng(1).standard_normal((16, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "linear",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
+                              [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("omp", ["1", "2", None])
+def test_the_gate_runs_a_graph_in_calls_at_once_in_the_images_order(monkeypatch, omp):
+    from edge.precision.gate import RUN_BATCH, run_graph
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    inputs = np.random.default_rng(2).standard_normal((2 * RUN_BATCH + 22, 16)).astype(np.float32)
+    expected = inputs @ numpy_helper.to_array(_linear(None).graph.initializer[0])
+    dynamic = run_graph(_linear("batch"), inputs)["y"]      # three calls: 64, 64 and 22 images
+    assert dynamic.shape == expected.shape
+    np.testing.assert_allclose(dynamic, expected, rtol=1e-5, atol=1e-5)
+    static = run_graph(_linear(8), inputs)["y"]             # whole batches of 8: the last 6 images left out
+    assert static.shape == (len(inputs) // 8 * 8, 3)
+    np.testing.assert_allclose(static, dynamic[: len(static)], rtol=1e-6, atol=1e-6)
