@@ -39,11 +39,18 @@ CACHED_LIMIT_S = 30.0    # a rerun with nothing changed
 TARGET_S = 300.0         # the issue's target for the pipeline after set-up
 
 
-def timed(command: list[str], cwd: Path, env: dict | None = None, log: Path | None = None) -> tuple[int, float]:
+def timed(command: list[str], cwd: Path, env: dict | None = None, log: Path | None = None,
+          contention: dict | None = None) -> tuple[int, float]:
+    """Exit code and wall seconds of ``command``; ``contention``: filled with the CPU time others took meanwhile
+    (edge.profile.contention: other processes and, on a VM, its host's steal)."""
+    from edge.profile.contention import CpuContention
+
     start = time.perf_counter()
-    with open(log or os.devnull, "w") as out:
+    with open(log or os.devnull, "w") as out, CpuContention() as others:
         code = subprocess.run(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
                               stderr=subprocess.STDOUT, check=False).returncode
+    if contention is not None:
+        contention.update({k: v for k, v in others.result().items() if k.endswith("_share")})
     return code, time.perf_counter() - start
 
 
@@ -62,11 +69,13 @@ def run_fresh(count: int, work: Path) -> tuple[list[dict], dict, dict]:
         out = clone / "runs" / f"pipeline{i}"
         # its own edge cache too (INT8 calibration ranges live in $EDGE_CACHE_DIR, ~/.cache/edge by default):
         # a first run on a new machine starts without them
+        others: dict = {}
         code, seconds = timed(["bash", "scripts/main.sh"], clone,
                               {"EDGE_PIPELINE_OUT": str(out), "EDGE_CACHE_DIR": str(work / f"cache{i}")},
-                              work / f"main{i}.log")
-        runs.append({"folder": str(out), "exit": code, "wall_s": round(seconds, 1)})
-        print(f"main job {i}: exit {code}, {seconds:.1f} s", file=sys.stderr)
+                              work / f"main{i}.log", others)
+        runs.append({"folder": str(out), "exit": code, "wall_s": round(seconds, 1), "contention": others})
+        print(f"main job {i}: exit {code}, {seconds:.1f} s, others took {others.get('other_cpu_share')} of the "
+              f"CPUs (the VM's host {others.get('stolen_cpu_share')})", file=sys.stderr)
     code, cached_s = timed(["bash", "scripts/main.sh"], clone,
                            {"EDGE_PIPELINE_OUT": runs[0]["folder"], "EDGE_CACHE_DIR": str(work / "cache1")},
                            work / "cached.log")
@@ -124,6 +133,20 @@ def compare(folders: list[str]) -> dict:
             "versions": reports[0]["versions"], "threads": reports[0]["threads"]}
 
 
+def contention_line(runs: list[dict]) -> str:
+    """How much of the CPUs others took during each run (a run slowed by them is not this code's figure)."""
+    shares = [r.get("contention") or {} for r in runs]
+    if not shares or any(c.get("other_cpu_share") is None for c in shares):
+        return "- CPU time others took during each run: not recorded (no /proc/stat, or runs made before)."
+
+    def pct(value: float | None) -> str:
+        return "?" if value is None else f"{100 * value:.1f} %"
+
+    return ("- CPU time others took during each run (share of all CPUs; in brackets the VM's host's steal, "
+            "/proc/stat): " + ", ".join(f"{pct(c['other_cpu_share'])} ({pct(c.get('stolen_cpu_share'))})"
+                                        for c in shares) + ".")
+
+
 def markdown(result: dict) -> str:
     c = result["comparison"]
     runs = result["runs"]
@@ -139,6 +162,7 @@ def markdown(result: dict) -> str:
         "- `bash scripts/main.sh` after set-up, three fresh runs (no shared cache): "
         + ", ".join(f"{w:.0f} s" for w in walls) + f" (target: {TARGET_S:.0f} s: "
         + ("met" if max(walls) <= TARGET_S else "**not met**") + ").",
+        contention_line(runs),
         f"- Rerun with nothing changed: {result['cached']['wall_s']} s (limit {CACHED_LIMIT_S:.0f} s)."
         if result.get("cached") else "- Rerun with nothing changed: not timed in this run.",
         f"- Same plan in every run: {c['same_plan']} (`{c['plans'][0]}`); same accuracy for every graph: "

@@ -236,9 +236,14 @@ def _contention(parts: list[dict]) -> dict:
     if len(found) == 1:
         return found[0]
     seconds = sum(c["seconds"] for c in found)
-    others = [c["other_cpu_share"] for c in found]
-    other = None if None in others else round(sum(o * c["seconds"] for o, c in zip(others, found)) / seconds, 4)
-    return {**found[0], "other_cpu_share": other, "seconds": round(seconds, 3),
+
+    def weighted(key: str) -> float | None:
+        shares = [c.get(key) for c in found]
+        return None if None in shares else round(sum(o * c["seconds"] for o, c in zip(shares, found)) / seconds, 4)
+
+    other = weighted("other_cpu_share")
+    return {**found[0], "other_cpu_share": other, "stolen_cpu_share": weighted("stolen_cpu_share"),
+            "seconds": round(seconds, 3),
             "own_cpu_share": round(sum(c["own_cpu_share"] * c["seconds"] for c in found) / seconds, 4),
             "busy": None if other is None else other > BUSY_SHARE, "processes": len(found)}
 

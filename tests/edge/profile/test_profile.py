@@ -100,6 +100,21 @@ def test_cpu_contention_tells_own_work_from_other_work():
     assert theirs["other_cpu_share"] > 0.2 and theirs["busy"] is True  # the child held a core for the whole block
 
 
+@pytest.mark.parametrize("busy, other, stolen", [(((100.0, 10.0), (110.0, 13.0)), 0.9, 0.3), ((None, None), None, None)])
+def test_contention_names_the_share_the_vms_host_stole(monkeypatch, busy, other, stolen):
+    from edge.profile import contention
+
+    samples = iter([(busy[0], 5.0, 0.0), (busy[1], 6.0, 5.0)])  # 5 s on 2 CPUs: 10 CPU-seconds, 1 of them ours
+    monkeypatch.setattr(contention.CpuContention, "_sample", staticmethod(lambda: next(samples)))
+    monkeypatch.setattr(contention.os, "cpu_count", lambda: 2)
+    with contention.CpuContention() as block:
+        pass
+    result = block.result()
+    assert result["own_cpu_share"] == pytest.approx(0.1)
+    assert result["other_cpu_share"] == (None if other is None else pytest.approx(other))
+    assert result["stolen_cpu_share"] == (None if stolen is None else pytest.approx(stolen))
+
+
 def test_profile_records_contention():
     from edge.profile import ProfileConfig, profile
 

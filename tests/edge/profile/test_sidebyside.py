@@ -162,7 +162,8 @@ def test_a_slice_of_session_sets_is_those_sets_of_the_whole_run_and_the_parts_po
     names = ["a", "b", "a" + AA_SUFFIX]
     whole = interleave(_factories(names, []), config)
     parts = [{"timed": interleave(_factories(names, []), config, range(s, s + n)),
-              "contention": {"other_cpu_share": share, "own_cpu_share": 0.9, "seconds": seconds, "busy": False},
+              "contention": {"other_cpu_share": share, "own_cpu_share": 0.9, "seconds": seconds, "busy": False,
+                             "stolen_cpu_share": share / 3},
               "seconds": seconds} for (s, n), share, seconds in (((0, 1), 0.0, 1.0), ((1, 2), 0.09, 3.0))]
     assert parts[1]["timed"]["creation_orders"] == whole["creation_orders"][1:]
     assert parts[1]["timed"]["round_sets"] == [1, 1, 2, 2]
@@ -174,6 +175,7 @@ def test_a_slice_of_session_sets_is_those_sets_of_the_whole_run_and_the_parts_po
     assert summary["seconds"] == 4.0 and summary["variants"]["b"]["latency"]["iterations"] == 12
     contention = summary["contention"]
     assert contention["other_cpu_share"] == pytest.approx(0.0675) and contention["busy"]   # (0 + 3 * 0.09) / 4
+    assert contention["stolen_cpu_share"] == pytest.approx(0.0225)                        # (0 + 3 * 0.03) / 4
     assert contention["processes"] == 2
 
 
