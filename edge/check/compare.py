@@ -69,9 +69,10 @@ MAX_CALLS = 4  # calls at once, each holding a batch's activations: bounded for 
 
 def concurrent_calls(threads: int) -> tuple[int, int]:
     """How a run of many batches spends ``threads`` (accuracy, the accuracy gate): (calls at once on one session,
-    intra-op threads of each). One-thread calls, up to :data:`MAX_CALLS` at once: on a 2-core Intel Xeon VM two calls of one thread each scored 6-23 %
-    more images a second than one call of two threads (the reference model's float32 graph, 64 images a call, four
-    tries), with bit-identical outputs (each call is still one whole batch)."""
+    intra-op threads of each). One-thread calls, up to :data:`MAX_CALLS` at once: on a 2-core Intel Xeon VM two
+    calls of one thread each scored 6-23 % more images a second than one call of two threads (the reference
+    model's float32 graph, 64 images a call, four tries), with bit-identical outputs (each call is still one whole
+    batch)."""
     calls = max(1, min(threads, MAX_CALLS))
     return calls, max(1, threads // calls)
 

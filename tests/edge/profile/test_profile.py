@@ -100,7 +100,8 @@ def test_cpu_contention_tells_own_work_from_other_work():
     assert theirs["other_cpu_share"] > 0.2 and theirs["busy"] is True  # the child held a core for the whole block
 
 
-@pytest.mark.parametrize("busy, other, stolen", [(((100.0, 10.0), (110.0, 13.0)), 0.9, 0.3), ((None, None), None, None)])
+@pytest.mark.parametrize("busy, other, stolen", [(((100.0, 10.0), (110.0, 13.0)), 0.9, 0.3),
+                                                 ((None, None), None, None)])
 def test_contention_names_the_share_the_vms_host_stole(monkeypatch, busy, other, stolen):
     from edge.profile import contention
 
