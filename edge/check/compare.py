@@ -20,10 +20,13 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -64,6 +67,8 @@ def default_threads() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+T = TypeVar("T")
+R = TypeVar("R")
 MAX_CALLS = 4  # calls at once, each holding a batch's activations: bounded for large models on many cores
 
 
@@ -75,6 +80,23 @@ def concurrent_calls(threads: int) -> tuple[int, int]:
     batch)."""
     calls = max(1, min(threads, MAX_CALLS))
     return calls, max(1, threads // calls)
+
+
+def in_order(function: Callable[[T], R], items: Iterable[T], calls: int) -> Iterator[R]:
+    """``function(item)`` for every item, in the items' order; with ``calls`` > 1 that many at once on threads (an
+    ONNX Runtime session runs concurrent calls, each on its calling thread), reading at most twice ``calls`` items
+    ahead of the results."""
+    if calls <= 1:
+        yield from map(function, items)
+        return
+    with ThreadPoolExecutor(calls, thread_name_prefix="onnxruntime-call") as pool:
+        pending: deque[Future[R]] = deque()
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) >= 2 * calls:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool = True,

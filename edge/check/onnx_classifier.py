@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -12,7 +10,7 @@ import numpy as np
 import onnx
 import torch
 
-from edge.check.compare import ort_session
+from edge.check.compare import in_order, ort_session
 from edge.errors import EdgeError
 from edge.onnx_metadata import metadata_of, preprocessing
 
@@ -65,20 +63,6 @@ class OnnxClassifier:
         return torch.from_numpy(np.concatenate(outputs))
 
     def map(self, items: Iterable[tuple[torch.Tensor, T]]) -> Iterator[tuple[torch.Tensor, T]]:
-        """``(self(x), rest)`` for every ``(x, rest)`` of ``items``, in their order. With ``calls`` > 1 that many run
-        at once (ONNX Runtime runs concurrent calls of one session, each on its calling thread), while the next
-        batches are read: at most twice ``calls`` batches are held."""
-        if self.calls == 1:
-            for x, rest in items:
-                yield self(x), rest
-            return
-        with ThreadPoolExecutor(self.calls, thread_name_prefix="onnx-classifier") as pool:
-            pending: deque = deque()
-            for x, rest in items:
-                pending.append((pool.submit(self, x), rest))
-                if len(pending) >= 2 * self.calls:
-                    future, done = pending.popleft()
-                    yield future.result(), done
-            while pending:
-                future, done = pending.popleft()
-                yield future.result(), done
+        """``(self(x), rest)`` for every ``(x, rest)`` of ``items``, in their order; ``calls`` of them at once
+        (:func:`~edge.check.compare.in_order`) while the next batches are read."""
+        return in_order(lambda item: (self(item[0]), item[1]), items, self.calls)

@@ -81,10 +81,9 @@ def run_graph(model: onnx.ModelProto, inputs: np.ndarray, names: list[str] | Non
     :data:`RUN_BATCH` images. The calls run a few at once on one-thread sessions
     (:func:`~edge.check.compare.concurrent_calls` of ``OMP_NUM_THREADS``, else of the CPU count)."""
     import os
-    from concurrent.futures import ThreadPoolExecutor
 
     from calib.data import graph_batch
-    from edge.check.compare import concurrent_calls, default_threads, ort_session
+    from edge.check.compare import concurrent_calls, default_threads, in_order, ort_session
 
     if names is not None:
         model = _exposing(model, names)
@@ -96,12 +95,10 @@ def run_graph(model: onnx.ModelProto, inputs: np.ndarray, names: list[str] | Non
     stop = len(inputs) - batch + 1 if static else len(inputs)
     outputs = [o.name for o in session.get_outputs()]
     pieces: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
-    with ThreadPoolExecutor(calls, thread_name_prefix="gate") as pool:
-        results = pool.map(lambda start: session.run(None, {feed: inputs[start:start + batch]}),
-                           range(0, max(stop, 0), batch))
-        for result in results:
-            for name, value in zip(outputs, result, strict=True):
-                pieces[name].append(value)
+    for result in in_order(lambda start: session.run(None, {feed: inputs[start:start + batch]}),
+                           range(0, max(stop, 0), batch), calls):
+        for name, value in zip(outputs, result, strict=True):
+            pieces[name].append(value)
     # a tensor without a batch axis (a scalar of the shape arithmetic) is joined as it comes: the same in both graphs
     return {name: np.concatenate(parts) if parts[0].ndim else parts[0] for name, parts in pieces.items()}
 
