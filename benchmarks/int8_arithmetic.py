@@ -30,47 +30,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import provenance, write_results  # noqa: E402
 
 from edge.check.accuracy import evaluate  # noqa: E402
+from edge.check.onnx_classifier import OnnxClassifier  # noqa: E402
 from edge.data import InputSpec, balanced_indices, load_dataset  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
-from edge.onnx_metadata import metadata_of, preprocessing  # noqa: E402
 from edge.progress import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"integer kernels (default)": "0", "Q and DQ as operators (session.disable_quant_qdq=1)": "1"}
 
 
-class _Graph:
-    """An ONNX Runtime session behind the call edge's evaluation makes: a float batch in, logits out."""
-
-    def __init__(self, path: Path, disable_quant_qdq: str) -> None:
-        import onnx
-        import onnxruntime as ort
-        import torch
-
-        self._torch = torch
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.disable_quant_qdq", disable_quant_qdq)
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.name = self.session.get_inputs()[0].name
-        proto = onnx.load(str(path), load_external_data=False)
-        self.spec = InputSpec.from_data_config(preprocessing(metadata_of(proto)))
-        self.logits: list[np.ndarray] = []
-
-    def __call__(self, x):
-        out = self.session.run(None, {self.name: x.numpy().astype(np.float32)})[0]
-        self.logits.append(out)
-        return self._torch.from_numpy(out)
-
-
 def score(path: Path, dataset, setting: str) -> dict:
-    graph = _Graph(path, setting)
+    """The graph's accuracy, predictions and logits on ``dataset`` with ``session.disable_quant_qdq = setting``."""
+    graph = OnnxClassifier(path, threads=1, config={"session.disable_quant_qdq": setting})
+    logits: list[np.ndarray] = []
+
+    def run(x):
+        out = graph(x)
+        logits.append(out.numpy())
+        return out
+
     start = time.perf_counter()
-    result = evaluate(graph, dataset, graph.spec, batch_size=64, predictions=True, show_progress=False)
+    result = evaluate(run, dataset, InputSpec.from_data_config(graph.data_config()), batch_size=64,
+                      predictions=True, show_progress=False)
     return {"accuracy": result["accuracy"], "correct": result["correct"], "predictions": result["predictions"],
-            "logits": np.concatenate(graph.logits), "seconds": round(time.perf_counter() - start, 1)}
+            "logits": np.concatenate(logits), "seconds": round(time.perf_counter() - start, 1)}
 
 
 def main() -> None:
@@ -88,11 +71,25 @@ def main() -> None:
                          "edge pipeline run with INT8 graphs (precision.precisions: [int8]); run "
                          "`bash scripts/main.sh` or pass --run FOLDER")
     started, load_before = time.perf_counter(), os.getloadavg()
+    try:   # a bad --data, too many --images or a graph without edge's preprocessing: the message, not a traceback
+        rows = compare_all(graphs, args)
+    except EdgeError as e:
+        raise SystemExit(f"int8_arithmetic: {e}") from e
+    record = {"benchmark": "int8_arithmetic", "run": str(args.run), "data": rows[0]["data"], "threads": 1,
+              "provider": "CPUExecutionProvider", "ort_optimization": "ORT_ENABLE_ALL", "rows": rows,
+              **provenance("int8_arithmetic.py", args, parser, started=started, load_before=load_before,
+                           skip=("out", "md_out"))}
+    write_results(record, args.out, args.md_out, markdown)
+
+
+def compare_all(graphs: list[Path], args: argparse.Namespace) -> list[dict]:
     test = load_dataset(args.data, "test")
     try:
         picked = balanced_indices(test.labels, args.images, args.seed, test.num_classes).sort().values
-    except EdgeError as e:
-        raise SystemExit(f"int8_arithmetic: --images {args.images}: {e}") from e
+    except EdgeError as e:   # its own message speaks of calibration samples
+        raise SystemExit(f"int8_arithmetic: --images {args.images}: no class-balanced set of that many among the "
+                         f"{len(test):,} test images of {args.data}; fix: pass the run's evaluate.subset, at "
+                         "most the split") from e
     dataset = test.subset(picked, f"{test.name}[{len(picked)}]")
     rows = []
     for path in graphs:
@@ -101,18 +98,15 @@ def main() -> None:
         first, second = scored.values()
         differ = int((np.array(first["predictions"]) != np.array(second["predictions"])).sum())
         gap = np.abs(first["logits"] - second["logits"]).max(axis=1)
-        rows.append({"graph": f"{variant}.int8", "path": str(path.relative_to(args.run)), "images": len(dataset),
+        rows.append({"graph": f"{variant}.int8", "path": str(path.relative_to(args.run)), "data": dataset.name,
+                     "images": len(dataset),
                      "settings": {label: {k: s[k] for k in ("accuracy", "correct", "seconds")}
                                   for label, s in scored.items()},
                      "predictions_differ": differ, "largest_logit_difference": float(gap.max()),
                      "median_largest_logit_difference": float(np.median(gap))})
         both = ", ".join(f"{label} {s['accuracy']:.2%} ({s['seconds']} s)" for label, s in scored.items())
         log(f"{variant}.int8: {both}; predictions differ on {differ} of {len(dataset)} images")
-    record = {"benchmark": "int8_arithmetic", "run": str(args.run), "data": dataset.name, "threads": 1,
-              "provider": "CPUExecutionProvider", "ort_optimization": "ORT_ENABLE_ALL", "rows": rows,
-              **provenance("int8_arithmetic.py", args, parser, started=started, load_before=load_before,
-                           skip=("out", "md_out"))}
-    write_results(record, args.out, args.md_out, markdown)
+    return rows
 
 
 def markdown(r: dict) -> str:

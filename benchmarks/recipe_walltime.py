@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _results import provenance, write_results  # noqa: E402
 from main_job import graph_rows, step_seconds, timed  # noqa: E402
 
-from edge.pipeline.recipe import default_recipe_text  # noqa: E402
+from edge.errors import EdgeError  # noqa: E402
+from edge.pipeline.recipe import default_recipe_text, parse_recipe  # noqa: E402
 
 
 def changed_recipe(text: str, changes: list[str]) -> tuple[dict, dict]:
@@ -51,13 +52,17 @@ def changed_recipe(text: str, changes: list[str]) -> tuple[dict, dict]:
                              "(`edge pipeline --print-recipe` lists them)")
         before, section[path[-1]] = section[path[-1]], yaml.safe_load(value)
         applied[key] = (before, section[path[-1]])
+    try:   # checked as edge pipeline will check it, before any run: a bad value fails now, not after the first run
+        parse_recipe(document, source="the changed recipe")
+    except EdgeError as e:
+        raise SystemExit(f"recipe_walltime: --set {' --set '.join(changes)}: {e}") from e
     return document, applied
 
 
 def run_once(name: str, recipe: Path, folder: Path) -> dict:
     folder.mkdir(parents=True)
     others: dict = {}
-    code, seconds = timed([str(ROOT / ".venv/bin/edge"), "pipeline", "--recipe", str(recipe), "--out",
+    code, seconds = timed([sys.executable, "-m", "edge", "pipeline", "--recipe", str(recipe), "--out",
                            str(folder / "run")], ROOT, {"EDGE_CACHE_DIR": str(folder / "cache")}, folder / "log",
                           others)
     row = {"recipe": name, "folder": str(folder), "exit": code, "wall_s": round(seconds, 1), "contention": others}
@@ -104,6 +109,10 @@ def main() -> int:
     return 0 if all(r["exit"] == 0 for r in runs) else 1
 
 
+def _pct(share: float | None) -> str:
+    return "?" if share is None else f"{100 * share:.1f} %"
+
+
 def markdown(r: dict) -> str:
     hw = r["hardware"]
     changes = ", ".join(f"`{k}` {json.dumps(v['built-in'])} -> {json.dumps(v['changed'])}"
@@ -117,8 +126,7 @@ def markdown(r: dict) -> str:
              "| profile | quantize |", "|---|---|---|---|---|---|---|---|---|---|"]
     for i, run in enumerate(r["runs"], 1):
         c, steps = run.get("contention") or {}, run.get("steps", {})
-        share = ("?" if c.get("other_cpu_share") is None else f"{100 * c['other_cpu_share']:.1f} % "
-                 f"({100 * (c.get('stolen_cpu_share') or 0):.1f} %)")
+        share = f"{_pct(c.get('other_cpu_share'))} ({_pct(c.get('stolen_cpu_share'))})"
         lines.append(f"| {i} | {run['recipe']} | {run['exit']} | {run['wall_s']:.0f} | {share} | "
                      f"`{run.get('plan') or '-'}` | "
                      + " | ".join(f"{steps.get(k, 0):.0f} s" for k in ("evaluate", "plan", "profile", "quantize"))

@@ -21,7 +21,7 @@ import re
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -100,10 +100,11 @@ def in_order(function: Callable[[T], R], items: Iterable[T], calls: int) -> Iter
 
 
 def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool = True,
-                profile_prefix: str | None = None):
+                profile_prefix: str | None = None, config: Mapping[str, str] | None = None):
     """A CPU session with all graph optimisations; ``spinning=False``: its pool threads stop spinning when a call
     returns (they still spin within a call, between its operators, as ONNX Runtime does by default);
-    ``profile_prefix``: ONNX Runtime's profiler on, its JSON written by ``session.end_profiling()``.
+    ``profile_prefix``: ONNX Runtime's profiler on, its JSON written by ``session.end_profiling()``; ``config``:
+    session config entries (``onnxruntime_session_options_config_keys.h``), e.g. ``session.disable_quant_qdq``.
 
     A graph with edge's TensorRT plugin ops runs them as their numpy references (:mod:`edge.check.plugin_ops`).
     """
@@ -124,6 +125,8 @@ def ort_session(model_bytes_or_path, threads: int | None = None, spinning: bool 
         # call 5.7 ms instead of 4.5 ms, and how much it cost changed from process to process (a fast FP16
         # graph's speedup over five fresh processes: 2.28-2.43x, against 2.47-2.52x stopping after the call)
         options.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,7 +20,9 @@ T = TypeVar("T")
 class OnnxClassifier:
     """Call with a float batch ``[N, C, H, W]``; returns logits as a tensor. Static batches are chunked/padded."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, calls: int = 1) -> None:
+    def __init__(self, path: str | Path, threads: int | None = None, calls: int = 1,
+                 config: Mapping[str, str] | None = None) -> None:
+        """``config``: ONNX Runtime session config entries (:func:`~edge.check.compare.ort_session`)."""
         self.path = Path(path)
         self.calls = max(1, calls)
         if not self.path.is_file():
@@ -31,7 +33,7 @@ class OnnxClassifier:
             raise EdgeError(f"{self.path} is not a readable ONNX model", found=str(e)[:300],
                             fix="pass a file written by `edge export`") from e
         self.metadata = metadata_of(proto)
-        self.session = ort_session(str(self.path), threads)
+        self.session = ort_session(str(self.path), threads, config=config)
         shape = self.session.get_inputs()[0].shape
         self.static_batch = shape[0] if isinstance(shape[0], int) else None
         self.input_name = self.session.get_inputs()[0].name

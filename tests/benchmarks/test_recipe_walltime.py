@@ -46,3 +46,8 @@ def test_the_table_gives_every_run_and_each_recipes_walls_in_order():
     assert "Changed: `evaluate.subset` 2000 -> 1000." in text
     assert "| 2 | changed | 0 | 405 | 1.0 % (0.4 %) | `linear:3-5` | 170 s | 80 s | 64 s | 55 s |" in text
     assert "- built-in: 502 s, 507 s." in text and "- changed: 405 s, 330 s." in text
+
+
+def test_a_value_the_recipe_refuses_is_refused_before_any_run():
+    with pytest.raises(SystemExit, match=r"--set evaluate.subset=-5: .*evaluate.subset"):
+        changed_recipe(default_recipe_text(), ["evaluate.subset=-5"])

@@ -76,3 +76,13 @@ def test_accuracy_with_calls_at_once_is_the_accuracy_one_at_a_time(linear_graph)
     one.pop("seconds"), several.pop("seconds")
     assert several == one
     assert one["samples"] == len(dataset) == len(one["predictions"])
+
+
+
+def test_session_config_entries_reach_onnx_runtime(linear_graph):
+    options = OnnxClassifier(linear_graph, threads=1, config={"session.disable_quant_qdq": "1"}).session \
+        .get_session_options()
+    assert options.get_session_config_entry("session.disable_quant_qdq") == "1"
+    plain = OnnxClassifier(linear_graph, threads=1).session.get_session_options()
+    with pytest.raises(RuntimeError, match="does not have configuration with key"):   # ONNX Runtime's default
+        plain.get_session_config_entry("session.disable_quant_qdq")
